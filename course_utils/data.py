@@ -1,0 +1,79 @@
+"""Real English text for the byte-level model: the Python documentation topics.
+
+The corpus is ``pydoc_data.topics.topics`` of the running CPython (the text behind ``help()``,
+about 460 KB of English with code), so the course needs no download. Bytes are tokens: the
+vocabulary is 256.
+"""
+from __future__ import annotations
+
+import functools
+import zlib
+
+import torch
+
+__all__ = ["corpus_bytes", "corpus_tensor", "get_batch", "batches"]
+
+VAL_FRACTION = 0.1
+
+
+@functools.lru_cache(maxsize=1)
+def corpus_bytes() -> bytes:
+    """The corpus as UTF-8 bytes: all ``pydoc_data.topics`` entries in key order.
+
+    Raises:
+        RuntimeError: this Python ships without ``pydoc_data`` (some minimal distributions).
+    """
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:  # pragma: no cover - every CPython ships it
+        raise RuntimeError("this Python has no pydoc_data.topics; the course's text corpus "
+                           "comes from it (install a full CPython).") from e
+    return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8")
+
+
+@functools.lru_cache(maxsize=2)
+def corpus_tensor(split: str = "train") -> torch.Tensor:
+    """The corpus as an int64 tensor of bytes, ``split`` ``"train"`` (first 90%) or ``"val"``.
+
+    Raises:
+        ValueError: an unknown split.
+    """
+    data = torch.frombuffer(bytearray(corpus_bytes()), dtype=torch.uint8).long()
+    n = int(len(data) * (1 - VAL_FRACTION))
+    if split == "train":
+        return data[:n]
+    if split == "val":
+        return data[n:]
+    raise ValueError(f"unknown split {split!r}: expected 'train' or 'val'.")
+
+
+def get_batch(batch_size: int, seq_len: int, split: str = "train", seed: int = 0,
+              step: int = 0, device: str | torch.device = "cpu"):
+    """A batch of (input, target) byte sequences, deterministic in (seed, step, split).
+
+    Returns:
+        ``(x, y)``, both int64 of shape ``(batch_size, seq_len)``; ``y`` is ``x`` shifted by one
+        byte (next-byte prediction).
+
+    Raises:
+        ValueError: non-positive sizes, or ``seq_len`` longer than the split allows.
+    """
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size} and {seq_len}.")
+    data = corpus_tensor(split)
+    if seq_len + 1 >= len(data):
+        raise ValueError(f"seq_len {seq_len} is too long for the {split} split "
+                         f"({len(data)} bytes).")
+    g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{step}:{split}".encode()))
+    starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=g)
+    x = torch.stack([data[s:s + seq_len] for s in starts.tolist()])
+    y = torch.stack([data[s + 1:s + seq_len + 1] for s in starts.tolist()])
+    return x.to(device), y.to(device)
+
+
+def batches(config, split: str = "train", start_step: int = 0):
+    """Endless micro-batches ``(x, y)`` for a `RunConfig` (its batch, seq, seed and device)."""
+    step = start_step
+    while True:
+        yield get_batch(config.batch_size, config.seq_len, split, config.seed, step, config.device)
+        step += 1

@@ -1,0 +1,167 @@
+r"""The analytic memory model: bytes of a training step of the course's GPT, in closed form.
+
+`estimate(config)` returns a `MemoryEstimate` with the same memory field names as
+`course_utils.measure.Measurement` (``parameters``, ``gradients``, ``optimizer_state``,
+``activations``, ``autocast_weight_copies``, ``logits``, ``peak_allocated``).
+
+Notation: ``B`` batch, ``T`` sequence length, ``d`` width, ``h`` heads, ``L`` layers,
+``V = 256`` vocabulary, ``a`` bytes per element of autocast's low-precision dtype (4 in fp32,
+2 in bf16/fp16), ``N`` parameters.
+
+**Parameters** (this model, untied head): ``N = V d + T d + L (12 d^2 + 13 d) + 2 d + V d``;
+bytes ``4 N`` (autocast keeps fp32 parameters). **Gradients**: ``4 N``. **AdamW state**:
+two fp32 moments, ``8 N``, plus a 4-byte step counter per parameter tensor (PyTorch's
+``torch.optim.AdamW``). Hence 16 bytes/parameter for weights + grads + AdamW in fp32 *and*
+under autocast (claim C9 of the course; the "mixed precision 16 bytes" of Rajbhandari et al.
+2020, ZeRO, arXiv 1910.02054, counts fp16 weights + fp16 grads + fp32 master + Adam instead).
+
+**Saved activations of one block** (per token, bytes), derived the way Korthikanti et al.
+2022 ("Reducing Activation Recomputation in Large Transformer Models", arXiv 2205.05198,
+Section 4.1) derive their ``sbh(34 + 5as/h)``, but for this model: no dropout, a pre-LN block
+whose residual stream and LayerNorm stay fp32 under autocast, and SDPA attention that saves
+no ``T x T`` matrix::
+
+    8 d          block input (LayerNorm 1) and mid-block residual (LayerNorm 2), fp32
+  + 14 a d       LN1 out (d), q k v (3d), attention out (d), LN2 out (d), fc1 out (4d),
+                 GELU out (4d): the inputs that matmuls, SDPA and GELU keep
+  + 16           LayerNorm mean and rstd, 2 LayerNorms x 2 x fp32
+  + 4 h          SDPA's logsumexp, fp32
+
+fp32: ``64 d + 16 + 4h`` per token (16 "copies" of the hidden state, cf. the 24-48 copies
+Bekman's ml-engineering measured in Hugging Face models with dropout). bf16: ``36 d + 16 + 4h``,
+i.e. 0.5625x of fp32 at large d, *not* 0.5x (claim C2). Naive attention replaces the
+logsumexp by the softmax output ``h T s`` per token (``s`` = a, or 6 on CUDA where autocast
+runs softmax in fp32 and the next matmul keeps a low-precision copy) plus a ``T x T`` bool mask.
+
+**Policies.** ``full`` / a checkpointed segment keeps only its input, ``4 d`` per token
+(PyTorch non-reentrant checkpoint). ``selective`` keeps the block input plus the outputs of the
+matmuls (qkv 3d, proj d, fc1 4d, fc2 d) and of attention (d, logsumexp): ``4 d + 10 a d + 4 h``.
+The embedding keeps the token indices (``8 B T``) and positions (``8 T``).
+
+**Autocast weight copies**: each Linear inside a block that is *not* recomputed keeps its
+low-precision weight, ``12 d^2 a`` per block, plus ``V d a`` for the head (0 in fp32).
+
+**Logits bucket** (final LayerNorm, head, loss): ``B T (4 d + 8 + a d + 4 V + 8) + 4``
+(LayerNorm input and stats, head input, fp32 log-softmax, targets, the loss's scalar).
+
+**Peak** (a model, not a bound): parameters + AdamW state + the larger of (a) end of forward /
+start of backward: all saved tensors + the logits tensor and two fp32 ``B T V`` gradient
+buffers + one recomputed segment, and (b) the optimizer step: gradients + one fp32 temporary
+the size of the parameters (``torch._foreach`` AdamW).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checkpointing import plan_segments
+from .config import RunConfig
+
+__all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_token"]
+
+
+@dataclass
+class MemoryEstimate:
+    """Estimated bytes of one training step; field names match `Measurement`.
+
+    Attributes:
+        parameters, gradients, optimizer_state, activations, autocast_weight_copies, logits,
+        peak_allocated: bytes (see the module docstring for each formula).
+        recompute: bytes of the largest checkpointed segment's activations, rebuilt in backward.
+        n_parameters: the parameter count ``N``.
+    """
+
+    config: RunConfig
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    autocast_weight_copies: int
+    logits: int
+    peak_allocated: int
+    recompute: int
+    n_parameters: int
+
+    @property
+    def saved_total(self) -> int:
+        """All saved-tensor bytes: activations + autocast weight copies + logits."""
+        return self.activations + self.autocast_weight_copies + self.logits
+
+    def as_row(self) -> dict:
+        """The memory fields as a flat dict."""
+        return {k: getattr(self, k) for k in (
+            "parameters", "gradients", "optimizer_state", "activations",
+            "autocast_weight_copies", "logits", "peak_allocated", "recompute", "saved_total")}
+
+
+def parameter_count(config: RunConfig) -> int:
+    """``N = 2 V d + T d + L (12 d^2 + 13 d) + 2 d`` for the course's GPT."""
+    d, V, L, T = config.d_model, config.vocab_size, config.n_layers, config.seq_len
+    return 2 * V * d + T * d + L * (12 * d * d + 13 * d) + 2 * d
+
+
+def _elem_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def block_bytes_per_token(config: RunConfig) -> float:
+    """Saved bytes of one plain block per token (see the module docstring)."""
+    a = _elem_bytes(config.precision)
+    d, h, T = config.d_model, config.n_heads, config.seq_len
+    per_token = 8 * d + 14 * a * d + 16
+    if config.attention == "sdpa":
+        per_token += 4 * h
+    else:
+        cuda_low = config.device.startswith("cuda") and config.precision != "fp32"
+        s = 6 if cuda_low else a
+        per_token += h * T * s + T * T / (config.batch_size * T)  # mask: T*T bytes per batch
+    return per_token
+
+
+def estimate(config: RunConfig) -> MemoryEstimate:
+    """Estimate the memory of one training step of ``config`` (bytes).
+
+    Raises:
+        ValueError: through `RunConfig` validation only (the model covers every valid config).
+    """
+    a = _elem_bytes(config.precision)
+    low = config.precision != "fp32"
+    B, T, d, h, V = (config.batch_size, config.seq_len, config.d_model, config.n_heads,
+                     config.vocab_size)
+    BT = B * T
+    N = parameter_count(config)
+    n_tensors = 5 + 12 * config.n_layers
+
+    block = block_bytes_per_token(config) * BT
+    block_in = 4 * d * BT
+    wcopy_block = 12 * d * d * a if low else 0
+    selective = (4 * d + 10 * a * d + 4 * h) * BT
+
+    activations = 8 * BT + 8 * T  # token indices, positions (embedding backward)
+    wcopies = V * d * a if low else 0  # the head's weight copy
+    recompute = 0
+    policy = config.checkpoint.strip().lower()
+    for seg in plan_segments(config.checkpoint, config.n_layers):
+        n = seg.stop - seg.start
+        if not seg.checkpointed:
+            activations += n * block
+            wcopies += n * wcopy_block
+        elif policy == "selective":
+            activations += n * selective
+            recompute = max(recompute, block - selective + wcopy_block)
+        else:
+            activations += block_in
+            recompute = max(recompute, n * (block + wcopy_block))
+    logits = BT * (4 * d + 8 + a * d + 4 * V + 8) + 4
+
+    parameters = 4 * N
+    gradients = 4 * N
+    optimizer_state = 8 * N + 4 * n_tensors
+    saved = activations + wcopies + logits
+    start_of_backward = saved + BT * V * (a + 8) + recompute
+    optimizer_step = gradients + 4 * N
+    peak = parameters + optimizer_state + max(start_of_backward, optimizer_step)
+    return MemoryEstimate(
+        config=config, parameters=parameters, gradients=gradients,
+        optimizer_state=optimizer_state, activations=int(activations),
+        autocast_weight_copies=int(wcopies), logits=int(logits), peak_allocated=int(peak),
+        recompute=int(recompute), n_parameters=N)

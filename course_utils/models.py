@@ -1,0 +1,148 @@
+"""The course's reference model: a small GPT-style, pre-LayerNorm, byte-level transformer.
+
+Written to be read, in the spirit of nanoGPT's ``model.py`` (Karpathy): token and learned
+position embeddings, ``n_layers`` blocks in ``model.layers``, a final LayerNorm and a linear head
+over the 256 byte values (not tied to the embedding, so that parameter counts are plain).
+
+Shapes: input ``idx`` is ``(batch, seq)`` int64 bytes; logits are ``(batch, seq, 256)``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .checkpointing import Segment, forward_with_plan
+
+__all__ = ["CausalSelfAttention", "MLP", "Block", "GPT", "build_model"]
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention.
+
+    ``attention="sdpa"`` calls ``F.scaled_dot_product_attention`` (flash / memory-efficient
+    kernels: O(seq) saved memory); ``"naive"`` writes softmax(QK^T / sqrt(d_head)) V out, which
+    saves the (batch, heads, seq, seq) attention matrix: O(seq^2).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attention: str = "sdpa"):
+        super().__init__()
+        self.n_heads = n_heads
+        self.attention = attention
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        # (B, T, C) -> (B, heads, T, head_dim)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        if self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+            y = scores.softmax(dim=-1) @ v
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: Linear(d, 4d) -> GELU -> Linear(4d, d)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, 4 * d_model)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, d_model: int, n_heads: int, attention: str = "sdpa"):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads, attention)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        x = x + self.mlp(self.ln2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """Byte-level GPT: embeddings -> ``layers`` (blocks) -> LayerNorm -> head (256 logits).
+
+    Args:
+        n_layers, d_model, n_heads, seq_len: dimensions (``seq_len`` is the longest input).
+        attention: ``"sdpa"`` or ``"naive"`` (see `CausalSelfAttention`).
+
+    The blocks run through `course_utils.checkpointing.forward_with_plan` following
+    ``checkpoint_plan`` (default: no checkpointing); set it with
+    `course_utils.checkpointing.apply_checkpointing`.
+    """
+
+    def __init__(self, n_layers: int, d_model: int, n_heads: int, seq_len: int,
+                 attention: str = "sdpa", vocab_size: int = 256):
+        super().__init__()
+        self.seq_len = seq_len
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(seq_len, d_model)
+        self.layers = nn.ModuleList(Block(d_model, n_heads, attention) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.checkpoint_plan = [Segment(0, n_layers, False)]
+        self.checkpoint_context_fn = None
+        self.checkpoint_policy = "none"
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        # GPT-2's initialisation: N(0, 0.02) weights, zero biases.
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits ``(B, T, 256)`` and, if ``targets`` ``(B, T)`` is given, the mean cross-entropy.
+
+        Raises:
+            ValueError: ``idx`` is longer than ``seq_len``.
+        """
+        B, T = idx.shape
+        if T > self.seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than the model's seq_len "
+                             f"{self.seq_len}.")
+        pos = torch.arange(T, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)
+        x = forward_with_plan(self.layers, x, self.checkpoint_plan, self.checkpoint_context_fn)
+        logits = self.head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+    def num_parameters(self) -> int:
+        """Number of parameters (elements)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+def build_model(config) -> GPT:
+    """The reference model of a `RunConfig`, seeded, on ``config.device``, with its checkpoint
+    policy applied (parameters stay fp32: autocast casts per op)."""
+    from .checkpointing import apply_checkpointing
+    torch.manual_seed(config.seed)
+    model = GPT(config.n_layers, config.d_model, config.n_heads, config.seq_len,
+                config.attention, config.vocab_size)
+    apply_checkpointing(model, config.checkpoint)
+    return model.to(config.device)
