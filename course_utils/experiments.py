@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .config import PRECISIONS, SIZE_PROFILES, RunConfig, config_for, size_profile
+from .config import (PRECISIONS, SIZE_PROFILES, RunConfig, check_feasible, config_for,
+                     size_profile)
 from .measure import MEMORY_FIELDS, measure
 from .memory_model import estimate
 
@@ -68,6 +69,8 @@ def compare(configs: list[RunConfig], min_run_time: float | None = None,
     """
     if not configs:
         raise ValueError("compare() needs at least one RunConfig.")
+    for cfg in configs:  # refuse before measuring anything
+        check_feasible(cfg, force=force)
     rows = []
     for cfg in tqdm(configs, desc="measuring", disable=not progress, leave=False):
         m = measure(cfg, min_run_time=1.0 if min_run_time is None else min_run_time,

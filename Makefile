@@ -1,0 +1,38 @@
+# Two commands for a fresh machine (README.md):
+#   make course   set up .venv and open the course in JupyterLab
+#   make test     set up .venv and run the whole test suite (unit, notebooks, grading, browser)
+# torch is installed first, pinned here only (the package itself never pins it, so Colab keeps
+# its own build). Override for another build, e.g. make course TORCH_SPEC="torch==2.13.0".
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup course test bench release clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[lab,grade,test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+course: setup
+	$(BIN)/jupyter lab notebooks/
+
+# Notebooks run at the 'smoke' size; two workers, one notebook (or test module) each.
+test: setup
+	COURSE_SIZE=smoke OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope
+
+bench: setup
+	$(BIN)/course-bench --out bench-out
+
+release: setup
+	$(BIN)/course-grade release
+
+clean:
+	rm -rf $(VENV) bench-out .pytest_cache
