@@ -41,9 +41,11 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -217,9 +219,18 @@ class SourceNotebook:
         return release_notebook(self.nb, self.name)
 
 
+def _raw_cell_ids(text: str) -> list:
+    """The cell ids as stored in the file (nbformat's reader silently repairs them)."""
+    raw = json.loads(text)
+    cells = raw.get("cells") if isinstance(raw, dict) else None
+    return [c.get("id") if isinstance(c, dict) else None for c in cells or []]
+
+
 def _read_notebook(path: Path) -> NotebookNode:
-    with open(path, encoding="utf-8") as handle:
-        nb = nbformat.read(handle, as_version=nbformat.NO_CONVERT)
+    text = Path(path).read_text(encoding="utf-8")
+    with warnings.catch_warnings():  # nbformat warns about (and repairs) missing/duplicate ids
+        warnings.simplefilter("ignore")
+        nb = nbformat.reads(text, as_version=nbformat.NO_CONVERT)
     if nb.get("nbformat") != 4:
         nb = nbformat.convert(nb, 4)
     if not isinstance(nb.get("cells"), list):
@@ -241,6 +252,7 @@ def load_source(path: str | os.PathLike) -> SourceNotebook:
     path = Path(path)
     try:
         nb = _read_notebook(path)
+        raw_ids = _raw_cell_ids(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise GradingError(f"{path}: no such file") from None
     except Exception as error:
@@ -248,10 +260,9 @@ def load_source(path: str | os.PathLike) -> SourceNotebook:
     ids: set[str] = set()
     tests: list[TestCell] = []
     grade_ids: set[str] = set()
-    for index, cell in enumerate(nb.cells, start=1):
-        cell_id = cell.get("id")
+    for index, (cell, cell_id) in enumerate(zip(nb.cells, raw_ids), start=1):
         where = f"{path}, cell {index} (id {cell_id!r})"
-        if not cell_id:
+        if not cell_id or not isinstance(cell_id, str):
             raise GradingError(
                 f"{path}, cell {index}: no cell id; the grader matches cells by id "
                 "(save the notebook with nbformat >= 4.5, e.g. any current Jupyter)"
@@ -483,9 +494,9 @@ def _describe(cell: NotebookNode) -> str:
     meta = _nbgrader(cell)
     if meta.get("grade"):
         return f"test {meta.get('grade_id')!r}"
-    first = next((line.strip() for line in _text(cell.source).splitlines() if line.strip()), "")
+    first = _first_line(_text(cell.source))
     first = first[:40] + ("..." if len(first) > 40 else "")
-    return f"{cell.cell_type} cell {cell.get('id')!r}" + (f" ({first!r})" if first else "")
+    return f"{cell.cell_type} cell {cell.get('id')!r}" + (f' ("{first}")' if first else "")
 
 
 def _assemble(
@@ -533,7 +544,8 @@ def _assemble(
         if _is_protected(src):
             cell = copy.deepcopy(src)
             if mine is not None and (
-                _text(mine.source) != _text(rel.source) or mine.cell_type != rel.cell_type
+                _text(mine.source) not in (_text(rel.source), _text(src.source))
+                or mine.cell_type != rel.cell_type
             ):
                 replaced.append(_describe(src))
         elif mine is not None:
@@ -555,7 +567,10 @@ def _assemble(
             + ", ".join(_describe(src_cells[position[key]]) for key in moved)
         )
     if replaced:
-        issues.append(f"edited read-only cells replaced by the original: {', '.join(replaced)}")
+        issues.append(
+            "test or read-only cells that differ from the source (edited, or from an older "
+            f"release) were replaced by the source's copy: {', '.join(replaced)}"
+        )
 
     for cell in cells:
         if cell.cell_type == "code":
@@ -619,6 +634,8 @@ def _kernel_manager():
 def _kernel_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("COURSE_SIZE", "smoke")
+    # One thread per kernel: small graded notebooks run no slower, and far faster on a busy machine.
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # quiets debugpy's frozen-module warning
     return env
 
@@ -669,7 +686,8 @@ async def _async_execute(
         on_cell_executed=on_cell_executed,
     )
     stop = ""
-    async with client.async_setup_kernel(cleanup_kc=True, env=_kernel_env(), cwd=cwd):
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # the kernel's own logs
+    async with client.async_setup_kernel(cleanup_kc=True, env=_kernel_env(), cwd=cwd, **quiet):
         count = 0
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
@@ -691,13 +709,13 @@ async def _async_execute(
                 if left <= 0:
                     stop = f"not run: the notebook time limit ({timeout:g} s) was reached"
                 elif not await _answers_again(client, min(_PROBE_TIMEOUT, left)):
-                    stop = f"not run: the kernel did not stop when cell {index + 1} timed out"
+                    stop = "not run: the kernel did not stop after a time-out and was killed"
                 continue
             except DeadKernelError:
                 runs[index] = _CellRun(
                     "error", "the kernel died (os._exit, a crash, or out of memory)"
                 )
-                stop = f"not run: the kernel died in cell {index + 1}"
+                stop = "not run: the kernel died in an earlier cell"
                 continue
             content = (replies.pop(index, None) or {}).get("content", {})
             if content.get("status", "ok") == "ok":
@@ -714,7 +732,7 @@ async def _async_execute(
 def _execute(nb: NotebookNode, cell_timeout: float, timeout: float) -> list[_CellRun | None]:
     from jupyter_core.utils import run_sync
 
-    with tempfile.TemporaryDirectory(prefix="course-grade-") as cwd:
+    with tempfile.TemporaryDirectory(prefix="course-grade-", ignore_cleanup_errors=True) as cwd:
         return run_sync(_async_execute)(nb, cell_timeout, timeout, cwd)
 
 
@@ -776,13 +794,16 @@ def grade_submission(
             ) from None
     except GradingError as error:
         result.error = str(error)
+    except Exception as error:  # a submission must never stop the grading of the others
+        result.error = f"could not grade it: {type(error).__name__}: {_first_line(str(error))}"
+    if result.error is not None:
         result.seconds = time.monotonic() - started
         return result
 
     test_index = {index_of[test.cell_id] for test in source.tests}
     for index, run in enumerate(runs):
         if run is not None and run.status in ("error", "timeout") and index not in test_index:
-            result.issues.append(f"cell {index + 1} ({_describe(nb.cells[index])}): {run.message}")
+            result.issues.append(f"{_describe(nb.cells[index])}: {run.message}")
     for test in source.tests:
         run = runs[index_of[test.cell_id]] or _CellRun("not run", "not run")
         passed = run.status == "ok"
@@ -825,15 +846,18 @@ def grade(
     cell_timeout: float = DEFAULT_CELL_TIMEOUT,
     timeout: float = DEFAULT_TIMEOUT,
     progress=None,
+    exclude: Iterable[str | os.PathLike] = (),
 ) -> list[SubmissionResult]:
     """Grade every submission in ``paths`` (files or folders) against the notebooks in ``source``.
 
-    ``progress``, if given, is called with each SubmissionResult as soon as it is ready.
-    Raises GradingError if the sources are malformed (see :func:`load_sources`) or ``paths``
-    names no file, ValueError for a bad time limit; a bad submission never raises.
+    ``progress``, if given, is called with each SubmissionResult as soon as it is ready; files
+    in ``exclude`` (e.g. the CSV being written) are skipped. Raises GradingError if the sources
+    are malformed (see :func:`load_sources`) or ``paths`` names no file, ValueError for a bad
+    time limit; a bad submission never raises.
     """
     sources = load_sources(source)
-    files = find_submissions(paths)
+    skip = {Path(path).resolve() for path in exclude}
+    files = [path for path in find_submissions(paths) if path.resolve() not in skip]
     if not files:
         raise GradingError("no submissions: the paths given hold no file")
     results = []
@@ -852,7 +876,7 @@ def _number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else round(value, 2)
 
 
-def results_table(result: SubmissionResult, width: int = 90):
+def results_table(result: SubmissionResult, width: int = 200):
     """One row per test cell of ``result``: question, points, max, result, message (pandas)."""
     import pandas as pd
 
@@ -892,21 +916,35 @@ def summary_table(results: Sequence[SubmissionResult]):
         row["error"] = result.error or ""
         rows.append(row)
     columns = ["submission", "source", "graded", "score", "max_score", *grade_ids, "issues", "error"]
-    return pd.DataFrame(rows, columns=columns)
+    table = pd.DataFrame(rows, columns=columns)
+    for column in ["score", "max_score", *grade_ids]:  # whole points print as 2, not 2.0
+        values = table[column].dropna()
+        if all(float(value).is_integer() for value in values):
+            table[column] = table[column].astype("Int64")
+    return table
 
 
 def write_csv(results: Sequence[SubmissionResult], path: str | os.PathLike) -> Path:
-    """Write :func:`summary_table` to ``path`` (one row per submission); return the path."""
+    """Write :func:`summary_table` to ``path`` (one row per submission); return the path.
+
+    Creates the parent folder if needed; raises OSError if the file cannot be written.
+    """
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     summary_table(results).to_csv(path, index=False)
     return path
 
 
-def _print_result(result: SubmissionResult, out) -> None:
-    import pandas as pd
+def _left_aligned(table, columns) -> str:
+    """``table.to_string()`` with the text ``columns`` aligned left, as people read them."""
+    formatters = {
+        column: ("{:<%d}" % max([len(column), *(len(str(v)) for v in table[column])])).format
+        for column in columns
+    }
+    return table.to_string(index=False, formatters=formatters, justify="left")
 
+
+def _print_result(result: SubmissionResult, out) -> None:
     if not result.graded:
         print(f"== {result.submission}: NOT GRADED: {result.error}\n", file=out)
         return
@@ -915,8 +953,7 @@ def _print_result(result: SubmissionResult, out) -> None:
         f"{_number(result.score)}/{_number(result.max_score)} points, {result.seconds:.1f} s",
         file=out,
     )
-    with pd.option_context("display.max_colwidth", None, "display.width", 250):
-        print(results_table(result).to_string(index=False), file=out)
+    print(_left_aligned(results_table(result), ("question", "result", "message")), file=out)
     for issue in result.issues:
         print(f"  note: {issue}", file=out)
     print(file=out)
@@ -1005,22 +1042,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress = None if args.json else (lambda result: _print_result(result, out))
         results = grade(
             args.paths, args.source, cell_timeout=args.cell_timeout, timeout=args.timeout,
-            progress=progress,
+            progress=progress, exclude=[args.csv] if args.csv else [],
         )
-    except (GradingError, ValueError) as error:
+        if args.csv:
+            write_csv(results, args.csv)
+    except (GradingError, ValueError, OSError) as error:
         print(f"course-grade: error: {error}", file=sys.stderr)
         return 2
-    if args.csv:
-        write_csv(results, args.csv)
     if args.json:
         json.dump([result.to_dict() for result in results], out, indent=1)
         print(file=out)
     else:
-        import pandas as pd
-
         summary = summary_table(results)[["submission", "graded", "score", "max_score"]]
-        with pd.option_context("display.max_colwidth", None, "display.width", 250):
-            print(summary.to_string(index=False), file=out)
+        print(_left_aligned(summary, ("submission",)), file=out)
         if args.csv:
             print(f"wrote {args.csv}", file=out)
     return 0 if all(result.graded for result in results) else 1
