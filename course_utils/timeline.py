@@ -1,0 +1,360 @@
+"""Memory over one step: when bytes are allocated (a timeline with phases, the peak) and which
+module saved each tensor for backward.
+
+`memory_timeline(fn)` runs ``fn()`` once and returns a `Timeline`: bytes allocated by torch on the
+device, relative to the moment ``fn`` starts, after every allocation and free, with the phases
+that ``fn`` marked with `phase` (e.g. ``forward``, ``backward``, ``optimizer``).
+
+How the events are taken (shared/notes/measurement.md):
+
+* **CPU**: ``torch.profiler.profile(activities=[CPU], profile_memory=True)``; the ``[memory]``
+  events of ``prof.profiler.kineto_results`` (size > 0 for an allocation, < 0 for a free) in time
+  order; phases are ``torch.profiler.record_function`` ranges of the same profile (same clock).
+  The profiler slows the step by about 20%.
+* **CUDA**: the caching allocator's memory history
+  (``torch.cuda.memory._record_memory_history``, documented in "Understanding CUDA Memory Usage",
+  pytorch.org/docs/stable/torch_cuda_memory.html): ``alloc`` adds its size, ``free_completed``
+  subtracts it, ``time_us`` gives the time; a phase is the range of trace entries recorded
+  between its start and end (the device is synchronised at each mark).
+* **MPS** and other devices: no event source; `memory_timeline` raises ``ValueError``,
+  `peak_bytes` and `allocated_after` return ``None`` for the bytes.
+
+`peak_bytes(fn)` and `allocated_after(fn)` are the two numbers most cells need: the peak above
+the start while ``fn`` runs, and what is still allocated when it returns (after a forward pass:
+the saved tensors wherever they are kept, selective checkpointing's cache included, plus the
+output). On CUDA they read the allocator's counters (``max_memory_allocated``,
+``memory_allocated``) instead of a timeline. Phases do not nest.
+
+`saved_by_module(module, fn)` lists the tensors autograd saves for backward while ``fn()`` runs
+(``torch.autograd.graph.saved_tensors_hooks``, deduplicated by storage, ``module``'s parameters
+excluded, as `course_utils.measure.SavedTensorMeter` counts them), each attributed to the
+innermost submodule whose forward was running when it was saved.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+__all__ = ["Phase", "Timeline", "phase", "memory_timeline", "peak_bytes", "allocated_after",
+           "saved_by_module"]
+
+_PREFIX = "phase:"
+_RECORDER = None  # the CUDA mark recorder of the running memory_timeline, if any
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A marked part of a timeline: ``name`` from ``start_ms`` to ``end_ms`` (milliseconds)."""
+
+    name: str
+    start_ms: float
+    end_ms: float
+
+
+@dataclass
+class Timeline:
+    """Bytes allocated over one run of a function.
+
+    Attributes:
+        device: the device measured (``"cpu"``, ``"cuda:0"``).
+        method: how the events were taken, in words.
+        t_ms: time of each event in milliseconds from the first event, shape ``(n_events,)``.
+        allocated: bytes allocated after each event, relative to the bytes allocated when ``fn``
+            started (negative if ``fn`` freed more than it allocated), shape ``(n_events,)``.
+        phases: the `Phase` ranges ``fn`` marked with `phase`, in time order.
+        result: what ``fn`` returned (kept alive, so ``final_bytes`` includes what it holds).
+    """
+
+    device: str
+    method: str
+    t_ms: list = field(default_factory=list)
+    allocated: list = field(default_factory=list)
+    phases: list = field(default_factory=list)
+    result: Any = field(default=None, repr=False)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The highest ``allocated`` value (bytes above the start; 0 if nothing was allocated)."""
+        return max([0, *self.allocated])
+
+    @property
+    def final_bytes(self) -> int:
+        """Bytes still allocated when ``fn`` returned (relative to its start), e.g. the tensors a
+        forward saved for backward plus its output."""
+        return self.allocated[-1] if self.allocated else 0
+
+    def phase_peak(self, name: str) -> int:
+        """Peak ``allocated`` (bytes) during the phase called ``name``.
+
+        Raises:
+            ValueError: no phase has that name.
+        """
+        spans = [p for p in self.phases if p.name == name]
+        if not spans:
+            raise ValueError(f"no phase {name!r} in this timeline: phases are "
+                             f"{[p.name for p in self.phases]}.")
+        vals = [a for t, a in zip(self.t_ms, self.allocated)
+                if any(p.start_ms <= t <= p.end_ms for p in spans)]
+        return max([0, *vals])
+
+    def to_frame(self) -> pd.DataFrame:
+        """The events as a DataFrame with columns ``t_ms`` and ``allocated_bytes``."""
+        return pd.DataFrame({"t_ms": self.t_ms, "allocated_bytes": self.allocated})
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """Mark a phase (``with phase("backward"): loss.backward()``) of a function that
+    `memory_timeline` runs. Outside a timeline it only adds a profiler annotation.
+
+    Raises:
+        ValueError: ``name`` is not a non-empty string.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a phase name is a non-empty string, got {name!r}.")
+    recorder = _RECORDER
+    if recorder is not None:
+        recorder.mark()
+    try:
+        with torch.profiler.record_function(_PREFIX + name):
+            yield
+    finally:
+        if recorder is not None:
+            recorder.mark(name)
+
+
+def _device(device) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _running(sizes) -> list[int]:
+    """Cumulative sum of signed allocation sizes (bytes)."""
+    out, total = [], 0
+    for s in sizes:
+        total += int(s)
+        out.append(total)
+    return out
+
+
+def _cpu_timeline(fn: Callable) -> Timeline:
+    from torch.profiler import ProfilerActivity, profile
+
+    from .measure import _silence_native_stderr
+    with _silence_native_stderr():  # the profiler's C++ side logs start/stop lines
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            result = fn()
+    mem, marks = [], []
+    for e in prof.profiler.kineto_results.events():
+        name = e.name()
+        if name == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU:
+            mem.append((e.start_ns(), e.nbytes()))
+        elif name.startswith(_PREFIX):
+            marks.append((name[len(_PREFIX):], e.start_ns(), e.start_ns() + e.duration_ns()))
+    mem.sort()
+    marks.sort(key=lambda m: m[1])
+    starts = [t for t, _ in mem] + [s for _, s, _ in marks]
+    t0 = min(starts) if starts else 0
+    return Timeline(
+        device="cpu",
+        method="torch.profiler memory events (profile_memory=True), bytes relative to the start",
+        t_ms=[(t - t0) / 1e6 for t, _ in mem],
+        allocated=_running(n for _, n in mem),
+        phases=[Phase(n, (s - t0) / 1e6, (e - t0) / 1e6) for n, s, e in marks],
+        result=result)
+
+
+def _trace_timeline(trace: list, marks: list, device: str, method: str, result=None) -> Timeline:
+    """A `Timeline` from allocator trace entries (``action``, ``size``, ``time_us``) and phase
+    marks ``(name, first_index, stop_index)`` into ``trace``."""
+    events = [(e["time_us"], e["size"] if e["action"] == "alloc" else -e["size"], i)
+              for i, e in enumerate(trace) if e.get("action") in ("alloc", "free_completed")]
+    t0 = trace[0]["time_us"] if trace else 0
+    phases = []
+    for name, i0, i1 in marks:
+        inside = [trace[i]["time_us"] for i in range(max(0, i0), min(i1, len(trace)))]
+        if inside:
+            phases.append(Phase(name, (min(inside) - t0) / 1e3, (max(inside) - t0) / 1e3))
+    return Timeline(device=device, method=method, t_ms=[(t - t0) / 1e3 for t, _, _ in events],
+                    allocated=_running(s for _, s, _ in events), phases=phases, result=result)
+
+
+class _CudaMarks:
+    """Records, at each phase boundary, how many allocator trace entries exist."""
+
+    def __init__(self, dev: torch.device):
+        self.dev = dev
+        self.marks: list = []
+        self._open: int | None = None
+
+    def trace(self) -> list:
+        snap = torch.cuda.memory._snapshot()
+        traces = snap.get("device_traces", [])
+        return traces[self.dev.index] if self.dev.index < len(traces) else []
+
+    def mark(self, name: str | None = None) -> None:
+        torch.cuda.synchronize(self.dev)
+        n = len(self.trace())
+        if name is None:
+            self._open = n
+        else:
+            self.marks.append((name, self._open if self._open is not None else n, n))
+            self._open = None
+
+
+def _cuda_timeline(fn: Callable, dev: torch.device) -> Timeline:
+    global _RECORDER
+    history = torch.cuda.memory._record_memory_history
+    recorder = _CudaMarks(dev)
+    torch.cuda.synchronize(dev)
+    with torch.cuda.device(dev):
+        try:
+            history(enabled="all", context=None, device=dev, clear_history=True)
+        except TypeError:  # older torch: no clear_history
+            history(enabled="all", context=None, device=dev)
+        start = len(recorder.trace())
+        _RECORDER = recorder
+        try:
+            result = fn()
+            torch.cuda.synchronize(dev)
+            trace = recorder.trace()
+        finally:
+            _RECORDER = None
+            history(enabled=None)
+    marks = [(n, i0 - start, i1 - start) for n, i0, i1 in recorder.marks]
+    return _trace_timeline(trace[start:], marks, str(dev),
+                           "CUDA caching allocator memory history (alloc / free_completed)",
+                           result)
+
+
+def memory_timeline(fn: Callable[[], Any], device: str | torch.device | None = None) -> Timeline:
+    """Run ``fn()`` once and record the bytes allocated on ``device`` after every allocation
+    and free (see the module docstring for the event source per device).
+
+    Args:
+        fn: a function of no arguments, e.g. one training step; mark its parts with `phase`.
+        device: ``"cpu"`` (default), ``"cuda"`` or ``"cuda:N"``.
+
+    Returns:
+        A `Timeline` (times in ms, bytes relative to the start; ``result`` holds ``fn()``'s value).
+
+    Raises:
+        ValueError: a device with no event source here (MPS, or CUDA on a machine without it).
+    """
+    dev = _device(device)
+    if dev.type == "cpu":
+        return _cpu_timeline(fn)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return _cuda_timeline(fn, dev)
+    raise ValueError(f"memory_timeline has no memory events for device {str(dev)!r}: use 'cpu' "
+                     "or an available 'cuda' device (MPS has no allocation history).")
+
+
+def peak_bytes(fn: Callable[[], Any], device: str | torch.device | None = None) -> int | None:
+    """Peak bytes allocated on ``device`` while ``fn()`` runs, above what was allocated when it
+    started.
+
+    CUDA: ``reset_peak_memory_stats`` -> ``fn()`` -> ``synchronize`` -> ``max_memory_allocated``
+    minus ``memory_allocated`` at the start. CPU: the profiler's memory events
+    (`memory_timeline`). Other devices: ``None`` (no peak counter).
+    """
+    dev = _device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+        fn()
+        torch.cuda.synchronize(dev)
+        return max(0, int(torch.cuda.max_memory_allocated(dev) - base))
+    if dev.type == "cpu":
+        return memory_timeline(fn, dev).peak_bytes
+    return None
+
+
+def allocated_after(fn: Callable[[], Any],
+                    device: str | torch.device | None = None) -> tuple[Any, int | None]:
+    """Run ``fn()`` and return ``(result, bytes)``: what it returned, and the bytes still allocated
+    on ``device`` when it returned, relative to its start (e.g. after a forward pass: the tensors
+    saved for backward, wherever autograd or selective checkpointing keeps them, plus the output).
+
+    CUDA: ``memory_allocated`` after minus before (device synchronised). CPU: the profiler's memory
+    events (`memory_timeline`). Other devices: ``(result, None)``.
+    """
+    dev = _device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        result = fn()
+        torch.cuda.synchronize(dev)
+        return result, int(torch.cuda.memory_allocated(dev) - before)
+    if dev.type == "cpu":
+        tl = memory_timeline(fn, dev)
+        return tl.result, tl.final_bytes
+    return fn(), None
+
+
+def saved_by_module(module: torch.nn.Module, fn: Callable[[], Any]) -> pd.DataFrame:
+    """The tensors autograd saves for backward while ``fn()`` runs, one row per storage.
+
+    Args:
+        module: its parameters are excluded; each saved tensor is attributed to the innermost
+            of its submodules (names as in ``module.named_modules()``, ``""`` for ``module``
+            itself) whose forward was running.
+        fn: a function of no arguments that runs a forward through ``module``.
+
+    Returns:
+        A DataFrame in the order the tensors were saved, columns ``module``, ``module_type``,
+        ``shape``, ``dtype`` (str), ``nbytes`` (bytes of the storage), ``grad_fn`` (the node
+        that made the tensor, ``None`` for a leaf). The forward's graph is freed on return.
+
+    Raises:
+        TypeError: ``module`` is not a ``torch.nn.Module``.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"saved_by_module needs a torch.nn.Module, got {type(module).__name__}.")
+    params = {(str(p.device), p.untyped_storage().data_ptr()) for p in module.parameters()}
+    stack: list[tuple[str, str]] = []
+    rows: dict = {}
+
+    def pack(t):
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            key = (str(t.device), st.data_ptr())
+            if key not in params and key not in rows:
+                name, kind = stack[-1] if stack else ("", type(module).__name__)
+                rows[key] = {"module": name, "module_type": kind, "shape": tuple(t.shape),
+                             "dtype": str(t.dtype).replace("torch.", ""), "nbytes": st.nbytes(),
+                             "grad_fn": type(t.grad_fn).__name__ if t.grad_fn is not None
+                             else None}
+        return t
+
+    def enter(label):
+        def hook(*_):  # returns None: the module's input is left unchanged
+            stack.append(label)
+        return hook
+
+    def leave(*_):  # returns None: the module's output is left unchanged
+        if stack:
+            stack.pop()
+
+    handles = []
+    for name, sub in module.named_modules():
+        handles.append(sub.register_forward_pre_hook(enter((name, type(sub).__name__))))
+        handles.append(sub.register_forward_hook(leave))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fn()
+        del out
+    finally:
+        for h in handles:
+            h.remove()
+    return pd.DataFrame(list(rows.values()),
+                        columns=["module", "module_type", "shape", "dtype", "nbytes", "grad_fn"])
