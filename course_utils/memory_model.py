@@ -47,7 +47,8 @@ low-precision weight, ``12 d^2 a`` per block, plus ``V d a`` for the head (0 in 
 **Peak** (a model, not a bound): parameters + AdamW state + the larger of (a) end of forward /
 start of backward: all saved tensors + the logits tensor and two fp32 ``B T V`` gradient
 buffers + one recomputed segment, and (b) the optimizer step: gradients + one fp32 temporary
-the size of the parameters (``torch._foreach`` AdamW).
+the size of the largest parameter tensor (measured: ``torch.optim.AdamW``'s foreach step
+allocates far less than a full copy of the parameters).
 """
 from __future__ import annotations
 
@@ -97,6 +98,12 @@ def parameter_count(config: RunConfig) -> int:
     """``N = 2 V d + T d + L (12 d^2 + 13 d) + 2 d`` for the course's GPT."""
     d, V, L, T = config.d_model, config.vocab_size, config.n_layers, config.seq_len
     return 2 * V * d + T * d + L * (12 * d * d + 13 * d) + 2 * d
+
+
+def largest_parameter_tensor(config: RunConfig) -> int:
+    """Elements of the model's largest parameter tensor: ``max(4 d^2, V d, T d)``."""
+    d = config.d_model
+    return max(4 * d * d, config.vocab_size * d, config.seq_len * d)
 
 
 def _elem_bytes(precision: str) -> int:
@@ -158,7 +165,7 @@ def estimate(config: RunConfig) -> MemoryEstimate:
     optimizer_state = 8 * N + 4 * n_tensors
     saved = activations + wcopies + logits
     start_of_backward = saved + BT * V * (a + 8) + recompute
-    optimizer_step = gradients + 4 * N
+    optimizer_step = gradients + 4 * largest_parameter_tensor(config)
     peak = parameters + optimizer_state + max(start_of_backward, optimizer_step)
     return MemoryEstimate(
         config=config, parameters=parameters, gradients=gradients,

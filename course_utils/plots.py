@@ -38,10 +38,11 @@ def comparison_chart(df, title: str = ""):
     ax.bar(x, t, yerr=iqr, color="#4C72B0", capsize=3)
     ax.set_ylabel("step time (ms)")
     ax.set_title("step time (median, IQR)")
-    for xi, ratio in zip(x, df["time_ratio"]):
-        if ratio is not None and not np.isnan(_nan(ratio)):
-            ax.annotate(f"{ratio:.2f}x", (xi, 0), xytext=(0, 3), textcoords="offset points",
-                        ha="center", color="white", fontsize=8)
+    for xi, ti, ei, ratio in zip(x, t, iqr, df["time_ratio"]):
+        if ratio is not None and not np.isnan(_nan(ratio)) and not np.isnan(ti):
+            ax.annotate(f"{ratio:.2f}x", (xi, ti + np.nan_to_num(ei)), xytext=(0, 3),
+                        textcoords="offset points", ha="center", color="black", fontsize=8)
+    ax.margins(y=0.12)
 
     ax = axes[1]
     peak = np.array([_nan(v) / MiB for v in df["peak_allocated"]])
