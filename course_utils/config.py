@@ -17,7 +17,8 @@ import torch
 from .checkpointing import plan_segments
 
 __all__ = ["PRECISIONS", "SIZE_PROFILES", "RunConfig", "size_profile", "config_for",
-           "check_feasible", "autocast_dtype", "SIZE_ENV"]
+           "check_feasible", "autocast_dtype", "SIZE_ENV", "step_flops", "default_device",
+           "warn_if_slow"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTIONS = ("sdpa", "naive")
