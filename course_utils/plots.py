@@ -4,14 +4,15 @@ Every function returns a ``matplotlib.figure.Figure`` and draws only what it is 
 """
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-if matplotlib.get_backend().lower() == "agg" or not matplotlib.rcParams.get("backend"):
-    matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-__all__ = ["comparison_chart", "MiB"]
+__all__ = ["comparison_chart", "MiB", "dashboard_chart", "budget_chart", "scale_chart",
+           "adoption_chart", "styled_claims", "format_range_chart",
+           "log2_histogram_chart", "scaler_trace_chart", "memory_breakdown_chart",
+           "loss_curves_chart", "saved_tensors_chart", "memory_growth_chart",
+           "segments_chart", "pareto_chart", "attention_memory_chart",
+           "memory_timeline_chart"]
 
 MiB = 2**20
 _COLORS = {"activations": "#4C72B0", "autocast_weight_copies": "#DD8452", "logits": "#55A868",
@@ -152,11 +153,9 @@ def dashboard_chart(df, last: int = 10, title: str = ""):
     return fig
 
 
-__all__ += ["dashboard_chart"]
 
 
 # --- lesson 03: budget search, memory at scale, order of adoption, claims ledger -------------
-__all__ += ["budget_chart", "scale_chart", "adoption_chart", "styled_claims"]
 
 _SERIES = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860")
 
@@ -355,8 +354,6 @@ def styled_claims(table):
 
 # --- lesson 01 (AMP review): number formats, gradient histograms, GradScaler trace, memory ----
 
-__all__ += ["format_range_chart", "log2_histogram_chart", "scaler_trace_chart",
-            "memory_breakdown_chart", "loss_curves_chart"]
 
 _FORMAT_COLORS = {"fp32": "#4C72B0", "fp16": "#DD8452", "bf16": "#55A868", "fp8 e4m3": "#C44E52",
                   "fp8 e5m2": "#8172B3"}
@@ -915,5 +912,3 @@ def memory_timeline_chart(timelines: dict, title: str = "memory over one trainin
     return fig
 
 
-__all__ += ["saved_tensors_chart", "memory_growth_chart", "segments_chart", "pareto_chart",
-            "attention_memory_chart", "memory_timeline_chart"]
