@@ -21,8 +21,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 setup: $(VENV)/.installed
 
+# JupyterLab refuses to run as root (containers, workshop VMs) unless told it may.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
+
 course: setup
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(ROOT_FLAG)
 
 # Notebooks run at the 'smoke' size; two workers, one notebook (or test module) each.
 test: setup
