@@ -27,9 +27,7 @@ import contextlib
 import dataclasses
 import gc
 import math
-import os
 import statistics
-import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -37,10 +35,11 @@ from torch.utils import benchmark
 
 from . import checkpointing
 from .config import RunConfig, autocast_dtype, check_feasible
+from .timeline import peak_bytes
 from .training import device_type, setup
 
 __all__ = ["MEMORY_FIELDS", "Measurement", "SavedTensorMeter", "measure", "measure_saved",
-           "saved_bytes", "cpu_peak_bytes", "storage_bytes", "OutOfMemory"]
+           "saved_bytes", "storage_bytes", "OutOfMemory"]
 
 #: Memory fields (bytes) shared by `Measurement` and `MemoryEstimate`.
 MEMORY_FIELDS = ("parameters", "gradients", "optimizer_state", "activations",
@@ -230,51 +229,6 @@ def measure_saved(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     return meter
 
 
-@contextlib.contextmanager
-def _silence_native_stderr():
-    """Point file descriptor 2 at /dev/null (C++ log lines); Python's sys.stderr is flushed."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no real fd 2 (embedded interpreters)
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def cpu_peak_bytes(fn) -> tuple[int, list]:
-    """Peak increase of CPU memory allocated by torch while running ``fn()`` (bytes).
-
-    Uses ``torch.profiler.profile(activities=[CPU], profile_memory=True)``: the ``[memory]``
-    events of ``prof.profiler.kineto_results`` in time order, running sum of their sizes
-    (negative for frees). Relative to the memory alive when ``fn`` starts.
-
-    Returns:
-        ``(peak_bytes, timeline)`` where ``timeline`` is ``[(t_ns, allocated_bytes), ...]``
-        relative to the first event.
-    """
-    from torch.profiler import ProfilerActivity, profile
-    with _silence_native_stderr():  # the profiler's C++ side logs "profiler_start/stop" lines
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn()
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
-    events.sort(key=lambda e: e.start_ns())
-    running, peak, timeline = 0, 0, []
-    t0 = events[0].start_ns() if events else 0
-    for e in events:
-        running += e.nbytes()
-        peak = max(peak, running)
-        timeline.append((e.start_ns() - t0, running))
-    return peak, timeline
-
-
 def _optimizer_state_bytes(optimizer) -> int:
     tensors = [v for st in optimizer.state.values() for v in st.values()
                if isinstance(v, torch.Tensor)]
@@ -353,8 +307,7 @@ def measure(config: RunConfig, min_run_time: float = 1.0, warmup: int = 2,
             m.peak_method = "CUDA allocator: max_memory_allocated over one step"
         elif kind == "cpu":
             alive = m.parameters + m.optimizer_state
-            peak, _ = cpu_peak_bytes(state.step)
-            m.peak_allocated = alive + peak
+            m.peak_allocated = alive + peak_bytes(state.step, "cpu")
             m.peak_method = ("CPU: parameters + optimizer state + torch.profiler memory-event "
                              "peak over one step")
         else:

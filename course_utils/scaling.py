@@ -11,8 +11,6 @@ Lesson 03's plumbing for three questions:
   of memory at these sizes, so the budget is applied to the measured peak (the profiler's).
 * **A fair throughput comparison** (`interleaved_tokens_per_s`): configurations timed in
   alternation, step by step, so that a change in the machine's load hits all of them alike.
-* **Peak memory of any step** (`peak_during`): the peak bytes allocated while a function runs,
-  on CPU or CUDA, for steps written out in a notebook (e.g. a gradient-accumulation loop).
 * **Memory at scale** (`GPTShape`, `SCALE_MODELS`, `estimate_at_scale`, `scale_table`): the
   byte counts of `course_utils.memory_model` applied to GPT-like shapes of 1B, 7B and 70B
   parameters with any vocabulary and sequence length. These are **estimates**, never
@@ -35,11 +33,10 @@ import torch
 
 from .checkpointing import plan_segments
 from .config import PRECISIONS, RunConfig
-from .measure import Measurement, cpu_peak_bytes, measure
+from .measure import Measurement, measure
 from .memory_model import MemoryEstimate, estimate
 
 __all__ = ["Probe", "BatchSearch", "largest_batch", "memory_budget", "interleaved_tokens_per_s",
-           "peak_during",
            "GPTShape", "SCALE_MODELS", "SCALE_RECIPES", "estimate_at_scale", "scale_table",
            "committed_results", "GiB", "MiB"]
 
@@ -319,38 +316,6 @@ def interleaved_tokens_per_s(configs, rounds: int = 5, warmup: int = 1) -> list[
             times[i].append(timer.timeit(1).median)
     del states, timers
     return [c.tokens_per_step / statistics.median(t) for c, t in zip(configs, times)]
-
-
-def peak_during(fn, device: str = "cpu") -> tuple[int, object]:
-    """Peak bytes allocated by torch while ``fn()`` runs, above what was allocated before.
-
-    CPU: `course_utils.measure.cpu_peak_bytes` (torch.profiler memory events). CUDA:
-    ``memory_allocated`` before, ``reset_peak_memory_stats``, ``fn()``, ``synchronize``,
-    ``max_memory_allocated`` minus the bytes before.
-
-    Returns:
-        ``(peak_bytes, fn's return value)``.
-
-    Raises:
-        ValueError: a device without a peak counter (MPS) or an unavailable CUDA device.
-    """
-    kind = _device_kind(device)
-    box = []
-    if kind == "cpu":
-        peak, _ = cpu_peak_bytes(lambda: box.append(fn()))
-        return int(peak), box[0]
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} requested but CUDA is not available.")
-        dev = torch.device(device)
-        torch.cuda.synchronize(dev)
-        before = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        out = fn()
-        torch.cuda.synchronize(dev)
-        return int(torch.cuda.max_memory_allocated(dev) - before), out
-    raise ValueError(f"peak_during needs a peak-memory counter; device {device!r} has none "
-                     "(use 'cpu' or 'cuda').")
 
 
 # --------------------------------------------------------------------------------------------

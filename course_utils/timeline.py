@@ -33,14 +33,16 @@ innermost submodule whose forward was running when it was saved.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pandas as pd
 import torch
 
-__all__ = ["Phase", "Timeline", "phase", "memory_timeline", "peak_bytes", "allocated_after",
-           "saved_by_module"]
+__all__ = ["Phase", "Timeline", "phase", "memory_timeline", "peak_bytes", "peak_during",
+           "allocated_after", "saved_by_module"]
 
 _PREFIX = "phase:"
 _RECORDER = None  # the CUDA mark recorder of the running memory_timeline, if any
@@ -136,6 +138,25 @@ def _device(device) -> torch.device:
     return dev
 
 
+@contextlib.contextmanager
+def _silence_native_stderr():
+    """Point file descriptor 2 at /dev/null: the profiler's C++ side logs "profiler_start/stop"
+    lines there (torch 2.13). Python's ``sys.stderr`` is flushed first."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no real fd 2 (embedded interpreters)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _running(sizes) -> list[int]:
     """Cumulative sum of signed allocation sizes (bytes)."""
     out, total = [], 0
@@ -148,7 +169,6 @@ def _running(sizes) -> list[int]:
 def _cpu_timeline(fn: Callable) -> Timeline:
     from torch.profiler import ProfilerActivity, profile
 
-    from .measure import _silence_native_stderr
     with _silence_native_stderr():  # the profiler's C++ side logs start/stop lines
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             result = fn()
@@ -258,25 +278,32 @@ def memory_timeline(fn: Callable[[], Any], device: str | torch.device | None = N
                      "or an available 'cuda' device (MPS has no allocation history).")
 
 
-def peak_bytes(fn: Callable[[], Any], device: str | torch.device | None = None) -> int | None:
-    """Peak bytes allocated on ``device`` while ``fn()`` runs, above what was allocated when it
-    started.
+def peak_during(fn: Callable[[], Any],
+                device: str | torch.device | None = None) -> tuple[int | None, Any]:
+    """Run ``fn()`` and return ``(peak, result)``: the peak bytes allocated on ``device`` while it
+    ran, above what was allocated when it started, and what ``fn`` returned.
 
     CUDA: ``reset_peak_memory_stats`` -> ``fn()`` -> ``synchronize`` -> ``max_memory_allocated``
     minus ``memory_allocated`` at the start. CPU: the profiler's memory events
-    (`memory_timeline`). Other devices: ``None`` (no peak counter).
+    (`memory_timeline`). Other devices (MPS): ``(None, result)``: no peak counter.
     """
     dev = _device(device)
     if dev.type == "cuda" and torch.cuda.is_available():
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         base = torch.cuda.memory_allocated(dev)
-        fn()
+        result = fn()
         torch.cuda.synchronize(dev)
-        return max(0, int(torch.cuda.max_memory_allocated(dev) - base))
+        return max(0, int(torch.cuda.max_memory_allocated(dev) - base)), result
     if dev.type == "cpu":
-        return memory_timeline(fn, dev).peak_bytes
-    return None
+        tl = memory_timeline(fn, dev)
+        return tl.peak_bytes, tl.result
+    return None, fn()
+
+
+def peak_bytes(fn: Callable[[], Any], device: str | torch.device | None = None) -> int | None:
+    """`peak_during` without the result: peak bytes above the start while ``fn()`` runs."""
+    return peak_during(fn, device)[0]
 
 
 def allocated_after(fn: Callable[[], Any],
