@@ -18,11 +18,15 @@ from .checkpointing import plan_segments
 
 __all__ = ["PRECISIONS", "SIZE_PROFILES", "RunConfig", "size_profile", "config_for",
            "check_feasible", "autocast_dtype", "SIZE_ENV", "step_flops", "default_device",
-           "warn_if_slow"]
+           "warn_if_slow", "check_dimensions", "MiB", "GiB"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTIONS = ("sdpa", "naive")
 SIZE_ENV = "COURSE_SIZE"
+
+#: Units the course prints (DESIGN.md: MiB = 2^20 bytes, GiB = 2^30 bytes).
+MiB = 2**20
+GiB = 2**30
 
 #: Model and batch dimensions per size profile. The byte vocabulary is always 256.
 SIZE_PROFILES: dict[str, dict] = {
@@ -52,6 +56,22 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     if precision == "fp16":
         return torch.float16
     raise ValueError(f"unknown precision {precision!r}: expected one of {', '.join(PRECISIONS)}.")
+
+
+def check_dimensions(obj, names) -> None:
+    """Check that ``obj``'s attributes ``names`` are positive integers and that ``d_model`` is
+    divisible by ``n_heads``.
+
+    Raises:
+        ValueError: naming the first attribute that is not.
+    """
+    for name in names:
+        v = getattr(obj, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+    if obj.d_model % obj.n_heads:
+        raise ValueError(f"d_model ({obj.d_model}) must be divisible by n_heads "
+                         f"({obj.n_heads}).")
 
 
 @dataclass(frozen=True)
@@ -95,13 +115,8 @@ class RunConfig:
     vocab_size: int = 256
 
     def __post_init__(self):
-        for name in ("n_layers", "d_model", "n_heads", "seq_len", "batch_size", "grad_accum_steps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}.")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
-                             f"({self.n_heads}).")
+        check_dimensions(self, ("n_layers", "d_model", "n_heads", "seq_len", "batch_size",
+                                "grad_accum_steps"))
         autocast_dtype(self.precision)  # raises on an unknown precision
         if self.attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {self.attention!r}: expected one of "

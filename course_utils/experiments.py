@@ -15,14 +15,13 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .config import (PRECISIONS, SIZE_PROFILES, RunConfig, check_feasible, config_for,
+from .config import (PRECISIONS, SIZE_PROFILES, MiB, RunConfig, check_feasible, config_for,
                      size_profile)
 from .measure import MEMORY_FIELDS, measure
 from .memory_model import estimate
 
 __all__ = ["compare", "ladder", "summary", "MiB", "main", "default_min_run_time"]
 
-MiB = 2**20
 
 #: Seconds of timed steps per configuration, per size profile (enough for a stable median).
 _MIN_RUN_TIME = {"smoke": 0.2, "cpu": 1.0}

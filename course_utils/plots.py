@@ -7,6 +7,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from .config import MiB
+
 __all__ = ["comparison_chart", "MiB", "dashboard_chart", "budget_chart", "scale_chart",
            "adoption_chart", "styled_claims", "format_range_chart",
            "log2_histogram_chart", "scaler_trace_chart", "memory_breakdown_chart",
@@ -14,7 +16,6 @@ __all__ = ["comparison_chart", "MiB", "dashboard_chart", "budget_chart", "scale_
            "segments_chart", "pareto_chart", "attention_memory_chart",
            "memory_timeline_chart"]
 
-MiB = 2**20
 _COLORS = {"activations": "#4C72B0", "autocast_weight_copies": "#DD8452", "logits": "#55A868",
            "parameters": "#8172B3", "gradients": "#937860", "optimizer_state": "#DA8BC3"}
 

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from .checkpointing import plan_segments
-from .config import PRECISIONS, RunConfig
+from .config import PRECISIONS, GiB, MiB, RunConfig, check_dimensions
 from .measure import Measurement, measure
 from .memory_model import MemoryEstimate, estimate
 
@@ -40,8 +40,6 @@ __all__ = ["Probe", "BatchSearch", "largest_batch", "memory_budget", "interleave
            "GPTShape", "SCALE_MODELS", "SCALE_RECIPES", "estimate_at_scale", "scale_table",
            "committed_results", "GiB", "MiB"]
 
-MiB = 2**20
-GiB = 2**30
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,13 +358,8 @@ class GPTShape:
     device: str = "cuda"
 
     def __post_init__(self):
-        for n in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len", "batch_size"):
-            v = getattr(self, n)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{n} must be a positive integer, got {v!r}.")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
-                             f"({self.n_heads}).")
+        check_dimensions(self, ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len",
+                                "batch_size"))
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}: expected one of "
                              f"{', '.join(PRECISIONS)}.")

@@ -27,7 +27,8 @@ import ipywidgets as widgets
 import pandas as pd
 
 from .checkpointing import POLICIES
-from .config import RunConfig, check_feasible, config_for, size_profile, step_flops
+from .config import (GiB, MiB, RunConfig, check_feasible, config_for, size_profile,
+                     step_flops)
 from .hardware import HardwareInfo, detect, recommend_precision
 from .measure import MEMORY_FIELDS, Measurement, measure
 from .memory_model import estimate
@@ -35,8 +36,6 @@ from .memory_model import estimate
 __all__ = ["Dashboard", "dashboard", "baseline_config", "policy_options", "history_table",
            "oom_suggestions", "DEFAULT_STEPS", "DEFAULT_WARMUP", "SLOW_LIMIT_S"]
 
-MiB = 2**20
-GiB = 2**30
 
 #: Timed steps per Run (median of these), and warm-up steps before them: a short budget so
 #: that a Run click answers in seconds at the `cpu` size profile.
