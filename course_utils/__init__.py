@@ -1,1 +1,38 @@
-"""course_utils."""
+"""course_utils: the code of the course "Mixed precision and activation checkpointing in
+PyTorch, measured on your machine". The lessons import what they teach from here.
+
+The data flow (DESIGN.md)::
+
+    hardware.detect -> recommend_precision -> config_for (size profile)      hardware, config
+    RunConfig (ModelShape, batch, precision, checkpoint policy, ...)
+      -> build_model; apply_checkpointing wraps blocks                       models, checkpointing
+      -> train_step: autocast, GradScaler(enabled=fp16), unscale_, clip      training
+      -> measure -> Measurement            estimate -> MemoryEstimate        measure, memory_model
+      -> compare / ladder -> table (noise-aware times)                       experiments, timing
+      -> verdict per claim                                                   claims
+      -> plots, widgets (dashboard), cli (course-bench)
+
+Submodules not imported here (import them by name): ``plots`` (matplotlib), ``widgets``
+(ipywidgets), ``formats``, ``recorder``, ``gradients`` (lesson 01's tools), ``timeline``,
+``search`` (largest batch under a budget), ``results``, ``quiz``, ``cli``.
+"""
+from .checkpointing import MODES, apply_checkpointing, segment_bounds
+from .claims import CLAIMS, Verdict, claims_table, verdict
+from .config import GiB, MiB, ModelShape, RunConfig, config_for, size_profile
+from .data import get_batch
+from .experiments import compare, ladder, summary
+from .hardware import (check_feasible, detect, is_emulated, recommend_precision, report,
+                       use_threads)
+from .measure import Measurement, measure, measure_saved, saved_bytes, saved_by_module
+from .memory_model import MemoryEstimate, estimate, parameter_count
+from .models import GPT, build_model
+from .timing import TimeRatio, time_ratio
+from .training import setup, train, train_step
+
+__all__ = ["MODES", "apply_checkpointing", "segment_bounds", "CLAIMS", "Verdict",
+           "claims_table", "verdict", "GiB", "MiB", "ModelShape", "RunConfig", "config_for",
+           "size_profile", "get_batch", "compare", "ladder", "summary", "check_feasible",
+           "detect", "is_emulated", "recommend_precision", "report", "use_threads",
+           "Measurement", "measure", "measure_saved", "saved_bytes", "saved_by_module",
+           "MemoryEstimate", "estimate", "parameter_count", "GPT", "build_model", "TimeRatio",
+           "time_ratio", "setup", "train", "train_step"]

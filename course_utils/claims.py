@@ -1,8 +1,16 @@
-"""The claims the course tests (shared/notes/claims.md), and their verdicts on this machine.
+"""The claims the course tests (shared notes, claims.md) and the one engine that judges them.
 
-A lesson measures something, decides in a visible cell whether a claim held, and records a
-`Verdict`; `claims_table` renders a list of them. The claim texts live here once so that every
-lesson and the ledger of lesson 03 cite the same words under the same IDs.
+`verdict(claim_id, where=..., **measured)` applies the claim's rule to numbers measured (or, for
+arithmetic claims, computed) in a lesson and returns a `Verdict`. Every lesson calls the same
+rule, so two lessons that measure the same numbers give the same label. A rule never returns a
+label without the numbers behind it: a claim about hardware this machine lacks is "not measured
+here" with the reason; a time comparison inside the measured noise is "inconclusive" (time
+inputs are `course_utils.timing.TimeRatio`, which know their noise band).
+
+Statuses: ``held``, ``failed``, ``depends`` (true for some hardware or setting, shown by the
+numbers), ``inconclusive`` (the measurement cannot decide: within noise, or too small a size),
+``not measured here`` (with why). ``basis`` says whether the numbers were ``measured`` or
+``derived`` (arithmetic).
 """
 from __future__ import annotations
 
@@ -10,7 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-__all__ = ["CLAIMS", "STATUSES", "Verdict", "claims_table"]
+__all__ = ["CLAIMS", "STATUSES", "Verdict", "verdict", "claims_table"]
 
 #: Claim ID -> the claim as popular tutorials state it.
 CLAIMS: dict[str, str] = {
@@ -36,8 +44,7 @@ CLAIMS: dict[str, str] = {
     "C20": "checkpointing frees memory for a larger batch that can outweigh the recompute cost",
 }
 
-#: Allowed statuses: held, failed, depends (on hardware or setting), untested (here).
-STATUSES = ("held", "failed", "depends", "untested")
+STATUSES = ("held", "failed", "depends", "inconclusive", "not measured here")
 
 
 @dataclass(frozen=True)
@@ -47,17 +54,19 @@ class Verdict:
     Attributes:
         claim: the claim ID (``"C2"``).
         status: one of `STATUSES`.
-        evidence: the measured or computed numbers behind the status, in words.
+        evidence: the numbers behind the status, in words (generated from them).
         where: the lesson and section that tests it (e.g. ``"01 §6"``).
+        basis: ``"measured"`` or ``"derived"`` (arithmetic, nothing run).
 
     Raises:
-        ValueError: an unknown claim ID or status.
+        ValueError: an unknown claim ID, status or basis.
     """
 
     claim: str
     status: str
     evidence: str
     where: str = ""
+    basis: str = "measured"
 
     def __post_init__(self):
         if self.claim not in CLAIMS:
@@ -65,12 +74,309 @@ class Verdict:
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}: expected one of "
                              f"{', '.join(STATUSES)}.")
+        if self.basis not in ("measured", "derived"):
+            raise ValueError(f"basis is 'measured' or 'derived', got {self.basis!r}.")
+
+    def __str__(self) -> str:
+        return f"{self.claim} {self.status} - {self.evidence}"
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.0%}"
+
+
+def _gpu(hw) -> str:
+    cc = hw.compute_capability
+    return f"{hw.name}" + (f" (compute capability {cc[0]}.{cc[1]})" if cc else f" ({hw.device})")
+
+
+def _unsettled(t, what: str) -> tuple[str, str] | None:
+    """(status, evidence) when the time comparison ``t`` cannot decide, else None."""
+    if t is None or t.ratio is None:
+        return "not measured here", f"{what}: not timed in this run"
+    if t.verdict in ("within noise", "inconclusive at this size"):
+        return "inconclusive", t.describe(what)
+    if t.verdict == "emulated":
+        return "inconclusive", t.describe(what) + " (emulated arithmetic says nothing here)"
+    return None
+
+
+# --- the rules: one per claim ------------------------------------------------------------
+
+def _c1(hw, bf16_time=None):
+    """``bf16_time``: TimeRatio of the bf16 step / the fp32 step (same model and policy).
+    Held from 1.5x faster, on an Ampere+ GPU only."""
+    here = f" here bf16 ran {bf16_time.describe('at')}" if bf16_time and bf16_time.ratio else ""
+    if not (hw.device == "cuda" and hw.native_bf16):
+        return "not measured here", f"a claim about Ampere+ GPUs; this is {_gpu(hw)}.{here}"
+    u = _unsettled(bf16_time, "bf16 / fp32 step time")
+    if u:
+        return u
+    speedup = 1 / bf16_time.ratio
+    status = "held" if speedup >= 1.5 else "failed"
+    return status, f"{_gpu(hw)}: bf16 {speedup:.2f}x fp32's speed ({bf16_time.describe()})"
+
+
+def _c2(peak_ratio, activations_ratio=None, low="bf16"):
+    """``peak_ratio``: peak of the low precision / fp32's. Held at a cut of 40% or more."""
+    acts = (f"; saved activations {activations_ratio:.2f}x" if activations_ratio is not None
+            else "")
+    return ("held" if peak_ratio <= 0.6 else "failed",
+            f"{low} peak = {peak_ratio:.2f}x fp32's{acts}; parameters, gradients and AdamW state "
+            "stay fp32")
+
+
+def _c3(compile_time=None, why_not=None, precision="bf16"):
+    """``compile_time``: TimeRatio compiled / eager step (same precision). ``why_not``: why it
+    was not measured. Held from 1.5x faster."""
+    if compile_time is None:
+        if not why_not:
+            raise ValueError("C3 not measured: say exactly why not (why_not=...).")
+        return "not measured here", why_not
+    u = _unsettled(compile_time, f"compiled / eager {precision} step time")
+    if u:
+        return u
+    speedup = 1 / compile_time.ratio
+    return ("held" if speedup >= 1.5 else "failed",
+            f"torch.compile: {speedup:.2f}x eager {precision}'s speed ({compile_time.describe()})")
+
+
+def _c4(peak_ratio, saved_ratio):
+    """Full checkpointing / none, same precision: held when the peak drops 50% or more;
+    depends when only the saved tensors do."""
+    peak_drop, saved_drop = 1 - peak_ratio, 1 - saved_ratio
+    text = (f"full checkpointing: saved tensors {_pct(-saved_drop)}, peak {_pct(-peak_drop)} "
+            "(the peak keeps parameters, gradients, AdamW state and logits)")
+    if peak_drop >= 0.5:
+        return "held", text
+    return ("depends" if saved_drop >= 0.5 else "failed"), text
+
+
+def _c5(full_time, flops_ratio=None):
+    """``full_time``: TimeRatio full / none, same precision. Held for +15% to +40%."""
+    u = _unsettled(full_time, "full / none step time")
+    if u:
+        return u
+    cost = full_time.ratio - 1
+    flops = f"; FLOPs {_pct(flops_ratio - 1)}" if flops_ratio is not None else ""
+    return ("held" if 0.15 <= cost <= 0.40 else "failed",
+            f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-33%){flops}")
+
+
+def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=4):
+    """Saved bytes when the layers grow ``n_layers_ratio``-fold: plain growth, growth with
+    sqrt(N) checkpointed segments; ``best_segments`` (lowest measured peak) vs sqrt(N)."""
+    text = (f"{n_layers_ratio}x the layers: plain saved x{plain_growth:.1f}, sqrt(N) segments "
+            f"x{sqrt_growth:.1f} (sqrt = {n_layers_ratio ** 0.5:.1f}); lowest peak at "
+            f"{best_segments} segments, sqrt(N) is {sqrt_segments}")
+    if sqrt_growth > 1.5 * n_layers_ratio ** 0.5:
+        return "failed", text
+    return ("held" if best_segments == sqrt_segments else "depends"), text
+
+
+def _c7(full_time, per_token_time=None):
+    """``full_time``: per-step TimeRatio full / none. ``per_token_time``: TimeRatio of seconds
+    per token, best checkpointed run at its largest batch under a budget / best plain run."""
+    u = _unsettled(full_time, "full / none step time")
+    if u:
+        return u
+    if full_time.verdict == "faster":
+        return "held", full_time.describe("per step, full / none")
+    text = full_time.describe("per step, full / none")
+    if per_token_time is not None and per_token_time.verdict == "faster":
+        return "depends", (text + "; but at the largest batch under the budget, "
+                           + per_token_time.describe("time per token"))
+    return "failed", text + "; it can raise throughput only through a larger batch (C20)"
+
+
+def _c8(kept_bytes=None, expected_bytes=None, param_bytes=None, batch_ratio=None):
+    """What full checkpointing keeps: ``kept_bytes`` vs the block inputs ``expected_bytes``,
+    or ``batch_ratio`` (kept bytes at 2x the batch / at 1x): activations, not parameters."""
+    if kept_bytes is not None and expected_bytes is not None:
+        text = (f"kept {kept_bytes:,} bytes = the block inputs and token ids ({expected_bytes:,})"
+                + (f"; parameters {param_bytes:,} bytes, not copied" if param_bytes else ""))
+        return ("failed" if kept_bytes == expected_bytes else "inconclusive"), text
+    if batch_ratio is not None:
+        return ("failed" if 1.8 <= batch_ratio <= 2.2 else "inconclusive",
+                f"kept bytes x{batch_ratio:.2f} when the batch doubles: activations, which "
+                "scale with the batch; parameters do not")
+    raise ValueError("C8 needs kept_bytes and expected_bytes, or batch_ratio.")
+
+
+def _c9(bytes_per_param, overheads=None, copies_per_param=None):
+    """``bytes_per_param``: measured weights + grads + AdamW per parameter under autocast;
+    ``overheads``: {setting: estimated peak / (16 N) - 1}."""
+    text = f"weights + gradients + AdamW = {bytes_per_param:.2f} bytes/param (4 + 4 + 8, fp32)"
+    if copies_per_param:
+        text += f", + {copies_per_param:.2f} bytes/param of autocast weight copies"
+    if abs(bytes_per_param - 16) >= 0.05:
+        return "failed", text
+    if not overheads:
+        return "held", text
+    text += "; overhead " + ", ".join(f"{v:+.0%} ({k})" for k, v in overheads.items())
+    return ("held" if all(0.2 <= v <= 0.3 for v in overheads.values()) else "depends"), text
+
+
+def _c10(n_params=7e9):
+    """Arithmetic: fp32 weights 4 N bytes, AdamW's two fp32 moments 8 N bytes (GB = 1e9)."""
+    w, adam = 4 * n_params / 1e9, 8 * n_params / 1e9
+    ok = round(w) == 28 and round(adam) == 84
+    return ("held" if ok else "failed",
+            f"{n_params:.0e} parameters: fp32 weights {w:.0f} GB, AdamW moments {adam:.0f} GB "
+            f"(84 GB = 12 bytes/param: the moments plus an fp32 master copy, which fp32 "
+            "training does not have)")
+
+
+def _c11(flushed_unscaled, flushed_scaled, scale, overflow_scaled=0.0):
+    """Fractions of nonzero gradients flushed to 0 in fp16, unscaled and at loss scale
+    ``scale``; ``overflow_scaled``: fraction that overflowed at that scale."""
+    text = (f"fp16 flushed {flushed_unscaled:.3%} of the gradients unscaled, {flushed_scaled:.3%} "
+            f"at scale {scale:g}" + (f" (overflow {overflow_scaled:.3%})" if overflow_scaled else ""))
+    if flushed_unscaled == 0:
+        return "depends", text + ": no underflow at this size; smaller gradients show it"
+    fixed = flushed_scaled < flushed_unscaled and flushed_scaled < 0.001 and not overflow_scaled
+    return ("held" if fixed else "failed"), text
+
+
+def _c12(backoffs_ok, growth_after, growth_interval, clean_taken=True):
+    """A GradScaler trace: each injected inf/NaN skipped and backed off (``backoffs_ok``),
+    each growth after ``growth_after`` clean steps (should equal ``growth_interval``)."""
+    ok = (bool(backoffs_ok) and all(backoffs_ok) and bool(growth_after)
+          and all(g == growth_interval for g in growth_after) and clean_taken)
+    return ("held" if ok else "failed",
+            f"skip + back off on each inf/NaN: {all(backoffs_ok) if backoffs_ok else None}; "
+            f"growth after {growth_after} clean steps (growth_interval {growth_interval})")
+
+
+def _c13(same_range, flushed_bf16, val_loss_gap=None):
+    """bf16's exponent range equals fp32's (``same_range``), the fraction of gradients bf16
+    flushes, and (optional) bf16's relative gap to fp32's validation loss without a scaler."""
+    text = f"bf16 range = fp32's: {same_range}; bf16 flushed {flushed_bf16:.3%} of the gradients"
+    ok = same_range and flushed_bf16 == 0
+    if val_loss_gap is not None:
+        text += f"; without a scaler it ended {val_loss_gap:.2%} from fp32's validation loss"
+        ok = ok and abs(val_loss_gap) < 0.02
+    return ("held" if ok else "failed"), text
+
+
+def _c14(reentrant_lost_grads, reentrant_failures=(), nonreentrant_ok=True):
+    """Reentrant checkpointing lost the block's gradients (an input without requires_grad)
+    and/or failed at ``reentrant_failures``; the non-reentrant version handled everything."""
+    text = (f"reentrant: block gradients lost: {reentrant_lost_grads}; fails at "
+            f"{len(reentrant_failures)} of the features tried"
+            + (f" ({', '.join(reentrant_failures)})" if reentrant_failures else "")
+            + f"; non-reentrant handles all: {nonreentrant_ok}")
+    limited = reentrant_lost_grads or bool(reentrant_failures)
+    return ("held" if limited and nonreentrant_ok else "failed"), text
+
+
+def _c15(naive_extra_slope, sdpa_slope):
+    """Log-log slopes of saved bytes vs sequence length: naive attention's extra bytes, and
+    SDPA's saved bytes."""
+    text = (f"naive attention's extra saved bytes grow with slope {naive_extra_slope:.2f}, "
+            f"SDPA's with slope {sdpa_slope:.2f}")
+    if sdpa_slope >= 1.8:
+        return "held", text
+    if naive_extra_slope >= 1.8:
+        return "depends", text + ": quadratic only for naive attention"
+    return "failed", text
+
+
+def _c16(hw, bf16_vs_fp16=None, recipe=""):
+    """``bf16_vs_fp16``: bf16 matmul time / fp16's, measured on this GPU."""
+    if hw.device != "cuda":
+        return "not measured here", (f"a claim about NVIDIA GPUs; this is {_gpu(hw)}"
+                                     + (f", whose recipe is {recipe}" if recipe else ""))
+    if bf16_vs_fp16 is None:
+        return "not measured here", f"{_gpu(hw)}: no bf16/fp16 matmul timing in this run"
+    text = (f"{_gpu(hw)}: a bf16 matmul takes {bf16_vs_fp16:.2f}x fp16's time; native bf16: "
+            f"{hw.native_bf16}" + (f"; recipe {recipe}" if recipe else ""))
+    if hw.native_bf16:
+        return ("held" if bf16_vs_fp16 <= 1.2 else "failed"), text
+    return ("held" if bf16_vs_fp16 >= 1.5 else "failed"), text
+
+
+def _c17(grad_rel_err, undivided_ratio, k, extra_peak_bytes, grad_buffer_bytes, peak_vs_big):
+    """Accumulation over ``k`` micro-batches vs one big batch: gradient difference, the norm
+    ratio without the division, the peak above one micro-batch's (should be the .grad buffer)
+    and the peak relative to the big batch's."""
+    ok = (grad_rel_err < 1e-4 and abs(undivided_ratio - k) < 0.01 * k
+          and extra_peak_bytes <= 1.05 * grad_buffer_bytes and peak_vs_big < 1)
+    return ("held" if ok else "failed",
+            f"{k} micro-batches: gradients within {grad_rel_err:.0e} of the big batch's, "
+            f"x{undivided_ratio:.2f} without the division; peak {peak_vs_big:.2f}x the big "
+            f"batch's, {extra_peak_bytes / 2**20:.2f} MiB above one micro-batch's (.grad buffer "
+            f"{grad_buffer_bytes / 2**20:.2f} MiB)")
+
+
+def _c18(clip_saw_ratio, scale, sgd_update_ratio=None, adamw_update_ratio=None):
+    """Clipping before ``unscale_``: ``clip_saw_ratio`` is the norm clipping saw / the true
+    norm (the scale, if wrong); the update norms clipped-wrong / clipped-right under SGD and
+    AdamW."""
+    text = f"clipping before unscale_ saw {clip_saw_ratio:.3g}x the true norm (scale {scale:g})"
+    if sgd_update_ratio is not None:
+        text += f"; SGD's update became {sgd_update_ratio:.2g}x the right one"
+    if adamw_update_ratio is not None:
+        text += (f"; AdamW's {adamw_update_ratio:.2g}x (Adam divides by the gradient's running "
+                 "scale, so it hides most of it: the clip threshold is what breaks)")
+    return ("held" if clip_saw_ratio >= 0.5 * scale else "failed"), text
+
+
+def _c19(hw, fp8_time=None, why_not=None):
+    """``fp8_time``: TimeRatio FP8 / bf16 step; ``why_not`` when not measured."""
+    if fp8_time is None:
+        if not why_not:
+            raise ValueError("C19 not measured: say exactly why not (why_not=...).")
+        return "not measured here", why_not
+    u = _unsettled(fp8_time, "FP8 / bf16 step time")
+    if u:
+        return u
+    speedup = 1 / fp8_time.ratio
+    return ("held" if speedup >= 1.2 else "failed",
+            f"{_gpu(hw)}: FP8 {speedup:.2f}x bf16's speed ({fp8_time.describe()})")
+
+
+def _c20(per_token_time, budget_bytes=None):
+    """``per_token_time``: TimeRatio of seconds per token, the best checkpointed configuration
+    at its largest batch under the budget / the best plain one at its largest batch."""
+    u = _unsettled(per_token_time, "time per token, checkpointed / plain at their largest batch")
+    if u:
+        return u
+    budget = f" under {budget_bytes / 2**20:,.1f} MiB" if budget_bytes else ""
+    return ("held" if per_token_time.verdict == "faster" else "failed",
+            per_token_time.describe(f"at the largest batch{budget}, time per token"))
+
+
+_RULES = {"C1": _c1, "C2": _c2, "C3": _c3, "C4": _c4, "C5": _c5, "C6": _c6, "C7": _c7,
+          "C8": _c8, "C9": _c9, "C10": _c10, "C11": _c11, "C12": _c12, "C13": _c13,
+          "C14": _c14, "C15": _c15, "C16": _c16, "C17": _c17, "C18": _c18, "C19": _c19,
+          "C20": _c20}
+_DERIVED = {"C10"}
+
+
+def verdict(claim: str, where: str = "", **measured) -> Verdict:
+    """Judge ``claim`` from ``measured`` inputs with the claim's one rule.
+
+    Each rule's inputs and thresholds are in its docstring (``help(claims._c5)``), e.g.
+    ``verdict("C5", full_time=time_ratio, flops_ratio=1.22, where="02 §3")``.
+
+    Raises:
+        ValueError: an unknown claim ID, or inputs the rule cannot judge.
+        TypeError: a missing or unknown input name.
+    """
+    if claim not in _RULES:
+        raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
+    status, evidence = _RULES[claim](**measured)
+    return Verdict(claim, status, evidence, where,
+                   "derived" if claim in _DERIVED else "measured")
 
 
 def claims_table(verdicts) -> pd.DataFrame:
-    """A table of verdicts (claim, the claim's text, status, evidence, where), in claim order."""
-    rows = [{"claim": v.claim, "says": CLAIMS[v.claim], "status": v.status,
-             "evidence": v.evidence, "where": v.where} for v in verdicts]
-    df = pd.DataFrame(rows, columns=["claim", "says", "status", "evidence", "where"])
+    """A table of verdicts (claim, the claim's text, status, basis, evidence, where), in claim
+    order, one row per claim (a later verdict on the same claim replaces an earlier one)."""
+    latest = {v.claim: v for v in verdicts}
+    rows = [{"claim": v.claim, "says": CLAIMS[v.claim], "status": v.status, "basis": v.basis,
+             "evidence": v.evidence, "where": v.where} for v in latest.values()]
+    df = pd.DataFrame(rows, columns=["claim", "says", "status", "basis", "evidence", "where"])
     order = {c: i for i, c in enumerate(CLAIMS)}
     return df.sort_values("claim", key=lambda s: s.map(order)).set_index("claim")

@@ -1,24 +1,28 @@
-"""`RunConfig`: one training configuration, validated; and the course's size profiles.
+"""What one training run is: `ModelShape` (the model's dimensions) inside `RunConfig` (batch,
+precision, checkpoint policy, device...), the course's size profiles, units and dtype names.
 
 A size profile picks model and batch dimensions so that notebooks, the CLI, widgets and tests
 agree: ``smoke`` (tests, CI: seconds), ``cpu`` (a laptop: a lesson in about two minutes),
 ``t4``, ``a100``, ``h100`` (large enough for tensor cores to show). `size_profile()` chooses one
 from the hardware; the environment variable ``COURSE_SIZE`` overrides it.
+
+This module is the one home of the precision names and their dtypes (`autocast_dtype`), of the
+device kind (`device_kind`) and of the units the course prints (`MiB`, `GiB`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from .checkpointing import plan_segments
+from .checkpointing import parse_policy
 
-__all__ = ["PRECISIONS", "SIZE_PROFILES", "RunConfig", "size_profile", "config_for",
-           "check_feasible", "autocast_dtype", "SIZE_ENV", "step_flops", "default_device",
-           "warn_if_slow", "check_dimensions", "MiB", "GiB"]
+__all__ = ["PRECISIONS", "ATTENTIONS", "SIZE_PROFILES", "SIZE_ENV", "MiB", "GiB", "ModelShape",
+           "RunConfig", "size_profile", "config_for", "autocast_dtype", "device_kind",
+           "default_device", "step_flops", "check_dimensions"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTIONS = ("sdpa", "naive")
@@ -28,82 +32,125 @@ SIZE_ENV = "COURSE_SIZE"
 MiB = 2**20
 GiB = 2**30
 
-#: Model and batch dimensions per size profile. The byte vocabulary is always 256.
-SIZE_PROFILES: dict[str, dict] = {
-    "smoke": dict(n_layers=2, d_model=64, n_heads=2, seq_len=32, batch_size=4),
-    "cpu": dict(n_layers=4, d_model=256, n_heads=4, seq_len=128, batch_size=8),
-    "t4": dict(n_layers=8, d_model=768, n_heads=12, seq_len=512, batch_size=8),
-    "a100": dict(n_layers=12, d_model=1024, n_heads=16, seq_len=1024, batch_size=16),
-    "h100": dict(n_layers=12, d_model=1536, n_heads=16, seq_len=1024, batch_size=16),
-}
-
-# Step FLOPs above which fp16 on a CPU without fp16 instructions is refused: fp16 matmuls
-# measured ~215x slower than fp32 there (shared/notes/measurement.md), so 1e9 FLOPs already
-# takes seconds. The `smoke` size is ~1e8.
-_CPU_FP16_MAX_FLOPS = 1e9
+_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype of a precision name: ``fp32`` -> None (no autocast).
+    """The autocast dtype of a precision name: ``fp32`` -> None (no autocast), ``bf16`` ->
+    ``torch.bfloat16``, ``fp16`` -> ``torch.float16``.
 
     Raises:
         ValueError: an unknown precision.
     """
-    if precision == "fp32":
-        return None
-    if precision == "bf16":
-        return torch.bfloat16
-    if precision == "fp16":
-        return torch.float16
-    raise ValueError(f"unknown precision {precision!r}: expected one of {', '.join(PRECISIONS)}.")
+    if precision not in _DTYPES:
+        raise ValueError(f"unknown precision {precision!r}: expected one of "
+                         f"{', '.join(PRECISIONS)}.")
+    return _DTYPES[precision]
+
+
+def device_kind(device: str | torch.device) -> str:
+    """``"cuda"`` for ``"cuda:1"``, ``"cpu"``, ``"mps"``: what ``torch.autocast`` and
+    ``GradScaler`` take.
+
+    Raises:
+        ValueError: a string that names no device torch knows.
+    """
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or "
+                         "'mps'.") from e
 
 
 def check_dimensions(obj, names) -> None:
-    """Check that ``obj``'s attributes ``names`` are positive integers and that ``d_model`` is
-    divisible by ``n_heads``.
+    """Check that ``obj``'s attributes ``names`` are positive integers (bool excluded).
 
     Raises:
-        ValueError: naming the first attribute that is not.
+        ValueError: naming the first attribute that is not (0 is not "unset": it is refused).
     """
     for name in names:
         v = getattr(obj, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}.")
-    if obj.d_model % obj.n_heads:
-        raise ValueError(f"d_model ({obj.d_model}) must be divisible by n_heads "
-                         f"({obj.n_heads}).")
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """One training configuration of the course's reference transformer.
+class ModelShape:
+    """The dimensions of a GPT-like model (the course's block: pre-LN, 4d MLP, learned
+    positions, untied head), as nanoGPT's ``GPTConfig``.
+
+    The course runs it at ``vocab_size`` 256 (bytes); `course_utils.memory_model` also takes it
+    at the sizes of 1B-70B models (`SCALE_MODELS` there) for estimates.
 
     Attributes:
-        n_layers: number of transformer blocks (>= 1).
-        d_model: model width; must be divisible by ``n_heads``.
+        n_layers: transformer blocks (>= 1).
+        d_model: width; divisible by ``n_heads``.
         n_heads: attention heads.
-        seq_len: tokens (bytes) per sequence.
-        batch_size: sequences per micro-batch (>= 1).
-        precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + GradScaler).
-        checkpoint: checkpoint policy: ``none``, ``full``, ``every-K``, ``segments:N``,
-            ``selective`` (see `course_utils.checkpointing`).
-        compile: wrap the model in ``torch.compile``.
-        grad_accum_steps: micro-batches per optimizer step (>= 1); effective batch is
-            ``batch_size * grad_accum_steps``.
-        device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
-        seed: seed for weights and data.
-        attention: ``sdpa`` (``F.scaled_dot_product_attention``) or ``naive`` (softmax(QK^T)V,
-            O(seq^2) saved memory).
-        vocab_size: 256 (bytes).
+        seq_len: the longest sequence (tokens).
+        vocab_size: vocabulary (256: bytes).
+        attention: ``sdpa`` (``F.scaled_dot_product_attention``: O(seq) saved memory) or
+            ``naive`` (softmax(QK^T)V written out: O(seq^2)).
 
     Raises:
-        ValueError: on construction, for any invalid field, with the valid values named.
+        ValueError: on construction, for a non-positive size, ``d_model % n_heads != 0`` or an
+            unknown attention.
     """
 
     n_layers: int = 4
     d_model: int = 256
     n_heads: int = 4
     seq_len: int = 128
+    vocab_size: int = 256
+    attention: str = "sdpa"
+
+    def __post_init__(self):
+        check_dimensions(self, ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size"))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
+                             f"({self.n_heads}).")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {self.attention!r}: expected one of "
+                             f"{', '.join(ATTENTIONS)}.")
+
+    def replace(self, **changes) -> "ModelShape":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def n_parameters(self) -> int:
+        """``N = 2 V d + T d + L (12 d^2 + 13 d) + 2 d`` (see `course_utils.memory_model`)."""
+        d, V, L, T = self.d_model, self.vocab_size, self.n_layers, self.seq_len
+        return 2 * V * d + T * d + L * (12 * d * d + 13 * d) + 2 * d
+
+
+_SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training configuration of the course's model: a `ModelShape` and how to train it.
+
+    Build one with `config_for` (a size profile plus overrides); read the shape's fields
+    directly (``config.n_layers``); change any field, of the run or of the shape, with
+    ``config.replace(batch_size=2, n_layers=8)``.
+
+    Attributes:
+        shape: the model's dimensions (`ModelShape`).
+        batch_size: sequences per micro-batch (>= 1).
+        precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + GradScaler).
+        checkpoint: checkpoint policy: ``none``, ``full``, ``every-K``, ``segments:N``,
+            ``selective``, ``memory-budget:B`` (see `course_utils.checkpointing`).
+        compile: wrap the model in ``torch.compile``.
+        grad_accum_steps: micro-batches per optimizer step (>= 1); the effective batch is
+            ``batch_size * grad_accum_steps``.
+        device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+        seed: seed for weights and data.
+
+    Raises:
+        ValueError: on construction, for any invalid field, with the valid values named.
+    """
+
+    shape: ModelShape = field(default_factory=ModelShape)
     batch_size: int = 8
     precision: str = "fp32"
     checkpoint: str = "none"
@@ -111,27 +158,53 @@ class RunConfig:
     grad_accum_steps: int = 1
     device: str = "cpu"
     seed: int = 0
-    attention: str = "sdpa"
-    vocab_size: int = 256
 
     def __post_init__(self):
-        check_dimensions(self, ("n_layers", "d_model", "n_heads", "seq_len", "batch_size",
-                                "grad_accum_steps"))
+        if not isinstance(self.shape, ModelShape):
+            raise ValueError(f"shape must be a ModelShape, got {type(self.shape).__name__}.")
+        check_dimensions(self, ("batch_size", "grad_accum_steps"))
         autocast_dtype(self.precision)  # raises on an unknown precision
-        if self.attention not in ATTENTIONS:
-            raise ValueError(f"unknown attention {self.attention!r}: expected one of "
-                             f"{', '.join(ATTENTIONS)}.")
-        if self.vocab_size != 256:
-            raise ValueError("vocab_size is 256: the course's model reads bytes.")
-        kind = str(self.device).split(":")[0]
-        if kind not in ("cpu", "cuda", "mps"):
+        if device_kind(self.device) not in ("cpu", "cuda", "mps"):
             raise ValueError(f"unknown device {self.device!r}: expected 'cpu', 'cuda', 'cuda:N' "
                              "or 'mps'.")
-        plan_segments(self.checkpoint, self.n_layers)  # raises on an unknown/unfitting policy
+        parse_policy(self.checkpoint, self.shape.n_layers)  # raises on an unfitting policy
+
+    # The shape's fields, read through the config (config.n_layers, ...).
+    n_layers = property(lambda self: self.shape.n_layers)
+    d_model = property(lambda self: self.shape.d_model)
+    n_heads = property(lambda self: self.shape.n_heads)
+    seq_len = property(lambda self: self.shape.seq_len)
+    vocab_size = property(lambda self: self.shape.vocab_size)
+    attention = property(lambda self: self.shape.attention)
 
     def replace(self, **changes) -> "RunConfig":
-        """A copy with ``changes`` applied (validated again)."""
+        """A copy with ``changes`` applied (fields of the run or of its shape; validated again).
+
+        Raises:
+            ValueError: an unknown field name or an invalid value.
+        """
+        shape_changes = {k: changes.pop(k) for k in list(changes) if k in _SHAPE_FIELDS}
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}: valid are "
+                             f"{sorted(_SHAPE_FIELDS + _RUN_FIELDS)}.")
+        if shape_changes:
+            changes["shape"] = self.shape.replace(**shape_changes)
         return dataclasses.replace(self, **changes)
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The autocast dtype (None for fp32)."""
+        return autocast_dtype(self.precision)
+
+    @property
+    def device_type(self) -> str:
+        """``cuda``, ``cpu`` or ``mps``: what ``torch.autocast`` and ``GradScaler`` take."""
+        return device_kind(self.device)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """``torch.autocast(device_type, dtype)`` for this precision (disabled for fp32)."""
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
     @property
     def tokens_per_step(self) -> int:
@@ -151,8 +224,23 @@ class RunConfig:
         return s
 
     def as_dict(self) -> dict:
-        """All fields as a plain dict (JSON-ready)."""
-        return dataclasses.asdict(self)
+        """All fields, the shape's flattened in, as a plain dict (JSON-ready)."""
+        d = dataclasses.asdict(self)
+        d.update(d.pop("shape"))
+        return d
+
+
+_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "shape")
+
+#: Model and batch dimensions per size profile (``batch_size`` is the run's; the rest is the
+#: shape's). The byte vocabulary is always 256.
+SIZE_PROFILES: dict[str, dict] = {
+    "smoke": dict(n_layers=2, d_model=64, n_heads=2, seq_len=32, batch_size=4),
+    "cpu": dict(n_layers=4, d_model=256, n_heads=4, seq_len=128, batch_size=8),
+    "t4": dict(n_layers=8, d_model=768, n_heads=12, seq_len=512, batch_size=8),
+    "a100": dict(n_layers=12, d_model=1024, n_heads=16, seq_len=1024, batch_size=16),
+    "h100": dict(n_layers=12, d_model=1536, n_heads=16, seq_len=1024, batch_size=16),
+}
 
 
 def size_profile(hw=None) -> str:
@@ -175,7 +263,7 @@ def size_profile(hw=None) -> str:
     if hw.device != "cuda":
         return "cpu"
     cc = hw.compute_capability or (0, 0)
-    if cc < (8, 0) or (hw.total_memory_bytes or 0) < 20 * 2**30:
+    if cc < (8, 0) or (hw.total_memory_bytes or 0) < 20 * GiB:
         return "t4"
     return "h100" if cc >= (9, 0) else "a100"
 
@@ -191,24 +279,24 @@ def default_device() -> str:
 
 
 def config_for(size: str | None = None, **overrides) -> RunConfig:
-    """A `RunConfig` at a size profile (default: `size_profile()`), with ``overrides`` applied.
-
-    ``device`` defaults to this machine's accelerator if any.
+    """A `RunConfig` at a size profile (default: `size_profile()`), with ``overrides`` (fields
+    of the run or of the shape) applied. ``device`` defaults to this machine's accelerator.
 
     Raises:
-        ValueError: an unknown size or an invalid override.
+        ValueError: an unknown size, an unknown field or an invalid value.
     """
     size = size or size_profile()
     if size not in SIZE_PROFILES:
         raise ValueError(f"unknown size {size!r}: expected one of {', '.join(SIZE_PROFILES)}.")
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    unknown = set(overrides) - fields
-    if unknown:
-        raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}: valid are {sorted(fields)}.")
     kw = dict(SIZE_PROFILES[size])
-    kw.setdefault("device", default_device())
     kw.update(overrides)
-    return RunConfig(**kw)
+    kw.setdefault("device", default_device())
+    shape_kw = {k: kw.pop(k) for k in list(kw) if k in _SHAPE_FIELDS}
+    unknown = set(kw) - set(_RUN_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}: valid are "
+                         f"{sorted(_SHAPE_FIELDS + _RUN_FIELDS)}.")
+    return RunConfig(shape=ModelShape(**shape_kw), **kw)
 
 
 def step_flops(config: RunConfig) -> float:
@@ -221,51 +309,3 @@ def step_flops(config: RunConfig) -> float:
     matmul_params = L * 12 * d * d + d * config.vocab_size
     tokens = config.tokens_per_step
     return 6.0 * matmul_params * tokens + 12.0 * L * T * d * tokens
-
-
-def check_feasible(config: RunConfig, hw=None, force: bool = False) -> list[str]:
-    """Refuse configurations that would be wrong or take minutes; return warnings for slow ones.
-
-    Args:
-        config: the configuration to run.
-        hw: a `HardwareInfo` for ``config.device`` (default: detected).
-        force: run anyway (errors become warnings).
-
-    Returns:
-        Warnings (strings) to show the learner, e.g. bf16 on a CPU without bf16 instructions.
-
-    Raises:
-        ValueError: the device is missing; fp16 on a CPU without fp16 instructions above a tiny
-            size (~215x slower than fp32); bf16 on a GPU that only emulates it (e.g. a T4).
-    """
-    from .hardware import detect
-    hw = hw or detect(config.device)
-    problems, notes = [], []
-    if hw.device == "cpu" and config.precision == "fp16" and not hw.fp16_fast:
-        flops = step_flops(config)
-        if flops > _CPU_FP16_MAX_FLOPS:
-            problems.append(
-                f"fp16 on this CPU ({hw.name}) has no fp16 instructions: fp16 matmuls run about "
-                f"200x slower than fp32, and this step ({flops:.1e} FLOPs) would take minutes. "
-                "Use bf16 or fp32 on a CPU, the 'smoke' size, or force=True.")
-        else:
-            notes.append("fp16 on a CPU is emulated (~200x slower than fp32); fine at this tiny size.")
-    if hw.device == "cuda" and config.precision == "bf16" and not hw.native_bf16:
-        problems.append(
-            f"bf16 on {hw.name} is emulated (compute capability "
-            f"{'.'.join(map(str, hw.compute_capability or ()))} < 8.0): it runs but slowly and "
-            "teaches the wrong lesson. Use fp16 with GradScaler here, or force=True.")
-    if hw.device == "cpu" and config.precision == "bf16" and not hw.native_bf16:
-        notes.append(f"this CPU ({hw.name}) has no avx512_bf16/AMX: bf16 autocast is emulated and "
-                     "slower than fp32 here (its memory saving still holds).")
-    if config.compile and hw.device == "cpu":
-        notes.append("torch.compile on a CPU: the first step compiles for tens of seconds.")
-    if problems and not force:
-        raise ValueError(" ".join(problems))
-    return problems + notes
-
-
-def warn_if_slow(config: RunConfig, hw=None, force: bool = False) -> None:
-    """`check_feasible` that emits its notes as `UserWarning`s."""
-    for msg in check_feasible(config, hw, force=force):
-        warnings.warn(msg, UserWarning, stacklevel=3)

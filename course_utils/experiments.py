@@ -1,237 +1,202 @@
-"""Compare configurations, measured and estimated side by side; the ``course-bench`` CLI.
+"""Configurations compared side by side: measured next to estimated, timed fairly.
 
-``compare(configs)`` measures each `RunConfig` and returns a pandas DataFrame with one row per
-configuration: the measured memory fields (bytes), the estimate of each (``est_`` prefix), step
-time (seconds), tokens/s, and ratios to the first row. ``course-bench`` runs the course's
-ladder (fp32 -> bf16 -> bf16 + checkpointing) at this machine's size profile.
+`ladder(base)` plans the comparison this machine should run (from the recipe of
+`course_utils.hardware.recommend_precision`): pairs that differ by one technique only.
+`compare(configs)` measures each configuration's memory with one step, then times all of them
+step by step in alternation (`course_utils.timing.interleaved`) and returns one row per
+configuration with the estimate of each memory field beside the measurement and noise-aware
+ratios to the first row. `summary(df)` is the readable table of it, used by every lesson, the
+dashboard and ``course-bench``.
 """
 from __future__ import annotations
-
-import argparse
-import json
-import sys
-from pathlib import Path
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .config import (PRECISIONS, SIZE_PROFILES, MiB, RunConfig, check_feasible, config_for,
-                     size_profile)
-from .measure import MEMORY_FIELDS, measure
+from .config import SIZE_PROFILES, MiB, RunConfig, size_profile
+from .measure import MEMORY_FIELDS, Measurement, OutOfMemory, memory_step, warm_up
 from .memory_model import estimate
+from .timing import default_budget_s, interleaved, time_ratio, time_step
+from .training import setup, train_step
 
-__all__ = ["compare", "ladder", "summary", "MiB", "main", "default_min_run_time"]
-
-
-#: Seconds of timed steps per configuration, per size profile (enough for a stable median).
-_MIN_RUN_TIME = {"smoke": 0.2, "cpu": 1.0}
+__all__ = ["ladder", "compare", "summary", "size_of", "time_cell"]
 
 
-def default_min_run_time(size: str) -> float:
-    """Seconds of timed steps per configuration at a size profile (GPU profiles: 2 s)."""
-    return _MIN_RUN_TIME.get(size, 2.0)
+def size_of(config: RunConfig) -> str:
+    """The size profile whose model and batch ``config`` has, else the profile in force
+    (`course_utils.config.size_profile`)."""
+    for name, dims in SIZE_PROFILES.items():
+        if all(getattr(config, k) == v for k, v in dims.items()):
+            return name
+    return size_profile()
 
 
 def ladder(base: RunConfig, hw=None) -> list[RunConfig]:
-    """The course's ladder for ``base``'s device: fp32; bf16 (native or CPU) and/or fp16 (CUDA);
-    then the preferred low precision + ``full`` and + ``selective`` checkpointing.
+    """The comparison this machine should run: fp32 first, then pairs that differ by one
+    technique only.
 
-    On a CUDA GPU without native bf16 (T4, V100) bf16 rows are left out and fp16 + GradScaler
-    takes their place.
+    * Where the recipe is a low precision (bf16 on Ampere+ or a CPU with bf16 instructions,
+      fp16 + GradScaler on a T4/V100): fp32, the recipe, recipe + ``full``, recipe +
+      ``selective`` (on an Ampere+ GPU also fp16, next to bf16).
+    * Where the recipe is fp32 (a CPU without bf16 instructions): fp32, fp32 + ``full``,
+      fp32 + ``selective``, and the low precision (bf16), whose memory is measured as
+      everywhere but whose time, emulated, is taken with one step and labelled.
+
+    Raises:
+        ValueError: a device this machine lacks.
     """
-    from .hardware import detect
+    from .hardware import detect, recommend_precision
     hw = hw or detect(base.device)
-    lows = []
-    if hw.device != "cuda" or hw.native_bf16:
-        lows.append("bf16")
-    if hw.device == "cuda":
-        lows.append("fp16")
-    best = lows[0]
-    rows = [base.replace(precision="fp32", checkpoint="none")]
-    rows += [base.replace(precision=p, checkpoint="none") for p in lows]
-    rows += [base.replace(precision=best, checkpoint=pol) for pol in ("full", "selective")]
+    rec = recommend_precision(hw)
+    plain = base.replace(precision="fp32", checkpoint="none", compile=False)
+    if rec.precision == "fp32":
+        return [plain, plain.replace(checkpoint="full"), plain.replace(checkpoint="selective"),
+                plain.replace(precision=rec.low)]
+    rows = [plain, plain.replace(precision=rec.precision)]
+    if hw.device == "cuda" and rec.precision == "bf16":
+        rows.append(plain.replace(precision="fp16"))
+    rows += [plain.replace(precision=rec.precision, checkpoint=p) for p in ("full", "selective")]
     return rows
 
 
-def compare(configs: list[RunConfig], min_run_time: float | None = None,
-            steps: int | None = None, progress: bool = True, force: bool = False) -> pd.DataFrame:
+def compare(configs: list[RunConfig], *, budget_s: float | None = None,
+            steps: int | None = None, timed: bool = True, progress: bool = True,
+            force: bool = False, step_fn=train_step, hw=None) -> pd.DataFrame:
     """Measure and estimate each configuration; one row each, ratios to the first row.
 
-    Columns: ``label``, the config fields, for each memory field ``F`` (bytes) ``F`` measured and
-    ``est_F`` estimated, ``saved_total`` / ``est_saved_total``, ``step_time_s``,
-    ``step_time_iqr_s``, ``tokens_per_s``, ``time_ratio``, ``peak_ratio``, ``saved_ratio``
-    (each measured value / the first row's), ``oom``, ``error``, ``notes``.
+    Each configuration is built and warmed up, and one step measures its memory (saved
+    tensors, gradients, optimizer state, peak). Then every configuration whose precision runs
+    natively here is timed step by step in alternation, round after round, for about
+    ``budget_s`` seconds (default: per size profile) or exactly ``steps`` rounds; an emulated
+    one is timed with one step. Time ratios use the per-round ratios: a difference within
+    their interquartile band is "within noise" (`course_utils.timing.time_ratio`).
+
+    Columns: ``label``, the config fields, for each memory field ``F`` (bytes) ``F`` measured
+    and ``est_F`` estimated, ``saved_total`` / ``est_saved_total``, ``est_recompute``,
+    ``step_time_s``, ``step_time_iqr_s``, ``tokens_per_s``, ``emulated``, ``timing``,
+    ``time_ratio``, ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``,
+    ``peak_ratio``, ``saved_ratio``, ``oom``, ``error``, ``notes``. ``df.attrs["measurements"]``
+    holds the `Measurement` objects.
 
     Raises:
-        ValueError: an empty list, or a configuration refused by `check_feasible` (unless
-            ``force``).
+        ValueError: an empty list, a non-positive budget or step count, a device this machine
+            lacks, or a configuration `course_utils.hardware.check_feasible` refuses (unless
+            ``force``): all before anything is measured.
     """
+    from .hardware import check_feasible, detect, is_emulated
     if not configs:
         raise ValueError("compare() needs at least one RunConfig.")
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}.")
+    hws = {}
     for cfg in configs:  # refuse before measuring anything
-        check_feasible(cfg, force=force)
+        if cfg.device not in hws:
+            hws[cfg.device] = hw if hw is not None else detect(cfg.device)
+        check_feasible(cfg, hws[cfg.device], force=force)
+    size = size_of(configs[0])
+    budget = budget_s or default_budget_s(size)
+    ms = [Measurement(config=c, device_name=hws[c.device].name,
+                      emulated=is_emulated(hws[c.device], c.precision),
+                      notes=check_feasible(c, hws[c.device], force=True)) for c in configs]
+    if progress:
+        slow = sorted({m.config.precision for m in ms if m.emulated})
+        tqdm.write(f"measuring {len(configs)} configuration(s): memory with one step each"
+                   + (f", then step time in alternation for about {budget:g} s" if timed else "")
+                   + (f"; {', '.join(slow)} is emulated here: timed with one step" if slow
+                      and timed else ""))
+    states = {}
+    for i, m in enumerate(tqdm(ms, desc="memory", disable=not progress, leave=False)):
+        try:
+            st = setup(m.config, step_fn=step_fn)
+            warm_up(st, 1, tiny=m.emulated and hws[m.config.device].device == "cpu")
+            for k, v in memory_step(st).items():
+                setattr(m, k, v)
+            if timed and m.emulated and steps is None:
+                m.add_times([time_step(st.step, m.config.device)])
+                m.timing = "1 step (emulated here: not the speed of real hardware)"
+            elif timed:
+                states[i] = st
+        except OutOfMemory as e:
+            m.oom, m.error = True, f"out of memory: {str(e).strip().splitlines()[0]}"
+    if states:
+        order = list(states)
+        bar = tqdm(total=len(order), desc="step time", disable=not progress, leave=False)
+        times = interleaved([states[i].step for i in order],
+                            budget if steps is None else None, rounds=steps, progress=bar,
+                            device=configs[0].device)
+        bar.close()
+        for i, t in zip(order, times):
+            ms[i].add_times(t)
+            ms[i].timing = f"{len(t)} steps in alternation with the other rows"
+    states.clear()
+    return _table(ms, size)
+
+
+def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
     rows = []
-    for cfg in tqdm(configs, desc="measuring", disable=not progress, leave=False):
-        m = measure(cfg, min_run_time=1.0 if min_run_time is None else min_run_time,
-                    steps=steps, force=force)
-        e = estimate(cfg)
+    for m in ms:
+        e = estimate(m.config)
         row = m.as_row()
         for f in MEMORY_FIELDS + ("saved_total",):
             row[f"est_{f}"] = getattr(e, f)
         row["est_recompute"] = e.recompute
         rows.append(row)
     df = pd.DataFrame(rows)
-    first = df.iloc[0]
-    for col, name in (("step_time_s", "time_ratio"), ("peak_allocated", "peak_ratio"),
-                      ("saved_total", "saved_ratio")):
-        base = first[col]
+    first = ms[0]
+    ratios = [time_ratio(m.step_times_s, first.step_times_s, size=size,
+                         emulated=m.emulated or first.emulated) if m is not first
+              else time_ratio(m.step_times_s, m.step_times_s, size=size, emulated=m.emulated)
+              for m in ms]
+    df["time_ratio"] = [r.ratio for r in ratios]
+    df["time_ratio_low"] = [r.low for r in ratios]
+    df["time_ratio_high"] = [r.high for r in ratios]
+    df["time_verdict"] = [r.verdict if m is not first else ("emulated" if m.emulated else "reference")
+                          for r, m in zip(ratios, ms)]
+    for col, name in (("peak_allocated", "peak_ratio"), ("saved_total", "saved_ratio")):
+        base = first.peak_allocated if col == "peak_allocated" else first.saved_total
         df[name] = [(v / base) if (v is not None and base and pd.notna(v)) else None
                     for v in df[col]]
+    df.attrs["measurements"] = ms
+    df.attrs["size"] = size
     return df
 
 
+def time_cell(ratio, verdict) -> str:
+    """How a table shows a time ratio: the number only when it says faster or slower
+    (``"1.31x slower"``), labelled when emulated (``"3.4x emulated"``), and the verdict alone
+    when the difference is within the noise or inconclusive."""
+    if ratio is None or pd.isna(ratio) or verdict == "not timed":
+        return "not timed"
+    if verdict == "reference":
+        return "1.00x (reference)"
+    if verdict in ("faster", "slower"):
+        return f"{ratio:.2f}x {verdict}"
+    if verdict == "emulated":
+        return f"{ratio:.2f}x emulated"
+    return verdict
+
+
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """A readable view of `compare`'s table: milliseconds, MiB, ratios, measured vs estimated."""
+    """A readable view of `compare`'s table (and of the dashboard's history): milliseconds, MiB,
+    ratios to the first row, measured vs estimated; time ratios shown only outside the noise."""
     def mib(col):
         return [None if v is None or pd.isna(v) else round(v / MiB, 2) for v in df[col]]
 
     out = pd.DataFrame({"config": df["label"]})
     out["step ms"] = [None if v is None or pd.isna(v) else round(v * 1e3, 1)
                       for v in df["step_time_s"]]
-    out["time x"] = df["time_ratio"].round(2)
+    out["time vs first"] = [time_cell(r, v) for r, v in zip(df["time_ratio"], df["time_verdict"])]
     out["tokens/s"] = [None if v is None or pd.isna(v) else int(v) for v in df["tokens_per_s"]]
     out["peak MiB"] = mib("peak_allocated")
     out["est peak"] = mib("est_peak_allocated")
-    out["peak x"] = df["peak_ratio"].round(3)
+    out["peak x"] = df["peak_ratio"].astype(float).round(3)
     out["saved MiB"] = mib("saved_total")
     out["est saved"] = mib("est_saved_total")
-    out["saved x"] = df["saved_ratio"].round(3)
+    out["saved x"] = df["saved_ratio"].astype(float).round(3)
     out["acts MiB"] = mib("activations")
     out["w-copies MiB"] = mib("autocast_weight_copies")
     if df["oom"].any():
         out["OOM"] = df["oom"]
     return out.set_index("config")
-
-
-def _rows_for_json(df: pd.DataFrame) -> list[dict]:
-    rows = []
-    for rec in df.to_dict(orient="records"):
-        clean = {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in rec.items()}
-        measured = {f: clean[f] for f in MEMORY_FIELDS + ("saved_total",)}
-        measured.update({k: clean[k] for k in ("peak_reserved", "peak_method", "step_time_s",
-                                                "step_time_iqr_s", "tokens_per_s")})
-        estimated = {f: clean[f"est_{f}"] for f in MEMORY_FIELDS + ("saved_total",)}
-        estimated["recompute"] = clean["est_recompute"]
-        config = {k: clean[k] for k in ("precision", "checkpoint", "compile", "batch_size",
-                                        "seq_len", "n_layers", "d_model", "grad_accum_steps",
-                                        "device")}
-        rows.append({"label": clean["label"], "config": config, "measured": measured,
-                     "estimated": estimated,
-                     "ratios": {k: clean[k] for k in ("time_ratio", "peak_ratio", "saved_ratio")},
-                     "oom": clean["oom"], "error": clean["error"], "notes": clean["notes"]})
-    return rows
-
-
-def _parse_list(text: str, valid=None, what="value") -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError(f"no {what} given")
-    if valid is not None:
-        bad = [t for t in items if t not in valid]
-        if bad:
-            raise argparse.ArgumentTypeError(f"unknown {what} {bad}: expected {', '.join(valid)}")
-    return items
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``course-bench``: measure the ladder (or a grid) and print/write the comparison.
-
-    Exit status 0 on success, 2 on bad arguments or a refused configuration.
-    """
-    p = argparse.ArgumentParser(
-        prog="course-bench",
-        description="Train the course's byte-level transformer on real text under fp32, bf16 "
-                    "autocast and bf16 + activation checkpointing (plus fp16 + GradScaler on "
-                    "CUDA, and selective checkpointing); print measured step time, peak memory "
-                    "and saved-activation bytes next to the analytic estimate.")
-    p.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
-                   help="size profile (default: $COURSE_SIZE, else chosen from the hardware)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best)")
-    p.add_argument("--precisions", type=lambda s: _parse_list(s, PRECISIONS, "precision"),
-                   default=None, help="comma-separated, e.g. fp32,bf16 (with --policies: a grid)")
-    p.add_argument("--policies", type=lambda s: _parse_list(s, None, "policy"), default=None,
-                   help="comma-separated checkpoint policies: none, full, every-K, segments:N, "
-                        "selective")
-    p.add_argument("--steps", type=int, default=None,
-                   help="timed steps per configuration (default: as many as fit in a time budget)")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--out", type=Path, default=None, help="folder for bench.json and bench.png")
-    p.add_argument("--force", action="store_true",
-                   help="run configurations that would be refused (fp16 on a CPU, emulated bf16)")
-    args = p.parse_args(argv)
-
-    from .hardware import detect, recommend_precision
-    try:
-        size = args.size or size_profile()
-        overrides = {}
-        if args.device:
-            overrides["device"] = args.device
-        if args.batch_size:
-            overrides["batch_size"] = args.batch_size
-        if args.seq_len:
-            overrides["seq_len"] = args.seq_len
-        base = config_for(size, **overrides)
-        hw = detect(base.device)
-        if args.precisions or args.policies:
-            precs = args.precisions or ["fp32", "bf16"]
-            pols = args.policies or ["none"]
-            configs = [base.replace(precision="fp32", checkpoint="none")]
-            configs += [base.replace(precision=pr, checkpoint=po) for pr in precs for po in pols
-                        if not (pr == "fp32" and po == "none")]
-        else:
-            configs = ladder(base, hw)
-        if args.steps is not None and args.steps < 1:
-            raise ValueError(f"--steps must be >= 1, got {args.steps}.")
-    except ValueError as e:
-        print(f"course-bench: {e}", file=sys.stderr)
-        return 2
-
-    rec = recommend_precision(hw)
-    print(f"course-bench: {hw.name} ({hw.device}), torch {hw.torch_version}, size '{size}': "
-          f"{base.n_layers} layers, d_model {base.d_model}, {base.n_heads} heads, "
-          f"seq {base.seq_len}, batch {base.batch_size}")
-    print(f"recommended recipe: {rec.precision}{' + GradScaler' if rec.grad_scaler else ''} "
-          f"({rec.reason})")
-    if hw.device == "cpu" and not hw.native_bf16:
-        print("note: this CPU has no avx512_bf16/AMX instructions, so bf16 autocast is emulated "
-              "and may run slower than fp32 here; its memory saving still holds.")
-    try:
-        df = compare(configs, min_run_time=default_min_run_time(size), steps=args.steps,
-                     force=args.force)
-    except ValueError as e:
-        print(f"course-bench: {e}", file=sys.stderr)
-        return 2
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(summary(df).to_string())
-    print("time x, peak x, saved x: ratio to the first row. est: the analytic estimate "
-          "(course_utils.memory_model). saved = activations + autocast weight copies + logits.")
-    for notes in sorted(set(n for n in df["notes"] if n)):
-        print(f"note: {notes}")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        payload = {"command": "course-bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   "size": size, "hardware": hw.as_dict(),
-                   "recommendation": {"precision": rec.precision, "grad_scaler": rec.grad_scaler,
-                                      "reason": rec.reason},
-                   "rows": _rows_for_json(df)}
-        (args.out / "bench.json").write_text(json.dumps(payload, indent=2, default=str))
-        from .plots import comparison_chart
-        fig = comparison_chart(df, title=f"{hw.name}, size '{size}'")
-        fig.savefig(args.out / "bench.png", dpi=120, bbox_inches="tight")
-        print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

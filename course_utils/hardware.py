@@ -1,27 +1,37 @@
-"""What this machine can do for mixed precision: device, bf16/fp16 support, memory.
+"""What this machine can do for mixed precision, and how the course plans around it.
 
-`detect()` reads the hardware once and returns a `HardwareInfo`; `recommend_precision()` turns
-it into the recipe the course uses on that machine, with the reason in words.
+`detect()` reads the hardware and returns a `HardwareInfo`; `recommend_precision()` turns it
+into the recipe the course trains in on that machine; `is_emulated()` says which precisions run
+only by emulation there (their memory is still measured; their time is taken with the fewest
+steps and labelled); `use_threads()` picks the number of CPU threads; `check_feasible()` refuses
+what would be wrong or take minutes; `matmul_probe()` measures how fast each format multiplies
+here, so that reports state measured ratios, never typed ones.
 
-Facts this module relies on (see shared/notes/measurement.md):
+Facts this module relies on (shared notes, measurement.md):
 
-* `torch.cuda.is_bf16_supported()` returns True on a T4 (compute capability 7.5), where bf16 is
-  emulated and slow; native bf16 needs compute capability >= 8.0 (Ampere). We use
-  `is_bf16_supported(including_emulation=False)` where it exists, else the capability.
+* ``torch.cuda.is_bf16_supported()`` returns True on a T4 (compute capability 7.5), where bf16 is
+  emulated; native bf16 needs compute capability >= 8.0 (Ampere). We use
+  ``is_bf16_supported(including_emulation=False)`` where it exists, else the capability.
 * fp16 tensor cores arrived with Volta (compute capability 7.0).
-* On a CPU, bf16 autocast is faster than fp32 only with `avx512_bf16` or AMX (`amx_bf16`);
-  on plain AVX-512 it measured ~0.46x fp32 speed, on AVX2 ~0.03x. fp16 matmul on a CPU
-  without `avx512_fp16`/`amx_fp16` is ~200x slower than fp32.
+* On a CPU, bf16 autocast runs natively only with ``avx512_bf16`` or AMX (``amx_bf16``); fp16
+  only with ``avx512_fp16`` or ``amx_fp16``. Elsewhere both are emulated.
+* ``ONEDNN_MAX_CPU_ISA`` (oneDNN's ISA cap, oneDNN docs "CPU Dispatcher Control") and
+  ``ATEN_CPU_CAPABILITY`` (ATen's kernel level) make a CPU with bf16 instructions run as one
+  without; `detect` honours both, so the course then plans as it would on that CPU.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
+import time
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["HardwareInfo", "Recommendation", "detect", "recommend_precision", "report"]
+__all__ = ["HardwareInfo", "Recommendation", "ThreadChoice", "MemoryRefused", "detect",
+           "recommend_precision", "is_emulated", "require_device", "check_feasible",
+           "available_memory_bytes", "use_threads", "matmul_probe", "report"]
 
 
 @dataclass(frozen=True)
@@ -34,12 +44,14 @@ class HardwareInfo:
         compute_capability: CUDA (major, minor), ``None`` off CUDA.
         native_bf16: bf16 arithmetic runs in hardware (not emulated).
         fp16_fast: fp16 matmuls are fast (tensor cores on CUDA; avx512_fp16/AMX-FP16 on a CPU).
-        total_memory_bytes: device memory in bytes (GPU memory, or ``None`` for CPU/MPS
-            where the course does not read it).
-        cpu_features: the CPU's ISA flags from ``torch.cpu.get_capabilities()`` that matter here
-            (``avx2``, ``avx512_f``, ``avx512_bf16``, ``amx_bf16``, ``avx512_fp16``, ``amx_fp16``).
+        total_memory_bytes: device memory in bytes (GPU memory; ``None`` on CPU/MPS).
+        cpu_features: the CPU ISA flags that matter here (``avx2``, ``avx512_f``,
+            ``avx512_bf16``, ``amx_bf16``, ``avx512_fp16``, ``amx_fp16``), as torch's kernels may
+            use them: flags above an ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` cap are
+            False.
+        isa_cap: the caps in force, e.g. ``"ONEDNN_MAX_CPU_ISA=AVX2"`` ("" if none).
         torch_version: ``torch.__version__``.
-        bf16_emulated: the device accepts bf16 but only by emulation (e.g. a T4).
+        bf16_emulated: the device accepts bf16 but only by emulation (e.g. a T4, most CPUs).
     """
 
     device: str
@@ -49,6 +61,7 @@ class HardwareInfo:
     fp16_fast: bool = False
     total_memory_bytes: int | None = None
     cpu_features: dict = field(default_factory=dict)
+    isa_cap: str = ""
     torch_version: str = torch.__version__
     bf16_emulated: bool = False
 
@@ -64,113 +77,174 @@ class Recommendation:
     """The precision recipe for a device.
 
     Attributes:
-        precision: ``"bf16"``, ``"fp16"`` or ``"fp32"``.
+        precision: what to train in here: ``"bf16"``, ``"fp16"`` or ``"fp32"``.
         grad_scaler: whether the recipe needs ``torch.amp.GradScaler`` (only fp16 does).
+        low: the low precision the lessons compare with fp32 here (``"fp16"`` on a GPU without
+            native bf16, else ``"bf16"``); it may be emulated (`is_emulated`).
         reason: one or two sentences saying why, naming the hardware fact behind it.
     """
 
     precision: str
     grad_scaler: bool
     reason: str
+    low: str = "bf16"
 
 
 _CPU_FLAGS = ("avx2", "avx512_f", "avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 
+# oneDNN's ISA levels in order (oneDNN docs, "CPU Dispatcher Control"); a flag is usable under
+# ONEDNN_MAX_CPU_ISA=X only if the level that introduced it is at or below X.
+_ONEDNN_LEVELS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                  "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16",
+                  "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
+_ONEDNN_ALIASES = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_CORE_AMX",
+                   "AVX10_1_512_AMX_FP16": "AVX512_CORE_AMX_FP16"}
+_FLAG_LEVEL = {"avx2": "AVX2", "avx512_f": "AVX512_CORE", "avx512_bf16": "AVX512_CORE_BF16",
+               "avx512_fp16": "AVX512_CORE_FP16", "amx_bf16": "AVX512_CORE_AMX",
+               "amx_fp16": "AVX512_CORE_AMX_FP16"}
+# ATEN_CPU_CAPABILITY values and the widest vector ISA they allow.
+_ATEN_LEVEL = {"default": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE_AMX_FP16"}
 
-def _cpu_features() -> dict:
-    caps = {}
+
+def _isa_caps() -> tuple[str | None, str]:
+    """The lowest oneDNN level allowed by the environment, and the caps in words."""
+    caps, words = [], []
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    onednn = _ONEDNN_ALIASES.get(onednn, onednn)
+    if onednn in _ONEDNN_LEVELS:
+        caps.append(onednn)
+        words.append(f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA'].strip()}")
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if aten in _ATEN_LEVEL:
+        caps.append(_ATEN_LEVEL[aten])
+        words.append(f"ATEN_CPU_CAPABILITY={aten}")
+    lowest = min(caps, key=_ONEDNN_LEVELS.index) if caps else None
+    return lowest, " ".join(words)
+
+
+def _capabilities() -> dict:
     get = getattr(getattr(torch, "cpu", None), "get_capabilities", None)
-    if get is not None:
-        try:
-            caps = dict(get())
-        except Exception:  # pragma: no cover - depends on the build
-            caps = {}
-    return {k: bool(caps.get(k, False)) for k in _CPU_FLAGS}
+    try:
+        return dict(get()) if get is not None else {}
+    except Exception:  # pragma: no cover - depends on the build
+        return {}
+
+
+def _cpu_features() -> tuple[dict, str]:
+    caps = _capabilities()
+    lowest, words = _isa_caps()
+    feats = {}
+    for k in _CPU_FLAGS:
+        allowed = lowest is None or (_ONEDNN_LEVELS.index(_FLAG_LEVEL[k])
+                                     <= _ONEDNN_LEVELS.index(lowest))
+        feats[k] = bool(caps.get(k, False)) and allowed
+    return feats, words
 
 
 def _cpu_name() -> str:
-    get = getattr(getattr(torch, "cpu", None), "get_capabilities", None)
-    if get is not None:
-        try:
-            name = get().get("cpu_name")
-            if name:
-                return str(name)
-        except Exception:  # pragma: no cover
-            pass
-    return platform.processor() or platform.machine() or "CPU"
+    name = _capabilities().get("cpu_name")
+    return str(name) if name else (platform.processor() or platform.machine() or "CPU")
 
 
-def _cuda_native_bf16(index: int, cc: tuple[int, int]) -> bool:
+def _cuda_native_bf16(cc: tuple[int, int]) -> bool:
     try:
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     except TypeError:  # older torch without the keyword
         return cc >= (8, 0)
 
 
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return mps is not None and mps.is_available()
+
+
+def require_device(device: str) -> None:
+    """Check that ``device`` exists on this machine.
+
+    Raises:
+        ValueError: a device string torch does not know, or one this machine lacks (e.g.
+            ``cuda`` on a CPU-only machine), with what to use instead.
+    """
+    from .config import device_kind
+    kind = device_kind(device)
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but this machine has no CUDA GPU "
+                             "(torch.cuda.is_available() is False); use device='cpu'.")
+        index = torch.device(device).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} requested but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s).")
+    elif kind == "mps" and not _mps_available():
+        raise ValueError(f"device {device!r} requested but MPS is not available here; use "
+                         "device='cpu'.")
+    elif kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or 'mps'.")
+
+
 def detect(device: str | None = None) -> HardwareInfo:
     """Read the hardware of ``device`` (default: CUDA if available, else MPS, else CPU).
-
-    Args:
-        device: ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"cpu"`` or ``None`` for automatic.
-
-    Returns:
-        HardwareInfo for that device.
 
     Raises:
         ValueError: an unknown device string, or a device this machine does not have.
     """
-    if device is None:
-        if torch.cuda.is_available():
-            device = "cuda"
-        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            device = "mps"
-        else:
-            device = "cpu"
-    kind, _, idx = str(device).partition(":")
-    cpu = _cpu_features()
+    from .config import default_device
+    device = device or default_device()
+    require_device(device)
+    kind = torch.device(device).type
+    cpu, cap = _cpu_features()
     if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False "
-                             "on this machine; use device='cpu'.")
-        index = int(idx) if idx else torch.cuda.current_device()
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
         props = torch.cuda.get_device_properties(index)
         cc = tuple(torch.cuda.get_device_capability(index))
-        native = _cuda_native_bf16(index, cc)
+        native = _cuda_native_bf16(cc)
         try:
             accepts_bf16 = bool(torch.cuda.is_bf16_supported())
         except Exception:  # pragma: no cover
             accepts_bf16 = native
-        return HardwareInfo(
-            device="cuda", name=str(props.name), compute_capability=cc,
-            native_bf16=native, fp16_fast=cc >= (7, 0),
-            total_memory_bytes=int(props.total_memory), cpu_features=cpu,
-            bf16_emulated=accepts_bf16 and not native)
+        return HardwareInfo(device="cuda", name=str(props.name), compute_capability=cc,
+                            native_bf16=native, fp16_fast=cc >= (7, 0),
+                            total_memory_bytes=int(props.total_memory), cpu_features=cpu,
+                            isa_cap=cap, bf16_emulated=accepts_bf16 and not native)
     if kind == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise ValueError("device 'mps' requested but torch.backends.mps.is_available() is False.")
         # Apple GPUs from M2 on run bf16; torch reports it through the MPS backend.
         return HardwareInfo(device="mps", name="Apple MPS", native_bf16=True, fp16_fast=True,
-                            cpu_features=cpu)
-    if kind == "cpu":
-        return HardwareInfo(
-            device="cpu", name=_cpu_name(),
-            native_bf16=cpu["avx512_bf16"] or cpu["amx_bf16"],
-            fp16_fast=cpu["avx512_fp16"] or cpu["amx_fp16"],
-            cpu_features=cpu)
-    raise ValueError(f"unknown device {device!r}: expected 'cuda', 'cuda:N', 'mps' or 'cpu'.")
+                            cpu_features=cpu, isa_cap=cap)
+    native = cpu["avx512_bf16"] or cpu["amx_bf16"]
+    return HardwareInfo(device="cpu", name=_cpu_name(), native_bf16=native,
+                        fp16_fast=cpu["avx512_fp16"] or cpu["amx_fp16"], cpu_features=cpu,
+                        isa_cap=cap, bf16_emulated=not native)
+
+
+def is_emulated(hw: HardwareInfo, precision: str) -> bool:
+    """Whether ``precision`` runs only by emulation on ``hw`` (so its step time says nothing
+    about real hardware): bf16 without native bf16 (most CPUs, a T4); fp16 on a CPU without
+    fp16 instructions. fp32 never; fp16 on any CUDA GPU runs natively.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    from .config import autocast_dtype
+    autocast_dtype(precision)
+    if precision == "bf16":
+        return not hw.native_bf16
+    if precision == "fp16":
+        return hw.device == "cpu" and not hw.fp16_fast
+    return False
 
 
 def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
-    """The mixed-precision recipe for ``hw`` (default: ``detect()``), with the reason.
+    """The mixed-precision recipe for ``hw`` (default: `detect()`), with the reason.
 
-    Rules (PyTorch AMP docs; NVIDIA mixed-precision guide; shared/notes/measurement.md):
+    Rules (PyTorch AMP docs; NVIDIA mixed-precision guide; shared notes, measurement.md):
 
     * CUDA with compute capability >= 8.0 (Ampere, Ada, Hopper): bf16 autocast, no scaler.
     * CUDA 7.x (V100, T4): fp16 autocast + GradScaler; bf16 would be emulated.
     * older CUDA: fp32 (no fp16 tensor cores).
     * MPS: bf16 autocast (best effort).
-    * CPU with avx512_bf16 or AMX: bf16 autocast; otherwise fp32, because bf16 runs slower
-      than fp32 there and fp16 ~200x slower.
+    * CPU with avx512_bf16 or AMX: bf16 autocast; otherwise fp32, because bf16 and fp16 are
+      emulated there (`matmul_probe` measures by how much).
     """
     hw = hw or detect()
     if hw.device == "cuda":
@@ -186,10 +260,10 @@ def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
             return Recommendation("fp16", True,
                                   f"{hw.name} (compute capability {ccs}) has fp16 tensor cores but "
                                   "no native bf16: use fp16 autocast with GradScaler (loss scaling "
-                                  "keeps small gradients from flushing to zero)." + extra)
+                                  "keeps small gradients from flushing to zero)." + extra, "fp16")
         return Recommendation("fp32", False,
                               f"{hw.name} (compute capability {ccs}) has no fp16 tensor cores: "
-                              "mixed precision would not pay off.")
+                              "mixed precision would not pay off.", "fp16")
     if hw.device == "mps":
         return Recommendation("bf16", False, "Apple GPUs (MPS) run bf16 autocast; no loss "
                               "scaling is needed (best effort: MPS reports no peak memory).")
@@ -197,16 +271,229 @@ def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
     if f.get("amx_bf16") or f.get("avx512_bf16"):
         isa = "AMX" if f.get("amx_bf16") else "AVX-512 BF16"
         return Recommendation("bf16", False, f"this CPU ({hw.name}) has {isa} instructions, so bf16 "
-                              "matmuls run natively and faster than fp32.")
+                              "matmuls run natively.")
     isa = "AVX-512" if f.get("avx512_f") else ("AVX2" if f.get("avx2") else "no AVX-512/AVX2")
-    return Recommendation("fp32", False, f"this CPU ({hw.name}, {isa}) has no bf16 instructions: "
-                          "bf16 autocast is emulated and runs slower than fp32 (measured ~0.46x on "
-                          "AVX-512, ~0.03x on AVX2), and fp16 ~200x slower. Stay in fp32 here; the "
-                          "lessons still measure bf16's memory effect, which holds everywhere.")
+    capped = f" (capped by {hw.isa_cap})" if hw.isa_cap else ""
+    return Recommendation("fp32", False, f"this CPU ({hw.name}, {isa}{capped}) has no bf16 "
+                          "instructions: bf16 autocast is emulated here, and fp16 too. Train in "
+                          "fp32 here; the lessons still measure bf16's memory effect, which does "
+                          "not depend on how the arithmetic is done.")
 
 
-def report(hw: HardwareInfo | None = None) -> str:
-    """A few lines describing ``hw`` and its recommended recipe, for notebooks and the CLI."""
+class MemoryRefused(ValueError):
+    """A run refused up front because its estimated peak exceeds the memory free here."""
+
+
+#: A run is refused when its estimated peak exceeds this fraction of the memory free now
+#: (RAM on a CPU, where nothing catches an out-of-memory kill; GPU memory on CUDA).
+_MEMORY_FRACTION = 0.8
+
+
+def available_memory_bytes(hw: HardwareInfo) -> int | None:
+    """Bytes free for this process now: ``MemAvailable`` of ``/proc/meminfo`` on a CPU (else
+    physical memory), ``torch.cuda.mem_get_info`` on CUDA; None on MPS."""
+    if hw.device == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info()[0])
+        except (RuntimeError, AssertionError):  # no usable CUDA runtime
+            return None
+    if hw.device != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _memory_problem(config, hw: HardwareInfo) -> str | None:
+    from .config import GiB
+    from .memory_model import estimate
+    free = available_memory_bytes(hw)
+    if not free:
+        return None
+    limit = _MEMORY_FRACTION * free
+    peak = estimate(config).peak_allocated
+    if peak <= limit:
+        return None
+    lo, hi = 0, config.batch_size
+    while hi - lo > 1:  # the estimated peak grows with the batch: bisect
+        mid = (lo + hi) // 2
+        if estimate(config.replace(batch_size=mid)).peak_allocated <= limit:
+            lo = mid
+        else:
+            hi = mid
+    what = "RAM" if hw.device == "cpu" else "GPU memory"
+    fix = (f"batch {lo} fits by the estimate" if lo else
+           "even batch 1 does not fit: shorten the sequence, use fewer layers, or checkpoint "
+           "('full')")
+    return (f"the estimated peak of {config.label} at batch {config.batch_size} x seq "
+            f"{config.seq_len} is {peak / GiB:.2f} GiB, more than {_MEMORY_FRACTION:.0%} of the "
+            f"{free / GiB:.2f} GiB of {what} free now; {fix}. Pass force=True (--force) to try "
+            "anyway.")
+
+
+def check_feasible(config, hw: HardwareInfo | None = None, force: bool = False) -> list[str]:
+    """Refuse configurations that would be wrong or take minutes; return notes for the rest.
+
+    Args:
+        config: the `RunConfig` to run.
+        hw: a `HardwareInfo` for ``config.device`` (default: detected).
+        force: run anyway (the refusals become notes).
+
+    Returns:
+        Notes (strings) to show the learner, e.g. that bf16 is emulated here.
+
+    Raises:
+        ValueError: the device is missing; fp16 on a CPU without fp16 instructions above a tiny
+            size (its matmuls are emulated, `matmul_probe` measures by how much); bf16 on a GPU
+            that only emulates it (e.g. a T4).
+        MemoryRefused: (a ValueError) the estimated peak exceeds 80% of the memory free now,
+            with the estimate and the largest batch that fits.
+    """
+    from .config import step_flops
+    hw = hw or detect(config.device)
+    problems, notes = [], []
+    if is_emulated(hw, config.precision):
+        if hw.device == "cpu" and config.precision == "fp16":
+            flops = step_flops(config)
+            if flops > _CPU_FP16_MAX_FLOPS:
+                problems.append(
+                    f"fp16 on this CPU ({hw.name}) is emulated (no fp16 instructions): this step "
+                    f"({flops:.1e} FLOPs) would take minutes. Use bf16 or fp32 on a CPU, the "
+                    "'smoke' size, or force=True.")
+            else:
+                notes.append("fp16 on this CPU is emulated; fine at this tiny size.")
+        elif hw.device == "cuda":
+            problems.append(
+                f"bf16 on {hw.name} is emulated (compute capability "
+                f"{'.'.join(map(str, hw.compute_capability or ()))} < 8.0): it runs, but slowly, "
+                "and teaches the wrong lesson. Use fp16 with GradScaler here, or force=True.")
+        else:
+            notes.append(f"{config.precision} is emulated on this CPU ({hw.name}): its memory "
+                         "is measured as everywhere, its time is not the speed of real hardware.")
+    if config.compile and hw.device == "cpu":
+        notes.append("torch.compile on a CPU: the first step compiles for tens of seconds.")
+    if problems and not force:
+        raise ValueError(" ".join(problems))
+    memory = _memory_problem(config, hw)
+    if memory and not force:
+        raise MemoryRefused(memory)
+    return problems + ([memory] if memory else []) + notes
+
+
+# Step FLOPs above which fp16 on a CPU without fp16 instructions is refused: its matmuls are
+# emulated (measured ~215x slower than fp32 on one CPU, shared notes), so 1e9 FLOPs already
+# take seconds. The `smoke` size is ~1e8.
+_CPU_FP16_MAX_FLOPS = 1e9
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """How many intra-op threads torch uses, and why (`use_threads`)."""
+
+    threads: int
+    reason: str
+
+
+def _cpu_busy(sample_s: float) -> float | None:
+    """CPUs kept busy by other processes (0 to the number of CPUs), from two reads of
+    ``/proc/stat`` ``sample_s`` apart while this process sleeps; None off Linux."""
+    def read():
+        with open("/proc/stat") as f:
+            vals = [int(v) for v in f.readline().split()[1:]]
+        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+        return sum(vals), idle
+    try:
+        t0, i0 = read()
+        time.sleep(sample_s)
+        t1, i1 = read()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = t1 - t0
+    return 0.0 if total <= 0 else (1 - (i1 - i0) / total) * (os.cpu_count() or 1)
+
+
+def _usable_cores() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    physical = _capabilities().get("num_physical_cores")
+    if isinstance(physical, int) and physical > 0:
+        n = min(n, physical)
+    try:  # a cgroup (v2) CPU quota, as in containers: "max 100000" or "200000 100000"
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        if quota != "max":
+            n = min(n, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def use_threads(sample_s: float = 0.2) -> ThreadChoice:
+    """Set torch's intra-op threads to the physical cores this process may use and that other
+    processes leave free, and say why.
+
+    ``OMP_NUM_THREADS`` (e.g. set by a workshop instructor: one or two per learner) is obeyed
+    as it is. Otherwise the ceiling is the smallest of the physical cores, the CPU affinity
+    and a cgroup CPU quota, minus the CPUs other processes kept busy over ``sample_s``
+    seconds (at least 1). Measured on a 2-core CPU beside a busy 2-thread process: a small
+    training step took 11.5 ms with 1 thread but 343 ms with 2 (two threads that wait for
+    each other on shared cores), so backing off matters.
+
+    Returns:
+        The `ThreadChoice` made (``torch.set_num_threads`` has been called with it).
+    """
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        torch.set_num_threads(int(env))
+        return ThreadChoice(int(env), f"OMP_NUM_THREADS={env}")
+    cores = _usable_cores()
+    busy = _cpu_busy(sample_s)
+    free = cores if busy is None else max(1, min(cores, round(cores - busy + 0.25)))
+    torch.set_num_threads(free)
+    if busy is None:
+        why = f"{cores} usable core(s)"
+    else:
+        why = (f"{cores} usable core(s), {busy:.1f} kept busy by other processes: using {free}"
+               if free < cores else f"{cores} usable core(s), all free")
+    return ThreadChoice(free, why)
+
+
+def matmul_probe(device: str = "cpu", n: int = 256, budget_s: float = 0.2) -> dict:
+    """Seconds of one ``(n x n) @ (n x n)`` matmul in fp32, bf16 and fp16 on ``device``: the
+    median of repeated runs (``torch.utils.benchmark.Timer.blocked_autorange``, about
+    ``budget_s`` seconds each, threads as set).
+
+    Returns:
+        ``{"fp32": s, "bf16": s, "fp16": s}``.
+
+    Raises:
+        ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
+    """
+    from torch.utils import benchmark
+    require_device(device)
+    if n < 1 or budget_s <= 0:
+        raise ValueError(f"n and budget_s must be positive, got {n} and {budget_s}.")
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16),
+                        ("fp16", torch.float16)):
+        a = torch.randn(n, n, device=device).to(dtype)
+        timer = benchmark.Timer("a @ a", globals={"a": a}, num_threads=torch.get_num_threads())
+        out[name] = float(timer.blocked_autorange(min_run_time=budget_s).median)
+    return out
+
+
+def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
+    """A few lines describing ``hw``, its recipe and the threads in use (for notebooks and the
+    CLI). With ``probe`` (`matmul_probe`'s result) it adds the measured matmul ratios."""
     hw = hw or detect()
     rec = recommend_precision(hw)
     lines = [f"device        : {hw.device} ({hw.name})"]
@@ -218,8 +505,14 @@ def report(hw: HardwareInfo | None = None) -> str:
                                                          if hw.bf16_emulated else ""))
     lines.append(f"fast fp16     : {hw.fp16_fast}")
     flags = [k for k, v in hw.cpu_features.items() if v]
-    lines.append(f"CPU ISA flags : {', '.join(flags) or 'none of ' + ', '.join(_CPU_FLAGS)}")
+    lines.append(f"CPU ISA flags : {', '.join(flags) or 'none of ' + ', '.join(_CPU_FLAGS)}"
+                 + (f"  (capped by {hw.isa_cap})" if hw.isa_cap else ""))
+    lines.append(f"CPU threads   : {torch.get_num_threads()}")
     lines.append(f"torch         : {hw.torch_version}")
+    if probe:
+        lines.append("matmul here   : " + ", ".join(
+            f"{p} {probe[p] / probe['fp32']:.2f}x fp32's time" for p in ("bf16", "fp16")
+            if p in probe) + " (measured now)")
     lines.append(f"recipe        : {rec.precision}" + (" + GradScaler" if rec.grad_scaler else ""))
     lines.append(f"why           : {rec.reason}")
     return "\n".join(lines)

@@ -54,10 +54,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checkpointing import plan_segments
-from .config import RunConfig
+import pandas as pd
 
-__all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_token"]
+from .checkpointing import parse_policy, segment_bounds
+from .config import GiB, ModelShape, RunConfig
+
+__all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_token",
+           "largest_parameter_tensor", "SCALE_MODELS", "SCALE_RECIPES", "scale_config",
+           "scale_table"]
 
 
 @dataclass
@@ -95,9 +99,9 @@ class MemoryEstimate:
 
 
 def parameter_count(config: RunConfig) -> int:
-    """``N = 2 V d + T d + L (12 d^2 + 13 d) + 2 d`` for the course's GPT."""
-    d, V, L, T = config.d_model, config.vocab_size, config.n_layers, config.seq_len
-    return 2 * V * d + T * d + L * (12 * d * d + 13 * d) + 2 * d
+    """``N = 2 V d + T d + L (12 d^2 + 13 d) + 2 d`` for the course's GPT
+    (`course_utils.config.ModelShape.n_parameters`)."""
+    return config.shape.n_parameters
 
 
 def largest_parameter_tensor(config: RunConfig) -> int:
@@ -118,10 +122,28 @@ def block_bytes_per_token(config: RunConfig) -> float:
     if config.attention == "sdpa":
         per_token += 4 * h
     else:
-        cuda_low = config.device.startswith("cuda") and config.precision != "fp32"
+        cuda_low = config.device_type == "cuda" and config.precision != "fp32"
         s = 6 if cuda_low else a
         per_token += h * T * s + T * T / (config.batch_size * T)  # mask: T*T bytes per batch
     return per_token
+
+
+def _units(config: RunConfig) -> list[tuple[int, object]]:
+    """The checkpoint policy as ``(blocks, mode)`` units in forward order: mode ``"plain"``,
+    ``"checkpointed"``, ``"selective"`` or the memory budget B (a float)."""
+    p = parse_policy(config.checkpoint, config.n_layers)
+    L = config.n_layers
+    if p.mode == "none":
+        return [(L, "plain")]
+    if p.mode == "full":
+        return [(1, "checkpointed")] * L
+    if p.mode == "selective":
+        return [(1, "selective")] * L
+    if p.mode == "every-k":
+        return [(1, "checkpointed" if i % p.arg == 0 else "plain") for i in range(L)]
+    if p.mode == "segments":
+        return [(b - a, "checkpointed") for a, b in segment_bounds(L, p.arg)]
+    return [(L, float(p.arg))]
 
 
 def estimate(config: RunConfig) -> MemoryEstimate:
@@ -146,18 +168,21 @@ def estimate(config: RunConfig) -> MemoryEstimate:
     activations = 8 * BT + 8 * T  # token indices, positions (embedding backward)
     wcopies = V * d * a if low else 0  # the head's weight copy
     recompute = 0
-    policy = config.checkpoint.strip().lower()
-    for seg in plan_segments(config.checkpoint, config.n_layers):
-        n = seg.stop - seg.start
-        if not seg.checkpointed:
+    for n, mode in _units(config):
+        if mode == "plain":
             activations += n * block
             wcopies += n * wcopy_block
-        elif policy == "selective":
+        elif mode == "selective":
             activations += n * selective
             recompute = max(recompute, block - selective + wcopy_block)
-        else:
+        elif mode == "checkpointed":
             activations += block_in
             recompute = max(recompute, n * (block + wcopy_block))
+        else:  # memory-budget B: the partitioner keeps about a fraction B of the activations
+            b = mode
+            activations += n * (block_in + b * (block - block_in))
+            wcopies += n * wcopy_block * b
+            recompute = max(recompute, (1 - b) * (block - block_in))
     logits = BT * (4 * d + 8 + a * d + 4 * V + 8) + 4
 
     parameters = 4 * N
@@ -172,3 +197,82 @@ def estimate(config: RunConfig) -> MemoryEstimate:
         optimizer_state=optimizer_state, activations=int(activations),
         autocast_weight_copies=int(wcopies), logits=int(logits), peak_allocated=int(peak),
         recompute=int(recompute), n_parameters=N)
+
+
+# --- memory at scale (estimates) -----------------------------------------------------------
+
+#: GPT-like shapes whose parameter count comes out near their name with the course's block
+#: (4d MLP, full multi-head attention), a 32000-token vocabulary and 2048-token sequences:
+#: 1.04B, 6.71B and 69.8B. 7B has LLaMA-7B's 32 layers of width 4096; LLaMA-2-70B has 80
+#: layers of width 8192 but a wider MLP and grouped-query attention, so with this block 86
+#: layers give its size.
+SCALE_MODELS: dict[str, ModelShape] = {
+    "1B": ModelShape(n_layers=18, d_model=2048, n_heads=16, seq_len=2048, vocab_size=32000),
+    "7B": ModelShape(n_layers=32, d_model=4096, n_heads=32, seq_len=2048, vocab_size=32000),
+    "70B": ModelShape(n_layers=86, d_model=8192, n_heads=64, seq_len=2048, vocab_size=32000),
+}
+
+#: The recipes of `scale_table`: name -> (precision, checkpoint policy).
+SCALE_RECIPES = {"fp32": ("fp32", "none"),
+                 "bf16 autocast": ("bf16", "none"),
+                 "bf16 autocast + full ckpt": ("bf16", "full")}
+
+
+def scale_config(model: str | ModelShape, batch_size: int = 1, precision: str = "bf16",
+                 checkpoint: str = "none", **shape_changes) -> RunConfig:
+    """A `RunConfig` of a large model for `estimate` (not runnable here: it is only
+    estimated), on a CUDA device.
+
+    Args:
+        model: a key of `SCALE_MODELS` (``"7B"``) or a `ModelShape`.
+        shape_changes: e.g. ``seq_len=4096``.
+
+    Raises:
+        ValueError: an unknown model name or an invalid field.
+    """
+    if isinstance(model, str):
+        if model not in SCALE_MODELS:
+            raise ValueError(f"unknown model {model!r}: expected one of {', '.join(SCALE_MODELS)}"
+                             " or a ModelShape.")
+        model = SCALE_MODELS[model]
+    return RunConfig(shape=model.replace(**shape_changes), batch_size=batch_size,
+                     precision=precision, checkpoint=checkpoint, device="cuda")
+
+
+def scale_table(models=None, recipes=None, seq_len: int = 2048,
+                batch_size: int = 1) -> pd.DataFrame:
+    """Estimated memory of one training step (AdamW) per model and recipe, in GiB.
+
+    Args:
+        models: ``{name: ModelShape}`` (default `SCALE_MODELS`).
+        recipes: ``{name: (precision, checkpoint)}`` (default `SCALE_RECIPES`).
+        seq_len, batch_size: tokens per sequence and sequences per micro-batch.
+
+    Returns:
+        One row per (model, recipe): ``model``, ``recipe``, ``params (B)`` (billions),
+        ``weights``, ``gradients``, ``AdamW state``, ``weight copies`` (autocast's saved
+        low-precision weight copies), ``activations`` (saved activations + the logits bucket),
+        ``peak`` in GiB (2^30 bytes), and ``bytes/param`` of weights + gradients + AdamW state.
+        All values are estimates.
+
+    Raises:
+        ValueError: empty ``models``/``recipes`` or invalid sizes.
+    """
+    models = SCALE_MODELS if models is None else models
+    recipes = SCALE_RECIPES if recipes is None else recipes
+    if not models or not recipes:
+        raise ValueError("scale_table needs at least one model and one recipe.")
+    rows = []
+    for mname, shape in models.items():
+        for rname, (precision, policy) in recipes.items():
+            e = estimate(scale_config(shape, batch_size, precision, policy, seq_len=seq_len))
+            rows.append({"model": mname, "recipe": rname,
+                         "params (B)": e.n_parameters / 1e9,
+                         "weights": e.parameters / GiB, "gradients": e.gradients / GiB,
+                         "AdamW state": e.optimizer_state / GiB,
+                         "weight copies": e.autocast_weight_copies / GiB,
+                         "activations": (e.activations + e.logits) / GiB,
+                         "peak": e.peak_allocated / GiB,
+                         "bytes/param": (e.parameters + e.gradients + e.optimizer_state)
+                         / e.n_parameters})
+    return pd.DataFrame(rows)

@@ -3,8 +3,9 @@
 Written to be read, in the spirit of nanoGPT's ``model.py`` (Karpathy): token and learned
 position embeddings, ``n_layers`` blocks in ``model.layers``, a final LayerNorm and a linear head
 over the 256 byte values (not tied to the embedding, so that parameter counts are plain).
+Checkpointing is not in here: `course_utils.checkpointing.apply_checkpointing` wraps blocks.
 
-Shapes: input ``idx`` is ``(batch, seq)`` int64 bytes; logits are ``(batch, seq, 256)``.
+Shapes: input ``idx`` is ``(batch, seq)`` int64 bytes; logits are ``(batch, seq, vocab)``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checkpointing import Segment, forward_with_plan
+from .checkpointing import apply_checkpointing
+from .config import ModelShape
 
 __all__ = ["CausalSelfAttention", "MLP", "Block", "GPT", "build_model"]
 
@@ -80,29 +82,23 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Byte-level GPT: embeddings -> ``layers`` (blocks) -> LayerNorm -> head (256 logits).
+    """Byte-level GPT: embeddings -> ``layers`` (blocks) -> LayerNorm -> head.
 
     Args:
-        n_layers, d_model, n_heads, seq_len: dimensions (``seq_len`` is the longest input).
-        attention: ``"sdpa"`` or ``"naive"`` (see `CausalSelfAttention`).
-
-    The blocks run through `course_utils.checkpointing.forward_with_plan` following
-    ``checkpoint_plan`` (default: no checkpointing); set it with
-    `course_utils.checkpointing.apply_checkpointing`.
+        shape: the dimensions (`course_utils.config.ModelShape`); ``shape.seq_len`` is the
+            longest input.
     """
 
-    def __init__(self, n_layers: int, d_model: int, n_heads: int, seq_len: int,
-                 attention: str = "sdpa", vocab_size: int = 256):
+    def __init__(self, shape: ModelShape):
         super().__init__()
-        self.seq_len = seq_len
-        self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.pos_emb = nn.Embedding(seq_len, d_model)
-        self.layers = nn.ModuleList(Block(d_model, n_heads, attention) for _ in range(n_layers))
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab_size, bias=False)
-        self.checkpoint_plan = [Segment(0, n_layers, False)]
-        self.checkpoint_context_fn = None
-        self.checkpoint_policy = "none"
+        self.shape = shape
+        d = shape.d_model
+        self.tok_emb = nn.Embedding(shape.vocab_size, d)
+        self.pos_emb = nn.Embedding(shape.seq_len, d)
+        self.layers = nn.ModuleList(Block(d, shape.n_heads, shape.attention)
+                                    for _ in range(shape.n_layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, shape.vocab_size, bias=False)
         self.apply(self._init_weights)
 
     @staticmethod
@@ -114,18 +110,20 @@ class GPT(nn.Module):
             nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Logits ``(B, T, 256)`` and, if ``targets`` ``(B, T)`` is given, the mean cross-entropy.
+        """Logits ``(B, T, vocab)`` and, if ``targets`` ``(B, T)`` is given, the mean
+        cross-entropy (else None).
 
         Raises:
-            ValueError: ``idx`` is longer than ``seq_len``.
+            ValueError: ``idx`` is longer than ``shape.seq_len``.
         """
         B, T = idx.shape
-        if T > self.seq_len:
+        if T > self.shape.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's seq_len "
-                             f"{self.seq_len}.")
+                             f"{self.shape.seq_len}.")
         pos = torch.arange(T, device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(pos)
-        x = forward_with_plan(self.layers, x, self.checkpoint_plan, self.checkpoint_context_fn)
+        for block in self.layers:
+            x = block(x)
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits, None
@@ -138,11 +136,15 @@ class GPT(nn.Module):
 
 
 def build_model(config) -> GPT:
-    """The reference model of a `RunConfig`, seeded, on ``config.device``, with its checkpoint
-    policy applied (parameters stay fp32: autocast casts per op)."""
-    from .checkpointing import apply_checkpointing
+    """The reference model of a `RunConfig`: seeded by ``config.seed``, its checkpoint policy
+    applied, on ``config.device`` (parameters stay fp32: autocast casts per op).
+
+    Raises:
+        ValueError: ``config.device`` is not available on this machine.
+    """
+    from .hardware import require_device
+    require_device(config.device)
     torch.manual_seed(config.seed)
-    model = GPT(config.n_layers, config.d_model, config.n_heads, config.seq_len,
-                config.attention, config.vocab_size)
+    model = GPT(config.shape)
     apply_checkpointing(model, config.checkpoint)
     return model.to(config.device)

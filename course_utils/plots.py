@@ -429,7 +429,7 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
     """
     from matplotlib.figure import Figure
 
-    from .precision import format_info
+    from .formats import format_info
 
     if not hists:
         raise ValueError("log2_histogram_chart needs at least one histogram.")

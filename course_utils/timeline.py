@@ -1,5 +1,4 @@
-"""Memory over one step: when bytes are allocated (a timeline with phases, the peak) and which
-module saved each tensor for backward.
+"""Memory over one step: when bytes are allocated (a timeline with phases, the peak).
 
 `memory_timeline(fn)` runs ``fn()`` once and returns a `Timeline`: bytes allocated by torch on the
 device, relative to the moment ``fn`` starts, after every allocation and free, with the phases
@@ -25,14 +24,13 @@ the saved tensors wherever they are kept, selective checkpointing's cache includ
 output). On CUDA they read the allocator's counters (``max_memory_allocated``,
 ``memory_allocated``) instead of a timeline. Phases do not nest.
 
-`saved_by_module(module, fn)` lists the tensors autograd saves for backward while ``fn()`` runs
-(``torch.autograd.graph.saved_tensors_hooks``, deduplicated by storage, ``module``'s parameters
-excluded, as `course_utils.measure.SavedTensorMeter` counts them), each attributed to the
-innermost submodule whose forward was running when it was saved.
+The tensors autograd saves for backward are counted by `course_utils.measure.SavedTensorMeter`
+(and `course_utils.measure.saved_by_module`), not here.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
 from dataclasses import dataclass, field
@@ -42,10 +40,11 @@ import pandas as pd
 import torch
 
 __all__ = ["Phase", "Timeline", "phase", "memory_timeline", "peak_bytes", "peak_during",
-           "allocated_after", "saved_by_module"]
+           "allocated_after"]
 
 _PREFIX = "phase:"
-_RECORDER = None  # the CUDA mark recorder of the running memory_timeline, if any
+# The CUDA mark recorder of the running memory_timeline, scoped to it (None outside one).
+_RECORDER: contextvars.ContextVar = contextvars.ContextVar("course_timeline_recorder", default=None)
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def phase(name: str):
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"a phase name is a non-empty string, got {name!r}.")
-    recorder = _RECORDER
+    recorder = _RECORDER.get()
     if recorder is not None:
         recorder.mark()
     try:
@@ -231,7 +230,6 @@ class _CudaMarks:
 
 
 def _cuda_timeline(fn: Callable, dev: torch.device) -> Timeline:
-    global _RECORDER
     history = torch.cuda.memory._record_memory_history
     recorder = _CudaMarks(dev)
     torch.cuda.synchronize(dev)
@@ -241,13 +239,13 @@ def _cuda_timeline(fn: Callable, dev: torch.device) -> Timeline:
         except TypeError:  # older torch: no clear_history
             history(enabled="all", context=None, device=dev)
         start = len(recorder.trace())
-        _RECORDER = recorder
+        token = _RECORDER.set(recorder)
         try:
             result = fn()
             torch.cuda.synchronize(dev)
             trace = recorder.trace()
         finally:
-            _RECORDER = None
+            _RECORDER.reset(token)
             history(enabled=None)
     marks = [(n, i0 - start, i1 - start) for n, i0, i1 in recorder.marks]
     return _trace_timeline(trace[start:], marks, str(dev),
@@ -326,62 +324,3 @@ def allocated_after(fn: Callable[[], Any],
         tl = memory_timeline(fn, dev)
         return tl.result, tl.final_bytes
     return fn(), None
-
-
-def saved_by_module(module: torch.nn.Module, fn: Callable[[], Any]) -> pd.DataFrame:
-    """The tensors autograd saves for backward while ``fn()`` runs, one row per storage.
-
-    Args:
-        module: its parameters are excluded; each saved tensor is attributed to the innermost
-            of its submodules (names as in ``module.named_modules()``, ``""`` for ``module``
-            itself) whose forward was running.
-        fn: a function of no arguments that runs a forward through ``module``.
-
-    Returns:
-        A DataFrame in the order the tensors were saved, columns ``module``, ``module_type``,
-        ``shape``, ``dtype`` (str), ``nbytes`` (bytes of the storage), ``grad_fn`` (the node
-        that made the tensor, ``None`` for a leaf). The forward's graph is freed on return.
-
-    Raises:
-        TypeError: ``module`` is not a ``torch.nn.Module``.
-    """
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"saved_by_module needs a torch.nn.Module, got {type(module).__name__}.")
-    params = {(str(p.device), p.untyped_storage().data_ptr()) for p in module.parameters()}
-    stack: list[tuple[str, str]] = []
-    rows: dict = {}
-
-    def pack(t):
-        if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
-            key = (str(t.device), st.data_ptr())
-            if key not in params and key not in rows:
-                name, kind = stack[-1] if stack else ("", type(module).__name__)
-                rows[key] = {"module": name, "module_type": kind, "shape": tuple(t.shape),
-                             "dtype": str(t.dtype).replace("torch.", ""), "nbytes": st.nbytes(),
-                             "grad_fn": type(t.grad_fn).__name__ if t.grad_fn is not None
-                             else None}
-        return t
-
-    def enter(label):
-        def hook(*_):  # returns None: the module's input is left unchanged
-            stack.append(label)
-        return hook
-
-    def leave(*_):  # returns None: the module's output is left unchanged
-        if stack:
-            stack.pop()
-
-    handles = []
-    for name, sub in module.named_modules():
-        handles.append(sub.register_forward_pre_hook(enter((name, type(sub).__name__))))
-        handles.append(sub.register_forward_hook(leave))
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = fn()
-        del out
-    finally:
-        for h in handles:
-            h.remove()
-    return pd.DataFrame(list(rows.values()),
-                        columns=["module", "module_type", "shape", "dtype", "nbytes", "grad_fn"])

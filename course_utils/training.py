@@ -1,74 +1,54 @@
-"""The reference training step: autocast, GradScaler (fp16 only), clipping, accumulation.
+"""The training step the course teaches, and the state that runs it.
 
-This is the loop the lessons write out in their cells; the engine uses this copy so that a
-measurement times exactly the recipe the course teaches (PyTorch "Automatic Mixed Precision"
+`train_step` is the combined step of lesson 03, one code path for every precision (as
+nanoGPT's ``GradScaler(enabled=(dtype == 'float16'))``; PyTorch "Automatic Mixed Precision"
 recipe and ``torch.amp`` docs):
 
-1. forward + loss under ``torch.autocast(device_type, dtype)`` (no autocast for fp32);
-2. the loss divided by the number of micro-batches (gradient accumulation);
-3. ``scaler.scale(loss).backward()`` for fp16, plain ``backward()`` otherwise;
+1. forward + loss under ``torch.autocast(device_type, dtype)`` (disabled for fp32); the model's
+   checkpoint policy (per-block ``checkpoint(..., use_reentrant=False)``) is inside the model;
+2. each micro-batch's loss divided by the number of micro-batches (gradient accumulation);
+3. ``scaler.scale(loss).backward()``: the scaler is enabled only for fp16 and is a no-op
+   otherwise;
 4. ``scaler.unscale_(optimizer)`` *before* ``clip_grad_norm_`` (clip the true gradients);
-5. ``scaler.step`` + ``scaler.update`` (fp16) or ``optimizer.step``;
+5. ``scaler.step`` (skips the step on inf/NaN gradients) + ``scaler.update``;
 6. ``optimizer.zero_grad(set_to_none=True)``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
-from .config import RunConfig, autocast_dtype
+from .config import RunConfig
 from .data import batches, get_batch
 from .models import build_model
 
-__all__ = ["TrainState", "setup", "train_step", "train", "TrainHistory", "evaluate"]
+__all__ = ["DEFAULT_LR", "DEFAULT_MAX_GRAD_NORM", "train_step", "TrainState", "setup", "train",
+           "TrainHistory", "evaluate"]
 
 DEFAULT_LR = 1e-3
 DEFAULT_MAX_GRAD_NORM = 1.0
 
 
-def device_type(device: str | torch.device) -> str:
-    """``"cuda"`` for ``"cuda:1"``, etc.: what ``torch.autocast`` and ``GradScaler`` take."""
-    return torch.device(device).type
+def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+    """One optimizer step over micro_batches, a list of (x, y) int64 (B, T) pairs.
 
-
-def train_step(model, optimizer, micro_batches, precision: str, scaler=None,
-               max_grad_norm: float | None = DEFAULT_MAX_GRAD_NORM) -> torch.Tensor:
-    """One optimizer step over ``micro_batches`` (a list of ``(x, y)`` int64 ``(B, T)`` pairs).
-
-    Returns:
-        The step's loss (mean over micro-batches) as a 0-dim tensor (not synchronised).
-
-    Raises:
-        ValueError: an unknown precision, fp16 without a scaler, or no micro-batches.
+    dtype: torch.bfloat16 or torch.float16 for autocast, None for fp32. scaler: a
+    torch.amp.GradScaler, enabled only for fp16. Returns the mean loss (0-dim tensor).
     """
-    dtype = autocast_dtype(precision)
-    if not micro_batches:
-        raise ValueError("train_step needs at least one micro-batch.")
-    if precision == "fp16" and scaler is None:
-        raise ValueError("fp16 training needs a torch.amp.GradScaler (loss scaling); pass scaler=.")
-    dev = device_type(micro_batches[0][0].device)
-    n = len(micro_batches)
-    total = torch.zeros((), device=micro_batches[0][0].device)
+    total = 0.0
     for x, y in micro_batches:
-        with torch.autocast(dev, dtype=dtype, enabled=dtype is not None):
-            _, loss = model(x, y)
-        loss = loss / n  # accumulation: the sum of n micro-batch grads is the mean's grad
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
+        with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
+            _, loss = model(x, y)                     # checkpointed blocks recompute in backward
+        loss = loss / len(micro_batches)              # accumulation: average, not sum
+        scaler.scale(loss).backward()                 # fp16: loss x S; otherwise unchanged
         total += loss.detach()
-    if scaler is not None:
-        scaler.unscale_(optimizer)  # before clipping: clip the real gradients, not scaled ones
-    if max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    if scaler is not None:
-        scaler.step(optimizer)  # skipped if any gradient is inf/NaN
-        scaler.update()
-    else:
-        optimizer.step()
+    scaler.unscale_(optimizer)                        # before clipping: clip the true gradients
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    scaler.step(optimizer)                            # fp16: skipped if a gradient is inf/NaN
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total
 
@@ -76,16 +56,21 @@ def train_step(model, optimizer, micro_batches, precision: str, scaler=None,
 @dataclass
 class TrainState:
     """Everything a step needs: the model (``module``: uncompiled; ``model``: what runs),
-    optimizer, scaler (fp16 only), the data stream and the config."""
+    AdamW, the GradScaler (enabled for fp16 only), the data stream and the config.
+
+    ``step_fn`` is the step that `step` runs (default `train_step`; a lesson can pass its own
+    with the same signature).
+    """
 
     config: RunConfig
     module: torch.nn.Module
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    scaler: "torch.amp.GradScaler | None"
+    scaler: torch.amp.GradScaler
     data: object
     lr: float = DEFAULT_LR
-    max_grad_norm: float | None = DEFAULT_MAX_GRAD_NORM
+    max_grad_norm: float = DEFAULT_MAX_GRAD_NORM
+    step_fn: Callable = field(default=train_step, repr=False)
 
     def next_micro_batches(self) -> list:
         """The next ``grad_accum_steps`` micro-batches."""
@@ -93,34 +78,40 @@ class TrainState:
 
     def step(self) -> torch.Tensor:
         """One optimizer step on the next micro-batches; returns the loss tensor."""
-        return train_step(self.model, self.optimizer, self.next_micro_batches(),
-                          self.config.precision, self.scaler, self.max_grad_norm)
+        return self.step_fn(self.model, self.optimizer, self.scaler, self.next_micro_batches(),
+                            self.config.dtype, self.max_grad_norm)
 
 
 def setup(config: RunConfig, lr: float = DEFAULT_LR,
-          max_grad_norm: float | None = DEFAULT_MAX_GRAD_NORM) -> TrainState:
-    """Build model, AdamW optimizer, GradScaler (fp16 only) and data for ``config``.
+          max_grad_norm: float = DEFAULT_MAX_GRAD_NORM, step_fn: Callable = train_step,
+          data=None) -> TrainState:
+    """Build the model, AdamW (fp32 moments, 8 bytes/parameter, whatever the autocast
+    precision), a GradScaler enabled for fp16 only, and the data stream for ``config``.
 
-    AdamW keeps fp32 moments (8 bytes/parameter) whatever the autocast precision.
+    Args:
+        data: an iterator of ``(x, y)`` micro-batches (default: `course_utils.data.batches`).
+
+    Raises:
+        ValueError: ``config.device`` is not available here.
     """
     module = build_model(config)
     model = torch.compile(module) if config.compile else module
     optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.1)
-    scaler = (torch.amp.GradScaler(device_type(config.device))
-              if config.precision == "fp16" else None)
-    return TrainState(config, module, model, optimizer, scaler, batches(config), lr, max_grad_norm)
+    scaler = torch.amp.GradScaler(config.device_type, enabled=config.precision == "fp16")
+    return TrainState(config, module, model, optimizer, scaler,
+                      batches(config) if data is None else data, lr, max_grad_norm, step_fn)
 
 
 @torch.no_grad()
 def evaluate(state: TrainState, n_batches: int = 4) -> float:
-    """Mean validation loss over ``n_batches`` fixed validation batches (same autocast)."""
+    """Mean validation loss (nats per byte) over ``n_batches`` fixed validation batches, under
+    the config's autocast."""
     cfg = state.config
-    dtype = autocast_dtype(cfg.precision)
     state.model.eval()
     losses = []
     for i in range(n_batches):
         x, y = get_batch(cfg.batch_size, cfg.seq_len, "val", cfg.seed, i, cfg.device)
-        with torch.autocast(device_type(cfg.device), dtype=dtype, enabled=dtype is not None):
+        with cfg.autocast():
             _, loss = state.model(x, y)
         losses.append(loss.float().item())
     state.model.train()
@@ -142,27 +133,32 @@ class TrainHistory:
 
 
 def train(config: RunConfig, steps: int, eval_every: int = 50, eval_batches: int = 4,
-          lr: float = DEFAULT_LR, progress: bool = True) -> TrainHistory:
+          lr: float = DEFAULT_LR, progress: bool = True, force: bool = False) -> TrainHistory:
     """Train ``config``'s model for ``steps`` optimizer steps on the text corpus.
 
     Shows a tqdm progress bar (``progress=False`` hides it). Validation loss is measured at step
     0, every ``eval_every`` steps and at the end.
 
     Raises:
-        ValueError: ``steps`` < 1.
+        ValueError: ``steps`` or ``eval_every`` < 1, a device this machine lacks, or a
+            configuration `course_utils.hardware.check_feasible` refuses (fp16 on a CPU above a
+            tiny size takes minutes; bf16 on a GPU that emulates it), unless ``force``.
     """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}.")
+    from .hardware import check_feasible
+    for name, v in (("steps", steps), ("eval_every", eval_every), ("eval_batches", eval_batches)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+    check_feasible(config, force=force)
     state = setup(config, lr=lr)
     hist = TrainHistory(config)
     hist.val_steps.append(0)
     hist.val_loss.append(evaluate(state, eval_batches))
     for i in tqdm(range(1, steps + 1), desc=config.label, disable=not progress, leave=False):
-        before = state.scaler.get_scale() if state.scaler is not None else None
+        before = state.scaler.get_scale() if state.scaler.is_enabled() else None
         loss = state.step()
         hist.steps.append(i)
         hist.train_loss.append(loss.float().item())
-        if state.scaler is not None:
+        if state.scaler.is_enabled():
             after = state.scaler.get_scale()
             hist.scales.append(after)
             if after < before:

@@ -26,10 +26,9 @@ import time
 import ipywidgets as widgets
 import pandas as pd
 
-from .checkpointing import POLICIES
-from .config import (GiB, MiB, RunConfig, check_feasible, config_for, size_profile,
-                     step_flops)
-from .hardware import HardwareInfo, detect, recommend_precision
+from .checkpointing import MODES
+from .config import GiB, MiB, RunConfig, config_for, size_profile, step_flops
+from .hardware import HardwareInfo, check_feasible, detect, recommend_precision
 from .measure import MEMORY_FIELDS, Measurement, measure
 from .memory_model import estimate
 
@@ -224,7 +223,7 @@ class Dashboard:
             layout=widgets.Layout(width="290px"))
         self.checkpoint = widgets.Combobox(
             value="none", options=policy_options(self.base.n_layers), ensure_option=False,
-            description="checkpoint", placeholder=", ".join(POLICIES), style=style,
+            description="checkpoint", placeholder=", ".join(MODES), style=style,
             layout=widgets.Layout(width="260px"))
         self.batch_size = widgets.BoundedIntText(value=self.base.batch_size, min=1, max=65536,
                                                  description="batch", style=style, layout=box)

@@ -1,4 +1,5 @@
-"""Hardware detection (mocked GPUs and CPUs) and RunConfig validation."""
+"""Hardware detection (mocked GPUs and CPUs), the plan it implies, threads, and RunConfig
+validation."""
 from types import SimpleNamespace
 
 import pytest
@@ -6,7 +7,9 @@ import torch
 
 from course_utils import config as cfgmod
 from course_utils import hardware
-from course_utils.config import RunConfig, check_feasible, config_for, size_profile
+from course_utils.config import ModelShape, RunConfig, config_for, size_profile
+from course_utils.experiments import ladder
+from course_utils.hardware import MemoryRefused, check_feasible, is_emulated
 
 
 def fake_cuda(monkeypatch, name, cc, mem_gib):
@@ -15,9 +18,11 @@ def fake_cuda(monkeypatch, name, cc, mem_gib):
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i: SimpleNamespace(name=name, total_memory=int(mem_gib * 2**30)))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: cc)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(mem_gib * 2**30 * 0.9),
+                                                                int(mem_gib * 2**30)))
 
     def is_bf16_supported(including_emulation=True):
-        # What torch reports: True on a T4 when emulation counts (shared/notes/measurement.md).
+        # What torch reports: True on a T4 when emulation counts (shared notes, measurement.md).
         return True if including_emulation else cc >= (8, 0)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
 
@@ -43,76 +48,164 @@ def test_t4_bf16_is_flagged_as_emulated(monkeypatch):
     fake_cuda(monkeypatch, "Tesla T4", (7, 5), 15)
     hw = hardware.detect("cuda")
     assert hw.bf16_emulated and not hw.native_bf16
+    assert is_emulated(hw, "bf16") and not is_emulated(hw, "fp16")
     assert "emulated" in hardware.recommend_precision(hw).reason
     with pytest.raises(ValueError, match="emulated"):
-        check_feasible(RunConfig(device="cuda", precision="bf16"), hw)
+        check_feasible(config_for("smoke", device="cuda", precision="bf16"), hw)
 
 
 def fake_cpu(monkeypatch, **flags):
     caps = {"cpu_name": "Test CPU", "avx2": True, **flags}
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
 
 
 @pytest.mark.parametrize("flags,precision,words", [
     ({"avx512_f": True, "avx512_bf16": True}, "bf16", "AVX-512 BF16"),
     ({"avx512_f": True, "amx_bf16": True}, "bf16", "AMX"),
-    ({"avx512_f": True}, "fp32", "slower than fp32"),
+    ({"avx512_f": True}, "fp32", "no bf16 instructions"),
     ({}, "fp32", "AVX2"),
 ])
 def test_cpu_recommendation(monkeypatch, flags, precision, words):
     fake_cpu(monkeypatch, **flags)
     hw = hardware.detect("cpu")
     rec = hardware.recommend_precision(hw)
-    assert rec.precision == precision and not rec.grad_scaler
+    assert rec.precision == precision and not rec.grad_scaler and rec.low == "bf16"
     assert words in rec.reason
     assert "Test CPU" in hardware.report(hw)
+    assert is_emulated(hw, "bf16") == (precision == "fp32")
 
 
-def test_cpu_without_bf16_warns_but_runs(monkeypatch):
+def test_isa_caps_make_a_bf16_cpu_plan_like_an_avx2_one(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 (issue 9): torch's kernels then run as on
+    an AVX2-only CPU, and the course must plan as it would there."""
+    fake_cpu(monkeypatch, avx512_f=True, avx512_bf16=True, amx_bf16=True)
+    assert hardware.recommend_precision(hardware.detect("cpu")).precision == "bf16"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    hw = hardware.detect("cpu")
+    assert not hw.native_bf16 and not hw.cpu_features["avx512_f"] and hw.cpu_features["avx2"]
+    rec = hardware.recommend_precision(hw)
+    assert rec.precision == "fp32" and "AVX2" in rec.reason and "ONEDNN_MAX_CPU_ISA" in rec.reason
+    assert "capped by" in hardware.report(hw)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # bf16 allowed, AMX not
+    hw = hardware.detect("cpu")
+    assert hw.native_bf16 and hw.cpu_features["avx512_bf16"] and not hw.cpu_features["amx_bf16"]
+
+
+def test_ladder_pairs_differ_by_one_technique(monkeypatch):
+    """Where the recipe is fp32, checkpointing is compared in fp32 and bf16 is measured for its
+    memory; where it is bf16, the checkpointing pair is in bf16."""
+    base = config_for("smoke", device="cpu")
     fake_cpu(monkeypatch, avx512_f=True)
-    notes = check_feasible(RunConfig(precision="bf16"), hardware.detect("cpu"))
-    assert any("slower than fp32" in n for n in notes)
+    rows = [(c.precision, c.checkpoint) for c in ladder(base, hardware.detect("cpu"))]
+    assert rows == [("fp32", "none"), ("fp32", "full"), ("fp32", "selective"), ("bf16", "none")]
+    fake_cpu(monkeypatch, avx512_f=True, avx512_bf16=True)
+    rows = [(c.precision, c.checkpoint) for c in ladder(base, hardware.detect("cpu"))]
+    assert rows == [("fp32", "none"), ("bf16", "none"), ("bf16", "full"), ("bf16", "selective")]
+    fake_cuda(monkeypatch, "Tesla T4", (7, 5), 15)
+    rows = [(c.precision, c.checkpoint) for c in ladder(base.replace(device="cuda"),
+                                                         hardware.detect("cuda"))]
+    assert rows == [("fp32", "none"), ("fp16", "none"), ("fp16", "full"), ("fp16", "selective")]
+
+
+def test_cpu_without_bf16_notes_but_runs(monkeypatch):
+    fake_cpu(monkeypatch, avx512_f=True)
+    notes = check_feasible(config_for("smoke", device="cpu", precision="bf16"),
+                           hardware.detect("cpu"))
+    assert any("emulated" in n for n in notes)
 
 
 def test_fp16_on_cpu_refused_unless_tiny(monkeypatch):
     fake_cpu(monkeypatch, avx512_f=True, avx512_bf16=True)
     hw = hardware.detect("cpu")
-    with pytest.raises(ValueError, match="200x slower"):
+    with pytest.raises(ValueError, match="emulated"):
         check_feasible(config_for("cpu", device="cpu", precision="fp16"), hw)
     assert check_feasible(config_for("cpu", device="cpu", precision="fp16"), hw, force=True)
     check_feasible(config_for("smoke", device="cpu", precision="fp16"), hw)  # tiny: allowed
 
 
-def test_missing_cuda_is_a_clear_error(monkeypatch):
+def test_a_run_larger_than_free_memory_is_refused_with_a_batch_that_fits(monkeypatch):
+    monkeypatch.setattr(hardware, "available_memory_bytes", lambda hw: 4 * 2**30)
+    hw = hardware.detect("cpu")
+    big = config_for("cpu", device="cpu", batch_size=100_000)
+    with pytest.raises(MemoryRefused, match=r"batch \d+ fits") as e:
+        check_feasible(big, hw)
+    fits = int(str(e.value).split("batch ")[-1].split(" fits")[0])
+    from course_utils.memory_model import estimate
+    assert estimate(big.replace(batch_size=fits)).peak_allocated <= 0.8 * 4 * 2**30
+    assert estimate(big.replace(batch_size=fits + 1)).peak_allocated > 0.8 * 4 * 2**30
+    assert any("estimated peak" in n for n in check_feasible(big, hw, force=True))
+
+
+def test_threads_obey_omp_num_threads_and_back_off_beside_busy_processes(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        choice = hardware.use_threads()
+        assert choice.threads == 1 == torch.get_num_threads() and "OMP_NUM_THREADS" in choice.reason
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        monkeypatch.setattr(hardware, "_usable_cores", lambda: 4)
+        monkeypatch.setattr(hardware, "_cpu_busy", lambda s: 2.1)  # another process: 2 cores
+        choice = hardware.use_threads()
+        assert choice.threads == 2 == torch.get_num_threads() and "busy" in choice.reason
+        monkeypatch.setattr(hardware, "_cpu_busy", lambda s: 3.9)
+        assert hardware.use_threads().threads == 1  # never fewer than one
+        monkeypatch.setattr(hardware, "_cpu_busy", lambda s: 0.1)
+        assert hardware.use_threads().threads == 4
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_missing_devices_are_clear_errors(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match="cuda"):
+    with pytest.raises(ValueError, match="no CUDA GPU"):
         hardware.detect("cuda")
     with pytest.raises(ValueError, match="unknown device"):
         hardware.detect("tpu")
+    from course_utils.models import build_model
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        build_model(config_for("smoke", device="cuda"))
 
 
 @pytest.mark.parametrize("kw,match", [
     ({"precision": "fp8"}, "unknown precision"),
     ({"batch_size": 0}, "batch_size must be a positive integer"),
     ({"seq_len": -1}, "seq_len"),
+    ({"seq_len": 0}, "seq_len must be a positive integer"),
     ({"d_model": 100, "n_heads": 3}, "divisible"),
     ({"checkpoint": "sometimes"}, "unknown policy"),
     ({"checkpoint": "every-9", "n_layers": 4}, "outside 1..4"),
     ({"checkpoint": "segments:0"}, "outside"),
+    ({"checkpoint": "memory-budget:1.5"}, "outside 0..1"),
     ({"attention": "flash3"}, "unknown attention"),
     ({"device": "tpu"}, "unknown device"),
     ({"grad_accum_steps": 0}, "grad_accum_steps"),
 ])
 def test_config_validation(kw, match):
     with pytest.raises(ValueError, match=match):
-        RunConfig(**kw)
+        config_for("smoke", **kw)
 
 
 def test_policy_error_names_the_valid_ones():
     with pytest.raises(ValueError) as e:
-        RunConfig(checkpoint="half")
-    for name in ("none", "full", "every-K", "segments:N", "selective"):
+        config_for("smoke", checkpoint="half")
+    for name in ("none", "full", "every-K", "segments:N", "selective", "memory-budget:B"):
         assert name in str(e.value)
+
+
+def test_shape_inside_config():
+    c = config_for("smoke", n_layers=3)
+    assert isinstance(c.shape, ModelShape) and c.n_layers == c.shape.n_layers == 3
+    d = c.replace(d_model=128, batch_size=2)
+    assert (d.d_model, d.batch_size, d.shape.d_model, c.d_model) == (128, 2, 128, 64)
+    with pytest.raises(ValueError, match="unknown RunConfig field"):
+        c.replace(layers=3)
+    with pytest.raises(ValueError, match="ModelShape"):
+        RunConfig(shape={"n_layers": 2})
+    assert c.as_dict()["n_layers"] == 3 and "shape" not in c.as_dict()
 
 
 def test_size_profile_env_override(monkeypatch):
@@ -127,7 +220,7 @@ def test_size_profile_env_override(monkeypatch):
 
 
 def test_label_and_tokens():
-    c = RunConfig(precision="bf16", checkpoint="full", grad_accum_steps=2, batch_size=3,
-                  seq_len=5)
+    c = config_for("smoke", precision="bf16", checkpoint="full", grad_accum_steps=2, batch_size=3,
+                   seq_len=5)
     assert c.label == "bf16+full+accum2"
     assert c.tokens_per_step == 30

@@ -12,11 +12,11 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint, checkpoint_seq
 
 from course_utils import plots, timeline
 from course_utils.config import config_for
-from course_utils.measure import SavedTensorMeter, saved_bytes
+from course_utils.measure import SavedTensorMeter, saved_by_module, saved_bytes
 from course_utils.memory_model import block_bytes_per_token
 from course_utils.models import build_model
 from course_utils.timeline import (Phase, Timeline, allocated_after, memory_timeline, peak_bytes,
-                                   phase, saved_by_module)
+                                   phase)
 
 matplotlib.use("Agg")
 MB = 1 << 20

@@ -1,13 +1,14 @@
-"""course_utils.scaling: largest batch under a budget (measured), peak of any step, memory at
-scale (estimates), committed GPU results. At the `smoke` size (seconds); no GPU needed."""
+"""Largest batch under a budget (course_utils.search, measured), peak of any step, memory at
+scale (course_utils.memory_model, estimates), committed results (course_utils.results). At the
+`smoke` size (seconds); no GPU needed."""
 import json
 
 import pandas as pd
 import pytest
 import torch
 
-from course_utils import scaling
-from course_utils.config import config_for
+from course_utils import memory_model, results, search
+from course_utils.config import ModelShape, RunConfig, config_for
 from course_utils.measure import measure
 from course_utils.memory_model import estimate, parameter_count
 from course_utils.timeline import peak_during
@@ -17,7 +18,7 @@ MiB = 2**20
 
 
 def peak_at(config, batch):
-    return measure(config.replace(batch_size=batch), min_run_time=0, warmup=1).peak_allocated
+    return measure(config.replace(batch_size=batch), timed=False).peak_allocated
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def fp32_search():
     """fp32's largest batch under the peak fp32 itself measured at batch 3."""
     cfg = SMOKE.replace(precision="fp32")
     budget = peak_at(cfg, 3)
-    return budget, scaling.largest_batch(cfg, budget)
+    return budget, search.largest_batch(cfg, budget)
 
 
 def test_largest_batch_finds_the_boundary_it_measured(fp32_search):
@@ -48,7 +49,7 @@ def test_largest_batch_finds_the_boundary_it_measured(fp32_search):
 
 def test_checkpointing_fits_a_larger_batch_under_the_same_budget(fp32_search):
     budget, plain = fp32_search
-    ckpt = scaling.largest_batch(SMOKE.replace(precision="fp32", checkpoint="full"), budget)
+    ckpt = search.largest_batch(SMOKE.replace(precision="fp32", checkpoint="full"), budget)
     assert ckpt.batch_size > plain.batch_size
     assert ckpt.measurement.peak_allocated <= budget
     assert any(not p.fits for p in ckpt.probes)
@@ -56,10 +57,10 @@ def test_checkpointing_fits_a_larger_batch_under_the_same_budget(fp32_search):
 
 def test_largest_batch_reports_nothing_fits_and_respects_max_batch():
     cfg = SMOKE.replace(precision="fp32")
-    none = scaling.largest_batch(cfg, 1024)  # 1 KiB: not even the parameters fit
+    none = search.largest_batch(cfg, 1024)  # 1 KiB: not even the parameters fit
     assert none.batch_size == 0 and none.measurement is None and none.tokens_per_s is None
     assert [p.batch_size for p in none.probes] == [1]
-    capped = scaling.largest_batch(cfg, 2**40, max_batch=2)
+    capped = search.largest_batch(cfg, 2**40, max_batch=2)
     assert capped.batch_size == 2 and len(capped.probes) == 1
 
 
@@ -69,12 +70,12 @@ def test_largest_batch_reports_nothing_fits_and_respects_max_batch():
 def test_largest_batch_rejects_bad_arguments(bad):
     kw = dict(budget_bytes=10 * MiB) | bad
     with pytest.raises(ValueError):
-        scaling.largest_batch(SMOKE, **kw)
+        search.largest_batch(SMOKE, **kw)
 
 
 def test_largest_batch_refuses_a_device_without_peak_counter():
     with pytest.raises(ValueError, match="peak-memory counter"):
-        scaling.largest_batch(SMOKE.replace(device="mps"), 10 * MiB)
+        search.largest_batch(SMOKE.replace(device="mps"), 10 * MiB)
 
 
 def test_peak_during_sees_a_temporary_and_returns_the_value():
@@ -93,39 +94,37 @@ def test_peak_during_and_budget_on_missing_devices():
     assert peak_during(lambda: 7, "mps") == (None, 7)  # no peak counter: None, never 0
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
-            scaling.memory_budget(0.5)
+            search.memory_budget(0.5)
     with pytest.raises(ValueError):
-        scaling.memory_budget(0.0)
+        search.memory_budget(0.0)
     with pytest.raises(ValueError):
-        scaling.memory_budget(1.5)
+        search.memory_budget(1.5)
 
 
-def test_scale_estimate_is_the_memory_model_of_the_course_model():
-    """A GPTShape with the course model's dimensions gives exactly memory_model's numbers."""
-    for policy in ("none", "full", "selective", "segments:2"):
-        for precision in ("fp32", "bf16"):
-            cfg = SMOKE.replace(n_layers=4, precision=precision, checkpoint=policy)
-            shape = scaling.GPTShape("course", cfg.n_layers, cfg.d_model, cfg.n_heads,
-                                     vocab_size=256, seq_len=cfg.seq_len,
-                                     batch_size=cfg.batch_size, precision=precision,
-                                     checkpoint=policy, device="cpu")
-            a, b = scaling.estimate_at_scale(shape), estimate(cfg)
-            assert a.as_row() == b.as_row(), (policy, precision)
-            assert shape.n_parameters == parameter_count(cfg)
+def test_scale_estimate_takes_the_same_type_as_the_course_model():
+    """estimate() reads a RunConfig whatever its ModelShape: the course model's or 7B's."""
+    cfg = SMOKE.replace(n_layers=4, checkpoint="full", precision="bf16")
+    same = memory_model.scale_config(cfg.shape, cfg.batch_size, "bf16", "full")
+    assert estimate(same).as_row() == estimate(cfg.replace(device="cuda")).as_row()
+    assert cfg.shape.n_parameters == parameter_count(cfg)
+    seven = memory_model.scale_config("7B", batch_size=2, checkpoint="full")
+    assert isinstance(seven, RunConfig) and seven.vocab_size == 32000 and seven.batch_size == 2
+    with pytest.raises(ValueError, match="unknown model"):
+        memory_model.scale_config("13B")
 
 
 def test_scale_models_have_their_names_parameter_counts():
     for name, target in (("1B", 1e9), ("7B", 7e9), ("70B", 70e9)):
-        n = scaling.SCALE_MODELS[name].n_parameters
+        n = memory_model.SCALE_MODELS[name].n_parameters
         assert 0.9 * target < n < 1.1 * target, (name, n)
 
 
 def test_scale_table_16_bytes_per_parameter_and_checkpointing_shrinks_activations():
-    t = scaling.scale_table()
-    assert len(t) == len(scaling.SCALE_MODELS) * len(scaling.SCALE_RECIPES)
+    t = memory_model.scale_table()
+    assert len(t) == len(memory_model.SCALE_MODELS) * len(memory_model.SCALE_RECIPES)
     assert ((t["bytes/param"] - 16).abs() < 1e-3).all()  # 4 weights + 4 grads + 8 AdamW
     seven = t[t["model"] == "7B"].set_index("recipe")
-    n = scaling.SCALE_MODELS["7B"].n_parameters
+    n = memory_model.SCALE_MODELS["7B"].n_parameters
     assert seven.loc["fp32", "weights"] == pytest.approx(4 * n / 2**30)
     assert seven.loc["fp32", "AdamW state"] == pytest.approx(8 * n / 2**30, rel=1e-6)
     assert seven.loc["fp32", "weight copies"] == 0
@@ -133,39 +132,38 @@ def test_scale_table_16_bytes_per_parameter_and_checkpointing_shrinks_activation
     ckpt = seven.loc["bf16 autocast + full ckpt", "activations"]
     assert ckpt < 0.2 * seven.loc["bf16 autocast", "activations"]
     # a larger micro-batch raises activations, not the 16 bytes/param
-    t8 = scaling.scale_table(batch_size=8)
+    t8 = memory_model.scale_table(batch_size=8)
     assert (t8["activations"] > t["activations"]).all()
     assert (t8["weights"] == t["weights"]).all()
 
 
 @pytest.mark.parametrize("bad", [dict(n_layers=0), dict(d_model=100, n_heads=3),
-                                 dict(precision="fp8"), dict(checkpoint="every-99"),
                                  dict(attention="flash"), dict(vocab_size=0)])
-def test_gpt_shape_rejects_invalid_fields(bad):
-    kw = dict(name="x", n_layers=2, d_model=64, n_heads=2) | bad
+def test_model_shape_rejects_invalid_fields(bad):
+    kw = dict(n_layers=2, d_model=64, n_heads=2) | bad
     with pytest.raises(ValueError):
-        scaling.GPTShape(**kw)
+        ModelShape(**kw)
     with pytest.raises(ValueError):
-        scaling.estimate_at_scale(SMOKE)  # a RunConfig is not a GPTShape
+        memory_model.scale_table(models={})
     with pytest.raises(ValueError):
-        scaling.scale_table(models={})
+        memory_model.scale_config("7B", precision="fp8")
 
 
 def test_committed_results_reads_course_bench_output(tmp_path):
-    from course_utils.experiments import main
-    assert scaling.committed_results(tmp_path).empty
-    assert list(scaling.committed_results(tmp_path).columns)[:4] == ["run", "device", "size",
+    from course_utils.cli import main
+    assert results.committed_results(tmp_path).empty
+    assert list(results.committed_results(tmp_path).columns)[:4] == ["run", "device", "size",
                                                                     "config"]
     out = tmp_path / "Some-GPU-2026-01-01"
     assert main(["--size", "smoke", "--device", "cpu", "--precisions", "fp32",
                  "--steps", "1", "--out", str(out)]) == 0
-    df = scaling.committed_results(tmp_path)
+    df = results.committed_results(tmp_path)
     assert list(df["run"]) == ["Some-GPU-2026-01-01"] and list(df["config"]) == ["fp32"]
     assert df["peak MiB"].iloc[0] > 0 and df["time x"].iloc[0] == pytest.approx(1.0)
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "bench.json").write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="broken"):
-        scaling.committed_results(tmp_path)
+        results.committed_results(tmp_path)
     assert isinstance(df, pd.DataFrame)
 
 
@@ -186,9 +184,9 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     with pytest.raises(ValueError):
         plots.budget_chart([])
 
-    table = scaling.scale_table()
+    table = memory_model.scale_table()
     fig = plots.scale_chart(table, gpus={"24 GiB": 24})
-    assert len(fig.axes) == len(scaling.SCALE_MODELS)
+    assert len(fig.axes) == len(memory_model.SCALE_MODELS)
     assert fig.axes[0].get_xlim()[1] > 24  # the 1B panel reaches the 24 GiB line
     plt.close(fig)
 
@@ -202,19 +200,8 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     plt.close(fig)
 
     ledger = claims_table([Verdict("C2", "failed", "peak 0.8x <fp32>", "[03 §1](#1.-The-ladder)"),
-                           Verdict("C1", "untested", "no GPU", "01")])
+                           Verdict("C1", "not measured here", "no GPU", "01")])
     html = plots.styled_claims(ledger).to_html()
     assert '<a href="#1.-The-ladder">03 §1</a>' in html
     assert "&lt;fp32&gt;" in html  # evidence text is escaped, links are not
-    assert "#FFCDD2" in html and "#E0E0E0" in html  # failed red, untested grey
-
-
-def test_interleaved_tokens_per_s_times_each_configuration():
-    cfgs = [SMOKE.replace(precision="fp32"), SMOKE.replace(precision="bf16", checkpoint="full",
-                                                           grad_accum_steps=2)]
-    tps = scaling.interleaved_tokens_per_s(cfgs, rounds=2)
-    assert len(tps) == 2 and all(isinstance(v, float) and v > 0 for v in tps)
-    with pytest.raises(ValueError):
-        scaling.interleaved_tokens_per_s([])
-    with pytest.raises(ValueError):
-        scaling.interleaved_tokens_per_s(cfgs, rounds=0)
+    assert "#FFCDD2" in html  # failed red

@@ -1,4 +1,5 @@
-"""Unit tests of course_utils.precision (lesson 01's plumbing) and lesson 01's charts."""
+"""Unit tests of lesson 01's tools: number formats (course_utils.formats), the op dtype recorder
+(course_utils.recorder), gradient capture (course_utils.gradients), and lesson 01's charts."""
 import math
 
 import pandas as pd
@@ -10,9 +11,11 @@ from course_utils.config import config_for
 from course_utils.data import get_batch
 from course_utils.measure import SavedTensorMeter, measure_saved
 from course_utils.models import build_model
-from course_utils.precision import (FORMATS, OpDtypeRecorder, bits, capture_gradients, cast_table,
-                                    format_info, format_table, log2_histogram, resolve_dtype,
-                                    saved_by_dtype, short_dtype, underflow_stats, underflow_table)
+from course_utils.formats import (FORMATS, bits, cast_table, format_info, format_table,
+                                  log2_histogram, resolve_dtype, short_dtype, underflow_stats,
+                                  underflow_table)
+from course_utils.gradients import capture_gradients
+from course_utils.recorder import OpDtypeRecorder
 
 FP16_SUB = 2.0 ** -24          # fp16's smallest subnormal (IEEE 754 binary16)
 
@@ -247,12 +250,12 @@ def test_underflow_table_layout():
         underflow_table(groups, [])
 
 
-def test_saved_by_dtype_adds_up_to_the_meter():
+def test_saved_bytes_by_dtype_add_up_to_the_meter():
     cfg = config_for("smoke")
     model = build_model(cfg)
     x, y = get_batch(cfg.batch_size, cfg.seq_len)
     meter = measure_saved(model, x, y, "bf16")
-    t = saved_by_dtype(meter)
+    t = meter.by_dtype()
     totals = meter.totals()
     for bucket, n in totals.items():
         assert t.loc[bucket, "bytes"].sum() == n
@@ -261,7 +264,7 @@ def test_saved_by_dtype_adds_up_to_the_meter():
     assert acts.loc["bf16", "bytes"] > 0 and acts.loc["fp32", "bytes"] > 0
     assert set(t.loc["autocast_weight_copies"].index) == {"bf16"}
     with pytest.raises(ValueError):
-        saved_by_dtype(SavedTensorMeter(model))
+        SavedTensorMeter(model).by_dtype()
 
 
 # ---------------------------------------------------------------- lesson 01 charts

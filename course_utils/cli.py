@@ -1,0 +1,133 @@
+"""``course-bench``: the course's comparison, headless, planned for this machine.
+
+It runs `course_utils.experiments.ladder` (or a grid of precisions x checkpoint policies) with
+`course_utils.experiments.compare` and prints one table: measured step time (noise-aware ratios),
+tokens/s, peak allocated memory and saved-tensor bytes, each next to the analytic estimate.
+``--out DIR`` writes ``bench.json`` and ``bench.png``. Every argument, the output folder
+included, is checked before anything is measured.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .config import PRECISIONS, SIZE_PROFILES, config_for, size_profile
+
+__all__ = ["main"]
+
+
+def _parse_list(text: str, valid=None, what="value") -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"no {what} given")
+    if valid is not None:
+        bad = [t for t in items if t not in valid]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {bad}: expected {', '.join(valid)}")
+    return items
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="course-bench",
+        description="Train the course's byte-level transformer on real text in the "
+                    "configurations this machine should compare (fp32, the recommended "
+                    "precision, activation checkpointing full and selective); print measured "
+                    "step time, peak memory and saved-activation bytes next to the analytic "
+                    "estimate.")
+    p.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
+                   help="size profile (default: $COURSE_SIZE, else chosen from the hardware)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best)")
+    p.add_argument("--precisions", type=lambda s: _parse_list(s, PRECISIONS, "precision"),
+                   default=None, help="comma-separated, e.g. fp32,bf16 (with --policies: a grid)")
+    p.add_argument("--policies", type=lambda s: _parse_list(s, None, "policy"), default=None,
+                   help="comma-separated checkpoint policies: none, full, every-K, segments:N, "
+                        "selective, memory-budget:B")
+    p.add_argument("--steps", type=_positive_int, default=None,
+                   help="timed rounds (default: as many as fit in the size's time budget)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds of timed steps (default: per size profile)")
+    p.add_argument("--batch-size", type=_positive_int, default=None)
+    p.add_argument("--seq-len", type=_positive_int, default=None)
+    p.add_argument("--out", type=Path, default=None, help="folder for bench.json and bench.png")
+    p.add_argument("--force", action="store_true",
+                   help="run configurations that would be refused (fp16 on a CPU, emulated bf16 "
+                        "on a GPU, an estimated peak above the free memory)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``course-bench``. Exit status 0 on success, 2 on bad arguments or a refused
+    configuration (nothing is measured then)."""
+    from .experiments import compare, ladder, summary
+    from .hardware import check_feasible, detect, recommend_precision, report, use_threads
+    args = _parser().parse_args(argv)
+    try:
+        if args.out is not None:
+            from .results import check_out_dir
+            check_out_dir(args.out)
+        if args.budget is not None and not args.budget > 0:
+            raise ValueError(f"--budget must be > 0 seconds, got {args.budget}.")
+        size = args.size or size_profile()
+        overrides = {k: v for k, v in (("device", args.device), ("batch_size", args.batch_size),
+                                       ("seq_len", args.seq_len)) if v is not None}
+        base = config_for(size, **overrides)
+        hw = detect(base.device)
+        if args.precisions or args.policies:
+            precs = args.precisions or ["fp32", recommend_precision(hw).low]
+            pols = args.policies or ["none"]
+            configs = [base.replace(precision="fp32", checkpoint="none")]
+            configs += [base.replace(precision=pr, checkpoint=po) for pr in precs for po in pols
+                        if not (pr == "fp32" and po == "none")]
+        else:
+            configs = ladder(base, hw)
+        for cfg in configs:
+            check_feasible(cfg, hw, force=args.force)
+    except ValueError as e:
+        print(f"course-bench: {e}", file=sys.stderr)
+        return 2
+
+    threads = use_threads()
+    print(f"course-bench: size '{size}': {base.n_layers} layers, d_model {base.d_model}, "
+          f"{base.n_heads} heads, seq {base.seq_len}, batch {base.batch_size}; threads: "
+          f"{threads.threads} ({threads.reason})")
+    print(report(hw))
+    df = compare(configs, budget_s=args.budget, steps=args.steps, force=args.force, hw=hw)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(summary(df).to_string())
+    print("time vs first: the median of per-round step-time ratios to the first row, shown only "
+          "outside the noise (its interquartile band excludes 1); peak x, saved x: ratio to the "
+          "first row. est: the analytic estimate (course_utils.memory_model). saved = "
+          "activations + autocast weight copies + logits.")
+    for note in sorted(set(n for n in df["notes"] if n)):
+        print(f"note: {note}")
+    if args.out:
+        from .plots import comparison_chart
+        from .results import bench_rows, write_bench
+        rec = recommend_precision(hw)
+        payload = {"command": "course-bench " + " ".join(sys.argv[1:] if argv is None else argv),
+                   "size": size, "hardware": hw.as_dict(), "threads": threads.threads,
+                   "recommendation": {"precision": rec.precision, "grad_scaler": rec.grad_scaler,
+                                      "reason": rec.reason},
+                   "rows": bench_rows(df)}
+        fig = comparison_chart(df, title=f"{hw.name}, size '{size}'")
+        paths = write_bench(args.out, payload, fig)
+        print("wrote " + " and ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Benchmark results on disk: ``bench.json`` as ``course-bench --out`` writes it, and the runs
+committed under ``results/`` (GPU runs, lesson timings) as the lessons read them.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .config import MiB
+
+__all__ = ["committed_results", "find_results", "bench_rows", "check_out_dir", "write_bench"]
+
+_RESULT_COLUMNS = ["run", "device", "size", "config", "step ms", "time x", "peak MiB", "peak x",
+                   "saved MiB"]
+
+
+def find_results(start: Path) -> Path | None:
+    for folder in (start, *start.parents):
+        if (folder / "results").is_dir():
+            return folder / "results"
+    return None
+
+
+def committed_results(folder: str | Path | None = None) -> pd.DataFrame:
+    """The GPU runs committed under ``results/*/bench.json`` (``course-bench --out``), one row
+    per configuration.
+
+    Args:
+        folder: the ``results`` folder (default: ``results/`` in the working directory or the
+            nearest parent that has one).
+
+    Returns:
+        Columns ``run`` (the run's folder name), ``device``, ``size``, ``config``, ``step ms``,
+        ``time x``, ``peak MiB``, ``peak x``, ``saved MiB``; empty (same columns) when there is
+        no run.
+
+    Raises:
+        ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
+    """
+    root = Path(folder) if folder is not None else find_results(Path.cwd())
+    rows = []
+    for path in sorted(root.glob("*/bench.json")) if root is not None and root.is_dir() else []:
+        try:
+            payload = json.loads(path.read_text())
+            hw = payload["hardware"]
+            for r in payload["rows"]:
+                meas, ratios = r["measured"], r["ratios"]
+                rows.append({
+                    "run": path.parent.name, "device": hw.get("name"),
+                    "size": payload.get("size"), "config": r["label"],
+                    "step ms": None if meas.get("step_time_s") is None
+                    else meas["step_time_s"] * 1e3,
+                    "time x": ratios.get("time_ratio"),
+                    "peak MiB": None if meas.get("peak_allocated") is None
+                    else meas["peak_allocated"] / MiB,
+                    "peak x": ratios.get("peak_ratio"),
+                    "saved MiB": None if meas.get("saved_total") is None
+                    else meas["saved_total"] / MiB})
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path} is not course-bench output ({e!r}).") from e
+    return pd.DataFrame(rows, columns=_RESULT_COLUMNS)
+
+
+def bench_rows(df: pd.DataFrame) -> list[dict]:
+    """`course_utils.experiments.compare`'s table as ``bench.json`` rows: per configuration its
+    ``label``, ``config``, ``measured`` and ``estimated`` bytes and seconds, ``ratios``,
+    ``time_verdict``, ``emulated``, ``oom``, ``error``, ``notes`` (JSON-ready: NaN -> None)."""
+    from .measure import MEMORY_FIELDS
+    rows = []
+    for rec in df.to_dict(orient="records"):
+        c = {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in rec.items()}
+        measured = {f: c[f] for f in MEMORY_FIELDS + ("saved_total",)}
+        measured.update({k: c[k] for k in ("peak_reserved", "peak_method", "step_time_s",
+                                            "step_time_iqr_s", "tokens_per_s", "timing")})
+        estimated = {f: c[f"est_{f}"] for f in MEMORY_FIELDS + ("saved_total",)}
+        estimated["recompute"] = c["est_recompute"]
+        config = {k: c[k] for k in ("precision", "checkpoint", "compile", "batch_size",
+                                    "seq_len", "n_layers", "d_model", "n_heads",
+                                    "grad_accum_steps", "device")}
+        rows.append({"label": c["label"], "config": config, "measured": measured,
+                     "estimated": estimated,
+                     "ratios": {k: c[k] for k in ("time_ratio", "time_ratio_low",
+                                                  "time_ratio_high", "peak_ratio",
+                                                  "saved_ratio")},
+                     "time_verdict": c["time_verdict"], "emulated": bool(c["emulated"]),
+                     "oom": bool(c["oom"]), "error": c["error"], "notes": c["notes"]})
+    return rows
+
+
+def check_out_dir(folder: str | Path) -> Path:
+    """Check, before any work, that ``folder`` can receive result files: it is a folder or
+    can be made as one, and it is writable.
+
+    Raises:
+        ValueError: ``folder`` is an existing file, its parent is missing or not a folder, or
+            it is not writable (the message says which).
+    """
+    import os
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is an existing file, not a folder.")
+    parent = out if out.exists() else out.parent
+    if not parent.exists():
+        raise ValueError(f"--out {str(out)!r}: its parent folder {str(parent)!r} does not exist.")
+    if not parent.is_dir():
+        raise ValueError(f"--out {str(out)!r}: {str(parent)!r} is not a folder.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {str(out)!r}: {str(parent)!r} is not writable.")
+    return out
+
+
+def write_bench(folder: str | Path, payload: dict, figure=None) -> list[Path]:
+    """Write ``bench.json`` (``payload``) and, if given, ``bench.png`` (``figure``) into
+    ``folder`` (made if missing); returns the paths written.
+
+    Raises:
+        ValueError: as `check_out_dir`.
+    """
+    out = check_out_dir(folder)
+    out.mkdir(exist_ok=True)
+    paths = [out / "bench.json"]
+    paths[0].write_text(json.dumps(payload, indent=2, default=str))
+    if figure is not None:
+        paths.append(out / "bench.png")
+        figure.savefig(paths[1], dpi=120, bbox_inches="tight")
+    return paths

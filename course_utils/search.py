@@ -1,0 +1,253 @@
+"""The largest micro-batch of a configuration that fits a memory budget, found with few
+measurements (lesson 03, claim C20).
+
+`largest_batch` lets the analytic estimate (`course_utils.memory_model.estimate`) predict the
+answer, measures it (`course_utils.measure.measure`), and steers the next guess from the measured
+peaks. On a CUDA GPU the budget is also enforced by the allocator
+(``torch.cuda.set_per_process_memory_fraction``): a batch that needs more raises an
+out-of-memory error, which `measure` catches, and counts as "does not fit". On a CPU nothing runs
+out of memory at these sizes, so the budget is applied to the measured peak (the profiler's).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import GiB, RunConfig, device_kind
+from .hardware import MemoryRefused
+from .measure import Measurement, measure
+from .memory_model import estimate
+
+__all__ = ["Probe", "BatchSearch", "largest_batch", "memory_budget"]
+
+@dataclass(frozen=True)
+class Probe:
+    """One measured batch size of a `largest_batch` search.
+
+    Attributes:
+        batch_size: micro-batch (sequences).
+        peak_allocated: measured peak allocated bytes of one training step (None after an
+            out-of-memory error).
+        estimated_peak: `memory_model.estimate`'s peak for the same configuration (bytes).
+        fits: the step ran and its measured peak is at most the budget.
+        oom: the step ran out of device memory (CUDA).
+        step_time_s: median step time (seconds) of the timed steps, None if not timed.
+        tokens_per_s: tokens per optimizer step / step time.
+    """
+
+    batch_size: int
+    peak_allocated: int | None
+    estimated_peak: int
+    fits: bool
+    oom: bool
+    step_time_s: float | None
+    tokens_per_s: float | None
+
+
+@dataclass
+class BatchSearch:
+    """The result of `largest_batch` for one configuration.
+
+    Attributes:
+        config: the configuration searched (its ``batch_size`` is the one it started from).
+        budget_bytes: the memory budget (bytes).
+        batch_size: the largest micro-batch that fits (0 if not even 1 fits).
+        measurement: the `Measurement` at ``batch_size`` (None if nothing fits).
+        probes: every measured batch, in the order measured.
+        method: how "fits" was decided on this device, in words.
+        estimated: ``[(batch, estimated peak bytes), ...]`` for batches 1 .. the largest probed
+            plus one (`memory_model.estimate`; for charts).
+    """
+
+    config: RunConfig
+    budget_bytes: int
+    batch_size: int
+    measurement: Measurement | None
+    probes: list = field(default_factory=list)
+    method: str = ""
+    estimated: list = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens/s measured at the largest fitting batch (None if nothing fits)."""
+        return None if self.measurement is None else self.measurement.tokens_per_s
+
+    @property
+    def label(self) -> str:
+        """The configuration's label without its batch (e.g. ``bf16+full``)."""
+        return self.config.label
+
+    def as_row(self) -> dict:
+        """A flat dict for a table: label, largest batch, its peak (bytes), budget, time, tokens/s,
+        number of measurements."""
+        m = self.measurement
+        return {"config": self.label, "largest batch": self.batch_size,
+                "tokens/step": self.batch_size * self.config.seq_len * self.config.grad_accum_steps,
+                "peak_allocated": None if m is None else m.peak_allocated,
+                "budget_bytes": self.budget_bytes,
+                "step_time_s": None if m is None else m.step_time_s,
+                "tokens_per_s": self.tokens_per_s, "measurements": len(self.probes)}
+
+
+def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
+    """A memory budget in bytes: ``fraction`` of the GPU memory free right now.
+
+    Reads ``torch.cuda.mem_get_info`` (free bytes as the driver sees them: other processes and
+    this process's CUDA context are already subtracted).
+
+    Raises:
+        ValueError: ``fraction`` outside (0, 1], or ``device`` is not an available CUDA device
+            (a CPU has no device memory to budget: apply a budget to a measured peak instead).
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}.")
+    if device_kind(device) != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"memory_budget reads free GPU memory, and device {device!r} is not an "
+                         "available CUDA device; on a CPU pass a budget in bytes (e.g. a "
+                         "measured peak) to largest_batch instead.")
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free * fraction)
+
+
+def _predict_largest(config: RunConfig, budget: int, max_batch: int) -> int:
+    """Largest b in 1..max_batch with estimate(b).peak <= budget (0 if none).
+
+    The estimated peak never decreases with the batch (every activation term is proportional
+    to it), so a bisection over b is exact."""
+    def fits(b):
+        return estimate(config.replace(batch_size=b)).peak_allocated <= budget
+    if not fits(1):
+        return 0
+    lo, hi = 1, max_batch + 1  # fits(lo) is True; hi is past the range
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _estimated_slope(config: RunConfig) -> float:
+    """Estimated bytes per extra sequence of the batch, where activations dominate the peak."""
+    m = 4096
+    return max(1.0, (estimate(config.replace(batch_size=2 * m)).peak_allocated
+                     - estimate(config.replace(batch_size=m)).peak_allocated) / m)
+
+
+def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, steps: int = 3,
+                  warmup: int = 1, guided_probes: int = 4) -> BatchSearch:
+    """The largest micro-batch of ``config`` whose measured step fits in ``budget_bytes``.
+
+    Search (few measurements): the analytic estimate predicts the largest batch and that batch
+    is measured with `course_utils.measure.measure` (memory and ``steps`` timed steps). Peak
+    memory grows about linearly with the batch, so each next guess is a secant step from the
+    measured peaks nearest the budget, never flatter than the estimate's bytes per sequence.
+    The search stops when a fitting batch ``b`` and a non-fitting ``b + 1`` are both measured
+    (or ``b == max_batch``). After ``guided_probes`` guided measurements it falls back to
+    doubling (while no failing batch is known) and bisection, so it always ends. It typically
+    takes two or three measurements.
+
+    "Fits" means: no out-of-memory error and a measured peak allocated at most the budget.
+    On CUDA the allocator is limited to the budget during the search
+    (``torch.cuda.set_per_process_memory_fraction``, restored afterwards), so a batch that
+    needs more raises and is caught by `measure`. On a CPU the budget is applied to the
+    measured peak (parameters + optimizer state + the profiler's peak over one step).
+
+    Args:
+        config: the configuration (its ``batch_size`` is ignored; accumulation is kept).
+        budget_bytes: memory budget in bytes (> 0).
+        max_batch: the largest batch tried (>= 1).
+        steps: timed steps per measurement (>= 1): tokens/s at the answer comes from these.
+        warmup: optimizer steps before measuring (>= 1: AdamW's state must exist).
+        guided_probes: estimate-guided measurements before doubling/bisection (>= 1).
+
+    Returns:
+        A `BatchSearch`; ``batch_size`` 0 if even a batch of 1 does not fit.
+
+    Raises:
+        ValueError: a non-positive budget, ``max_batch``, ``steps``, ``warmup`` or
+            ``guided_probes``; a device without a peak-memory counter (MPS); a configuration
+            `measure` refuses.
+    """
+    for name, v in (("budget_bytes", budget_bytes), ("max_batch", max_batch), ("steps", steps),
+                    ("warmup", warmup), ("guided_probes", guided_probes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+    kind = device_kind(config.device)
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"largest_batch needs a peak-memory counter; device {config.device!r} "
+                         "has none (use 'cpu' or 'cuda').")
+    if kind == "cuda":
+        dev = torch.device(config.device)
+        total = torch.cuda.get_device_properties(dev).total_memory
+        method = (f"CUDA: allocator limited to the budget ({budget_bytes / GiB:.2f} GiB of "
+                  f"{total / GiB:.1f} GiB); a batch fits if its step raises no out-of-memory "
+                  "error and max_memory_allocated <= budget")
+    else:
+        method = ("CPU: a batch fits if its measured peak (parameters + optimizer state + "
+                  "profiler peak over one step) <= budget")
+
+    probes: dict[int, Probe] = {}
+    results: dict[int, Measurement] = {}
+    lo, hi = 0, max_batch + 1  # lo: largest batch known to fit; hi: smallest known not to
+
+    def probe(b: int) -> bool:
+        cfg = config.replace(batch_size=b)
+        try:
+            m = measure(cfg, steps=steps, warmup=warmup)
+        except MemoryRefused as refused:  # its estimate exceeds the memory free here
+            m = Measurement(config=cfg, oom=True, error=str(refused))
+        fits = (not m.oom) and m.peak_allocated is not None and m.peak_allocated <= budget_bytes
+        probes[b] = Probe(b, m.peak_allocated, estimate(cfg).peak_allocated, fits, m.oom,
+                          m.step_time_s, m.tokens_per_s)
+        results[b] = m
+        return fits
+
+    def next_guess(b: int) -> int:
+        """Secant step towards the budget from the measured peaks nearest it."""
+        pts = sorted((p.batch_size, p.peak_allocated) for p in probes.values()
+                     if p.peak_allocated is not None)
+        if not pts or probes[b].peak_allocated is None:  # OOM without a peak: bisect
+            return (lo + hi) // 2
+        near = sorted(pts, key=lambda q: abs(q[1] - budget_bytes))[:2]
+        slope = ((near[0][1] - near[1][1]) / (near[0][0] - near[1][0])
+                 if len(near) == 2 and near[0][0] != near[1][0] else 0)
+        # At small batches the peak can sit in the optimizer step, flat in the batch; the
+        # estimate's bytes per sequence where activations dominate keeps the step from
+        # overshooting there.
+        slope = max(slope, est_slope)
+        guess = b + math.floor((budget_bytes - probes[b].peak_allocated) / slope)
+        if probes[b].fits and guess <= b:
+            guess = b + 1  # no room predicted: check the next batch up
+        return guess
+
+    est_slope = _estimated_slope(config)
+    limited = False
+    try:
+        if kind == "cuda":
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), dev)
+            limited = True
+        b = max(1, _predict_largest(config, budget_bytes, max_batch))
+        guided = 0
+        while hi - lo > 1:
+            if guided >= guided_probes or not lo < b < hi or b in probes:
+                # no upper bound measured yet: double; else bisect
+                b = min(2 * lo, max_batch) if hi > max_batch and lo > 0 else (lo + hi) // 2
+            guided += 1
+            if probe(b):
+                lo = b
+            else:
+                hi = b
+            b = min(max(next_guess(b), lo + 1), hi - 1)
+    finally:
+        if limited:
+            torch.cuda.set_per_process_memory_fraction(1.0, dev)
+            torch.cuda.empty_cache()
+    top = min(max(probes) + 1, max_batch) if probes else 1
+    curve = [(b, estimate(config.replace(batch_size=b)).peak_allocated) for b in range(1, top + 1)]
+    return BatchSearch(config=config, budget_bytes=budget_bytes, batch_size=lo,
+                       measurement=results.get(lo), probes=list(probes.values()), method=method,
+                       estimated=curve)

@@ -1,0 +1,165 @@
+"""The noise rule (course_utils.timing) and the verdict engine (course_utils.claims): every rule
+gets numbers that make its claim hold and numbers that make it fail, and no time verdict is
+drawn inside the measured noise."""
+import pytest
+
+from course_utils.claims import CLAIMS, STATUSES, Verdict, claims_table, verdict
+from course_utils.hardware import HardwareInfo
+from course_utils.timing import interleaved, steps_for_budget, time_ratio
+
+A100 = HardwareInfo(device="cuda", name="A100", compute_capability=(8, 0), native_bf16=True,
+                    fp16_fast=True)
+T4 = HardwareInfo(device="cuda", name="Tesla T4", compute_capability=(7, 5), fp16_fast=True,
+                  bf16_emulated=True)
+H100 = HardwareInfo(device="cuda", name="H100", compute_capability=(9, 0), native_bf16=True,
+                    fp16_fast=True)
+CPU = HardwareInfo(device="cpu", name="AVX2 CPU", cpu_features={"avx2": True}, bf16_emulated=True)
+
+
+def ratio(r, spread=0.02, rounds=9, size="cpu", emulated=False):
+    """A TimeRatio whose per-round ratios are r +- spread (reference 1 s)."""
+    ts = [r + spread * ((i % 3) - 1) for i in range(rounds)]
+    return time_ratio(ts, [1.0] * rounds, size=size, emulated=emulated)
+
+
+# --- the noise rule ---------------------------------------------------------------------
+
+def test_time_ratio_is_within_noise_when_its_band_contains_one():
+    assert ratio(1.30).verdict == "slower" and ratio(1.30).settled
+    assert ratio(0.70).verdict == "faster"
+    assert ratio(1.01, spread=0.05).verdict == "within noise"  # 1.01 +- 0.05 contains 1
+    assert not ratio(1.01, spread=0.05).settled
+    assert ratio(1.30, size="smoke").verdict == "inconclusive at this size"
+    assert ratio(17.0, emulated=True).verdict == "emulated"
+    assert time_ratio([], [1.0]).verdict == "not timed"
+    one = time_ratio([1.1], [1.0], size="cpu")  # one round: no band
+    assert one.verdict == "inconclusive at this size" and one.low is None
+    assert time_ratio([3.0], [1.0], size="cpu").verdict == "slower"  # beyond 2x even unpaired
+    assert "within noise" in ratio(1.0, spread=0.1).describe()
+
+
+def test_paired_rounds_cancel_a_load_change_that_hits_both():
+    """The machine slows down 3x half-way: per-round ratios stay put, the medians would not."""
+    ref = [1.0] * 5 + [3.0] * 5
+    ck = [1.3] * 5 + [3.9] * 5
+    r = time_ratio(ck, ref, size="cpu")
+    assert r.ratio == pytest.approx(1.3) and r.verdict == "slower"
+
+
+def test_budget_and_interleaving():
+    assert steps_for_budget(0.1, 1.0) == 10
+    assert steps_for_budget(10, 1.0) == 3 and steps_for_budget(1e-6, 1.0) == 50
+    with pytest.raises(ValueError):
+        steps_for_budget(0, 1.0)
+    calls = []
+    times = interleaved([lambda: calls.append("a"), lambda: calls.append("b")], rounds=4)
+    assert calls == ["a", "b"] * 4 and [len(t) for t in times] == [4, 4]
+    times = interleaved([lambda: None], budget_s=0.01)
+    assert 3 <= len(times[0]) <= 50
+    with pytest.raises(ValueError):
+        interleaved([lambda: None])  # neither a budget nor rounds
+    with pytest.raises(ValueError):
+        interleaved([lambda: None], 1.0, rounds=2)  # both
+
+
+# --- one rule per claim: hold and fail --------------------------------------------------
+
+CASES = {
+    "C1": (dict(hw=A100, bf16_time=ratio(0.55)), dict(hw=A100, bf16_time=ratio(0.9))),
+    "C2": (dict(peak_ratio=0.52), dict(peak_ratio=0.79, activations_ratio=0.56)),
+    "C3": (dict(compile_time=ratio(0.6)), dict(compile_time=ratio(0.9))),
+    "C4": (dict(peak_ratio=0.4, saved_ratio=0.1), dict(peak_ratio=0.9, saved_ratio=0.8)),
+    "C5": (dict(full_time=ratio(1.25), flops_ratio=1.22), dict(full_time=ratio(1.75))),
+    "C6": (dict(plain_growth=4.0, sqrt_growth=2.0, best_segments=4, sqrt_segments=4),
+           dict(plain_growth=4.0, sqrt_growth=3.9, best_segments=16, sqrt_segments=4)),
+    "C7": (dict(full_time=ratio(0.8)), dict(full_time=ratio(1.3))),
+    "C8": (dict(kept_bytes=10, expected_bytes=12), dict(kept_bytes=10, expected_bytes=10)),
+    "C9": (dict(bytes_per_param=16.0, overheads={"a": 0.25}),
+           dict(bytes_per_param=18.0, overheads={"a": 0.25})),
+    "C10": (dict(n_params=7e9), dict(n_params=7e9)),  # see test_c10_is_derived
+    "C11": (dict(flushed_unscaled=0.05, flushed_scaled=0.0, scale=65536.0),
+            dict(flushed_unscaled=0.05, flushed_scaled=0.04, scale=65536.0)),
+    "C12": (dict(backoffs_ok=[True, True], growth_after=[5, 5], growth_interval=5),
+            dict(backoffs_ok=[True, False], growth_after=[5], growth_interval=5)),
+    "C13": (dict(same_range=True, flushed_bf16=0.0, val_loss_gap=0.004),
+            dict(same_range=True, flushed_bf16=0.0, val_loss_gap=0.08)),
+    "C14": (dict(reentrant_lost_grads=True, reentrant_failures=("kwargs", "autograd.grad")),
+            dict(reentrant_lost_grads=False, reentrant_failures=())),
+    "C15": (dict(naive_extra_slope=2.0, sdpa_slope=2.0), dict(naive_extra_slope=1.0,
+                                                              sdpa_slope=1.0)),
+    "C16": (dict(hw=A100, bf16_vs_fp16=1.0), dict(hw=T4, bf16_vs_fp16=1.0)),
+    "C17": (dict(grad_rel_err=1e-7, undivided_ratio=4.0, k=4, extra_peak_bytes=100,
+                 grad_buffer_bytes=100, peak_vs_big=0.3),
+            dict(grad_rel_err=1e-7, undivided_ratio=4.0, k=4, extra_peak_bytes=500,
+                 grad_buffer_bytes=100, peak_vs_big=1.1)),
+    "C18": (dict(clip_saw_ratio=65536.0, scale=65536.0, sgd_update_ratio=1.5e-5,
+                 adamw_update_ratio=0.5), dict(clip_saw_ratio=1.0, scale=65536.0)),
+    "C19": (dict(hw=H100, fp8_time=ratio(0.6)), dict(hw=H100, fp8_time=ratio(1.1))),
+    "C20": (dict(per_token_time=ratio(0.8)), dict(per_token_time=ratio(1.3))),
+}
+
+
+@pytest.mark.parametrize("claim", [c for c in CLAIMS if c not in ("C8", "C10")])
+def test_each_rule_holds_and_fails(claim):
+    held, failed = CASES[claim]
+    v = verdict(claim, where="test", **held)
+    assert isinstance(v, Verdict) and v.status == "held", v
+    assert v.evidence and any(ch.isdigit() for ch in v.evidence), "evidence carries numbers"
+    assert verdict(claim, **failed).status == "failed", verdict(claim, **failed)
+
+
+def test_c8_fails_when_only_block_inputs_are_kept():
+    assert verdict("C8", kept_bytes=10, expected_bytes=10).status == "failed"
+    assert verdict("C8", batch_ratio=2.0).status == "failed"
+    assert verdict("C8", kept_bytes=10, expected_bytes=12).status == "inconclusive"
+    with pytest.raises(ValueError):
+        verdict("C8")
+
+
+def test_c10_is_derived():
+    v = verdict("C10", n_params=7e9)
+    assert v.status == "failed" and v.basis == "derived" and "56 GB" in v.evidence
+    assert verdict("C10", n_params=7e9 * 84 / 56 * 56 / 84).basis == "derived"
+
+
+def test_time_claims_are_never_decided_inside_the_noise():
+    for claim, key in (("C1", "bf16_time"), ("C3", "compile_time"), ("C5", "full_time"),
+                       ("C7", "full_time"), ("C19", "fp8_time"), ("C20", "per_token_time")):
+        held = dict(CASES[claim][0])
+        held[key] = ratio(1.0, spread=0.1)
+        assert verdict(claim, **held).status == "inconclusive", claim
+        held[key] = ratio(1.3, size="smoke")
+        assert verdict(claim, **held).status == "inconclusive", claim
+
+
+def test_hardware_claims_say_why_not_measured_here():
+    v = verdict("C1", hw=CPU, bf16_time=ratio(3.4, emulated=True))
+    assert v.status == "not measured here" and "Ampere" in v.evidence and "3.40x" in v.evidence
+    assert verdict("C16", hw=CPU, recipe="fp32").status == "not measured here"
+    assert verdict("C16", hw=A100).status == "not measured here"  # on CUDA, but not timed
+    v = verdict("C19", hw=CPU, why_not="no FP8 tensor cores: this is a CPU")
+    assert v.status == "not measured here" and "FP8" in v.evidence
+    with pytest.raises(ValueError, match="why not"):
+        verdict("C19", hw=CPU)
+    with pytest.raises(ValueError, match="why not"):
+        verdict("C3")
+
+
+def test_depends_where_the_numbers_show_it():
+    assert verdict("C4", peak_ratio=0.64, saved_ratio=0.1).status == "depends"
+    assert verdict("C7", full_time=ratio(1.3), per_token_time=ratio(0.8)).status == "depends"
+    assert verdict("C15", naive_extra_slope=2.0, sdpa_slope=1.0).status == "depends"
+    assert verdict("C11", flushed_unscaled=0.0, flushed_scaled=0.0, scale=1.0).status == "depends"
+
+
+def test_engine_errors_and_table():
+    with pytest.raises(ValueError, match="unknown claim"):
+        verdict("C99")
+    with pytest.raises(TypeError):
+        verdict("C2", peak=0.5)  # an input the rule does not take
+    with pytest.raises(ValueError):
+        Verdict("C2", "untested", "x")
+    table = claims_table([verdict("C2", peak_ratio=0.9), verdict("C1", hw=CPU),
+                          verdict("C2", peak_ratio=0.5)])
+    assert list(table.index) == ["C1", "C2"] and table.loc["C2", "status"] == "held"
+    assert set(table["status"]) <= set(STATUSES)
