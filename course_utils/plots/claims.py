@@ -1,0 +1,31 @@
+"""The claims ledger as a coloured HTML table.
+"""
+from __future__ import annotations
+
+_STATUS_STYLE = {"held": "background-color: #C8E6C9", "failed": "background-color: #FFCDD2",
+                 "depends": "background-color: #FFE0B2", "untested": "background-color: #E0E0E0"}
+
+
+def styled_claims(table):
+    """`course_utils.claims.claims_table` as an HTML table: status coloured (held green, failed
+    red, depends orange, untested grey), markdown links ``[text](href)`` in ``where`` made
+    clickable, text left-aligned.
+
+    Returns:
+        A ``pandas.io.formats.style.Styler`` (display it as a cell's last expression).
+    """
+    import html
+    import re
+
+    def links(text):
+        text = html.escape(str(text))
+        return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', text)
+
+    view = table.copy()
+    view["where"] = [links(w) for w in view["where"]]
+    view["says"] = [html.escape(str(s)) for s in view["says"]]
+    view["evidence"] = [html.escape(str(s)) for s in view["evidence"]]
+    return (view.style
+            .map(lambda s: _STATUS_STYLE.get(s, ""), subset=["status"])
+            .set_properties(**{"text-align": "left", "vertical-align": "top"})
+            .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}]))
