@@ -1,9 +1,13 @@
-"""The claims ledger as a coloured HTML table.
+"""The claims ledger as a coloured HTML table (a pandas Styler, not a figure).
 """
 from __future__ import annotations
 
-_STATUS_STYLE = {"held": "background-color: #C8E6C9", "failed": "background-color: #FFCDD2",
-                 "depends": "background-color: #FFE0B2", "untested": "background-color: #E0E0E0"}
+import html
+import re
+from types import MappingProxyType
+
+_STATUS_STYLE = MappingProxyType({"held": "background-color: #C8E6C9", "failed": "background-color: #FFCDD2",
+                 "depends": "background-color: #FFE0B2", "untested": "background-color: #E0E0E0"})
 
 
 def styled_claims(table):
@@ -11,11 +15,18 @@ def styled_claims(table):
     red, depends orange, untested grey), markdown links ``[text](href)`` in ``where`` made
     clickable, text left-aligned.
 
+    Args:
+        table: columns ``says``, ``status``, ``evidence``, ``where`` (one row per claim).
+
     Returns:
         A ``pandas.io.formats.style.Styler`` (display it as a cell's last expression).
+
+    Raises:
+        ValueError: no rows, or a column above missing.
     """
-    import html
-    import re
+    need = {"says", "status", "evidence", "where"}
+    if len(table) == 0 or need - set(table.columns):
+        raise ValueError(f"styled_claims needs a claims_table() with rows and columns {sorted(need)}.")
 
     def links(text):
         text = html.escape(str(text))

@@ -4,8 +4,9 @@ gradient histograms against a format's limits, GradScaler's trace, loss curves.
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-from ._style import _FORMAT_COLORS
+from ._style import FORMAT_COLORS, new_figure, with_size
 
 
 def format_range_chart(table, title: str = "what each format can represent"):
@@ -14,6 +15,7 @@ def format_range_chart(table, title: str = "what each format can represent"):
     Args:
         table: `course_utils.precision.format_table()` (columns ``smallest subnormal``,
             ``smallest normal``, ``max``, ``eps``; indexed by format name).
+        title: the axes title (a property of the formats, not a measurement: no size).
 
     The solid part of a bar is the normal range [smallest normal, max]; the light part the
     subnormal range [smallest subnormal, smallest normal) where precision thins out. Each bar is
@@ -25,19 +27,17 @@ def format_range_chart(table, title: str = "what each format can represent"):
     Raises:
         ValueError: ``table`` lacks one of the columns above or has no rows.
     """
-    from matplotlib.figure import Figure
-
     need = {"smallest subnormal", "smallest normal", "max", "eps"}
     if len(table) == 0 or not need <= set(table.columns):
         raise ValueError(f"format_range_chart needs a format_table() with columns {sorted(need)}.")
     names = list(table.index)[::-1]
-    fig = Figure(figsize=(9, 0.55 * len(names) + 1.6))
+    fig = new_figure(figsize=(9, 0.55 * len(names) + 1.6))
     ax = fig.subplots()
     for y, name in enumerate(names):
         r = table.loc[name]
         lo, mid, hi = (np.log10(float(r[c])) for c in ("smallest subnormal", "smallest normal",
                                                        "max"))
-        c = _FORMAT_COLORS.get(name, "#937860")
+        c = FORMAT_COLORS.get(name, "#937860")
         ax.barh(y, mid - lo, left=lo, color=c, alpha=0.35, height=0.6)
         ax.barh(y, hi - mid, left=mid, color=c, height=0.6)
         ax.annotate(f"eps = {float(r['eps']):.3g}", (hi, y), xytext=(4, 0),
@@ -50,11 +50,11 @@ def format_range_chart(table, title: str = "what each format can represent"):
     xmin, xmax = ax.get_xlim()
     ax.set_xlim(xmin, xmax + 0.12 * (xmax - xmin))
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
     return fig
 
 
-def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, title: str = ""):
+def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, title: str = "",
+                         size: str | None = None):
     """Histograms of ``floor(log2|g|)`` against a format's limits.
 
     Args:
@@ -65,6 +65,8 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
             overflow (purple).
         scale: if given, each histogram is drawn again shifted by ``log2(scale)`` (dashed):
             where the same values sit after loss scaling.
+        title: the figure's title (default: "gradients against <format>'s range");
+        size: the size profile the gradients were measured at, appended as "size '...'".
 
     The y axis is logarithmic (fraction of the nonzero values per bin), so that the few values
     that round to 0 stay visible next to the many that do not.
@@ -75,8 +77,6 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
     Raises:
         ValueError: no histograms, or a scale that is not a positive number.
     """
-    from matplotlib.figure import Figure
-
     from ..precision import format_info
 
     if not hists:
@@ -87,7 +87,7 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
     sub, normal, mx = (np.log2(info.smallest_subnormal), np.log2(info.smallest_normal),
                        np.log2(info.max))
     shift = np.log2(scale) if scale else 0.0
-    fig = Figure(figsize=(10, 2.6 * len(hists) + 0.6))
+    fig = new_figure(figsize=(10, 2.6 * len(hists) + 0.6))
     axes = np.atleast_1d(fig.subplots(len(hists), 1, sharex=True))
     lo = min(int(h.index.min()) for h in hists.values())
     hi = max(int(h.index.max()) + shift for h in hists.values())
@@ -110,22 +110,24 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
         ax.set_yscale("log")
         ax.set_ylim(0.5 / total, 1.0)
         ax.set_ylabel("fraction (log scale)")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         ax.grid(axis="y", alpha=0.3)
     axes[-1].set_xlim(lo - 1, hi + 2)
     axes[-1].set_xlabel("log2 |gradient|")
-    fig.suptitle(title or f"gradients against {info.name}'s range", fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(with_size(title or f"gradients against {info.name}'s range", size), fontsize=10)
     return fig
 
 
-def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = ""):
+def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = "",
+                       size: str | None = None):
     """GradScaler's scale after each step (log2 axis), skipped steps and injected inf/NaN marked.
 
     Args:
         steps: step numbers; ``scales``: the scale after ``scaler.update()`` at each step.
         skipped: steps whose optimizer step was skipped; ``injected``: steps where an inf/NaN
             was put into a gradient.
+        title: the axes title (default: "dynamic loss scaling"); size: the size profile,
+            appended as "size '...'".
 
     Returns:
         A ``matplotlib.figure.Figure`` made without pyplot.
@@ -133,13 +135,11 @@ def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = ""):
     Raises:
         ValueError: ``steps`` and ``scales`` differ in length or are empty.
     """
-    from matplotlib.figure import Figure
-
     steps, scales = list(steps), [float(s) for s in scales]
     skipped, injected = list(skipped), list(injected)
     if not steps or len(steps) != len(scales):
         raise ValueError("scaler_trace_chart needs as many scales as steps (at least one).")
-    fig = Figure(figsize=(9, 3.2))
+    fig = new_figure(figsize=(9, 3.2))
     ax = fig.subplots()
     ax.step(steps, scales, where="post", color="#4C72B0", label="scale after update()")
     at = dict(zip(steps, scales))
@@ -150,23 +150,24 @@ def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = ""):
         ax.scatter(list(skipped), [at[s] for s in skipped], marker="x", s=80, color="black",
                    zorder=4, label="optimizer step skipped")
     ax.set_yscale("log", base=2)
-    from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("loss scale")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    ax.set_title(title or "dynamic loss scaling", fontsize=10)
-    fig.tight_layout()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(with_size(title or "dynamic loss scaling", size), fontsize=10)
     return fig
 
 
-def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation loss (nats/byte)"):
+def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation loss (nats/byte)",
+                      size: str | None = None):
     """Validation loss against optimizer step, one line per run, plus a zoom on the second half.
 
     Args:
         curves: ``{label: history}`` where a history is a `course_utils.training.TrainHistory`
             (its ``val_steps`` and ``val_loss`` are drawn) or a ``(steps, losses)`` pair.
+        title: the figure's title; ylabel: the loss's name and unit;
+        size: the size profile, appended as "size '...'".
 
     Returns:
         A ``matplotlib.figure.Figure`` made without pyplot: the whole run on the left, the
@@ -175,8 +176,6 @@ def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation l
     Raises:
         ValueError: no curves, or a curve whose steps and losses differ in length.
     """
-    from matplotlib.figure import Figure
-
     if not curves:
         raise ValueError("loss_curves_chart needs at least one curve.")
     data = {}
@@ -186,7 +185,7 @@ def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation l
         if len(steps) != len(losses) or not steps:
             raise ValueError(f"curve {label!r}: {len(steps)} steps but {len(losses)} losses.")
         data[label] = (steps, losses)
-    fig = Figure(figsize=(11, 4))
+    fig = new_figure(figsize=(11, 4))
     axes = fig.subplots(1, 2)
     styles = ["-", "--", "-.", ":"]
     last = max(s[-1] for s, _ in data.values())
@@ -200,8 +199,8 @@ def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation l
     axes[0].set_ylabel(ylabel)
     axes[0].set_title("whole run", fontsize=10)
     axes[1].set_title("zoom: second half", fontsize=10)
-    axes[1].legend(fontsize=8, title="run: final loss", title_fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    axes[1].legend(fontsize=8, title="run: final loss", title_fontsize=8, loc="upper left",
+                   bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if with_size(title, size):
+        fig.suptitle(with_size(title, size), fontsize=11)
     return fig
