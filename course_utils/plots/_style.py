@@ -138,7 +138,3 @@ def place_point_labels(fig, ax, texts) -> None:
         text.xyann = (dx, dy)
         text.set_horizontalalignment(ha)
         placed.append(text.get_window_extent(renderer))
-
-
-# Old names, until every module uses the ones above.
-_COLORS, _SERIES, _FORMAT_COLORS, _nan, _mib = COLORS, SERIES, FORMAT_COLORS, nan, mib
