@@ -191,8 +191,7 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
     ax_t.set_ylabel("step time (ms)")
     ax_t.set_title("step time (ratio to the fp32 baseline, where outside the noise)", fontsize=10)
     if any(nt.emulated for nt in notes):
-        ax_t.legend(handles=[emulated_handle()], fontsize=7, loc="upper left",
-                    bbox_to_anchor=(0, -0.32), frameon=False)
+        fig.legend(handles=[emulated_handle()], fontsize=7, loc="outside lower left", frameon=False)
 
     bottom = np.zeros(n)
     for kind, name in _BREAKDOWN:
