@@ -3,7 +3,6 @@ peak and kept-bytes helpers, per-module saved tensors, the lesson's charts, and 
 Hugging Face behaviours the lesson teaches (all on CPU)."""
 import functools
 
-import matplotlib
 import pandas as pd
 import pytest
 import torch
@@ -18,7 +17,6 @@ from course_utils.models import build_model
 from course_utils.timeline import (Phase, Timeline, allocated_after, memory_timeline, peak_bytes,
                                    phase)
 
-matplotlib.use("Agg")
 MB = 1 << 20
 
 
@@ -318,4 +316,3 @@ def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
     assert len(plots.memory_timeline_chart({"a": tl, "b": tl}).axes) == 2
     with pytest.raises(ValueError):
         plots.memory_timeline_chart({})
-    matplotlib.pyplot.close("all")

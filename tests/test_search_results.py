@@ -169,8 +169,6 @@ def test_committed_results_reads_course_bench_output(tmp_path):
 
 def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     """The charts of lesson 03 (course_utils.plots): real inputs in, the right panels out."""
-    import matplotlib.pyplot as plt
-
     from course_utils import plots
     from course_utils.claims import Verdict, claims_table
 
@@ -180,7 +178,6 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     assert [line.get_ydata()[0] for line in left.lines if line.get_color() == "#B71C1C"] == \
         [pytest.approx(budget / MiB)]
     assert len(right.collections) >= 1  # the star at the largest batch
-    plt.close(fig)
     with pytest.raises(ValueError):
         plots.budget_chart([])
 
@@ -188,7 +185,6 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     fig = plots.scale_chart(table, gpus={"24 GiB": 24})
     assert len(fig.axes) == len(memory_model.SCALE_MODELS)
     assert fig.axes[0].get_xlim()[1] > 24  # the 1B panel reaches the 24 GiB line
-    plt.close(fig)
 
     story = pd.DataFrame({"step": ["a", "b", "c"], "step_time_s": [0.2, 0.1, float("nan")],
                           "peak_allocated": [100 * MiB, 80 * MiB, 40 * MiB],
@@ -197,7 +193,6 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     texts = [t.get_text() for t in fig.axes[1].texts]
     assert "0.80x" in texts and any("0.50x" in t and "estimate" in t for t in texts)
     assert any("not measured" in t.get_text() for t in fig.axes[0].texts)
-    plt.close(fig)
 
     ledger = claims_table([Verdict("C2", "failed", "peak 0.8x <fp32>", "[03 §1](#1.-The-ladder)"),
                            Verdict("C1", "not measured here", "no GPU", "01")])

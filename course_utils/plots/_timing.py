@@ -1,0 +1,131 @@
+"""What a chart may say about a step-time ratio: the ratio only outside the measured noise.
+
+`course_utils.experiments.compare` gives each row ``time_ratio`` (median step-time ratio to the
+reference row), its spread ``time_ratio_low`` / ``time_ratio_high``, a ``time_verdict`` (one of
+`VERDICTS`) and ``emulated`` (the precision is emulated on this hardware: its time is not the
+speed of real hardware). Older tables lack these columns; then the verdict is read from the
+interquartile ranges (``step_time_iqr_s``) when both rows have one, else the ratio is printed
+with "(noise unknown)".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._style import column, nan
+
+#: The verdicts `compare` gives a row's step time against its reference row.
+VERDICTS = ("faster", "slower", "within noise", "inconclusive at this size", "emulated",
+            "not timed")
+#: What a bar says for each verdict that is not a ratio.
+WITHIN_NOISE, INCONCLUSIVE, EMULATED, NOT_TIMED = ("≈1x (within noise)", "inconclusive",
+                                                   "emulated here", "not timed")
+
+
+@dataclass(frozen=True)
+class TimeNote:
+    """The annotation of one row's step time.
+
+    Attributes:
+        text: what to print by the bar (one line; "" for nothing).
+        verdict: the verdict it stands for (`VERDICTS`, or ``"reference"``/``"unknown"``).
+        emulated: draw the bar hatched and say "emulated here".
+        band: ``(low, high)`` of the ratio's spread relative to the ratio itself (multiply the
+            bar by them for its error bar), or None.
+    """
+
+    text: str
+    verdict: str
+    emulated: bool = False
+    band: tuple[float, float] | None = None
+
+
+def _is_true(v) -> bool:
+    return bool(v) and not (isinstance(v, float) and np.isnan(v))
+
+
+def _verdict_from_iqr(t, iqr, t_ref, iqr_ref) -> str | None:
+    """Old tables: disjoint interquartile ranges -> faster/slower, overlapping -> within noise,
+    no spread measured (one timed step gives an IQR of 0) -> None."""
+    vals = np.array([nan(t), nan(iqr), nan(t_ref), nan(iqr_ref)])
+    if np.isnan(vals).any() or vals[1] <= 0 or vals[3] <= 0:
+        return None
+    lo, hi = t - iqr / 2, t + iqr / 2
+    lo_ref, hi_ref = t_ref - iqr_ref / 2, t_ref + iqr_ref / 2
+    if hi < lo_ref:
+        return "faster"
+    if lo > hi_ref:
+        return "slower"
+    return "within noise"
+
+
+def time_note(ratio, verdict=None, emulated=False, low=np.nan, high=np.nan,
+              reference: bool = False, iqr_verdict: str | None = None) -> TimeNote:
+    """The annotation of one step time (see the module's docstring).
+
+    Args:
+        ratio: step time / the reference row's (``time_ratio``).
+        verdict: ``time_verdict`` (None/NaN: not given).
+        emulated: ``emulated``.
+        low, high: ``time_ratio_low`` / ``time_ratio_high``.
+        reference: this row is the one the others are divided by (says "reference").
+        iqr_verdict: the verdict from interquartile ranges, for tables without ``time_verdict``.
+    """
+    ratio, low, high = nan(ratio), nan(low), nan(high)
+    verdict = verdict if isinstance(verdict, str) else None
+    band = None
+    if np.isfinite([ratio, low, high]).all() and ratio > 0:
+        band = (low / ratio, high / ratio)
+    if _is_true(emulated) or verdict == "emulated":
+        return TimeNote(EMULATED, "emulated", True, band)
+    if reference and np.isfinite(ratio):  # its verdict against itself says nothing
+        return TimeNote("reference", "reference", False, band)
+    if verdict == "not timed" or (np.isnan(ratio) and verdict is None):
+        return TimeNote(NOT_TIMED if verdict else "", "not timed")
+    if verdict is None and band is not None:  # a spread but no verdict: read it from the spread
+        verdict = "faster" if high < 1 else ("slower" if low > 1 else "within noise")
+    verdict = verdict or iqr_verdict
+    if verdict in ("faster", "slower"):
+        return TimeNote(f"{ratio:.2f}x ({verdict})", verdict, False, band)
+    if verdict == "within noise":
+        return TimeNote(WITHIN_NOISE, verdict, False, band)
+    if verdict == "inconclusive at this size":
+        return TimeNote(INCONCLUSIVE, verdict, False, band)
+    if verdict is None:
+        return TimeNote(f"{ratio:.2f}x (noise unknown)", "unknown", False, band)
+    return TimeNote(verdict, verdict, False, band)  # a verdict this module does not know yet
+
+
+def time_notes(df, reference_rows) -> list[TimeNote]:
+    """One `TimeNote` per row of ``df`` (a `compare` table or the dashboard's history).
+
+    Args:
+        df: reads ``time_ratio`` and, where present, ``time_verdict``, ``emulated``,
+            ``time_ratio_low``, ``time_ratio_high``, ``step_time_s``, ``step_time_iqr_s``.
+        reference_rows: for each row, the position (in ``df``) of the row its ratio is to, or
+            None where that row is not in ``df``.
+    """
+    ratio, verdict = column(df, "time_ratio"), column(df, "time_verdict", None)
+    emulated = column(df, "emulated", False)
+    low, high = column(df, "time_ratio_low"), column(df, "time_ratio_high")
+    t, iqr = column(df, "step_time_s"), column(df, "step_time_iqr_s")
+    notes = []
+    for i, ref in enumerate(reference_rows):
+        iqr_v = None if ref is None else _verdict_from_iqr(t[i], iqr[i], t[ref], iqr[ref])
+        notes.append(time_note(ratio[i], verdict[i], emulated[i], low[i], high[i],
+                               reference=ref == i, iqr_verdict=iqr_v))
+    return notes
+
+
+def error_bars(heights, notes) -> np.ndarray | None:
+    """``(2, n)`` below/above error bars for bars of ``heights`` from each note's ratio spread,
+    or None when no row has one."""
+    if not any(n.band for n in notes):
+        return None
+    err = np.zeros((2, len(notes)))
+    for i, (h, n) in enumerate(zip(heights, notes)):
+        if n.band and np.isfinite(h):
+            err[0, i] = max(0.0, h * (1 - n.band[0]))
+            err[1, i] = max(0.0, h * (n.band[1] - 1))
+    return err

@@ -1,0 +1,105 @@
+"""Lesson 02's checkpointing charts: saved bytes and peak against segments, attention memory
+against sequence length.
+"""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.ticker import FuncFormatter
+
+from ..config import MiB
+from ._style import mib, new_figure, set_title, with_size
+
+
+def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
+    """Saved bytes and peak memory against the number of checkpointed segments.
+
+    Args:
+        df: one row per (method, segments) with columns ``method`` (a label such as
+            ``"every segment checkpointed"``), ``segments``, ``saved_bytes``, ``peak_bytes``
+            (measured, bytes) and optionally ``est_saved`` / ``est_peak`` (a model, bytes,
+            drawn dashed for each method that has them).
+        n_layers: the stack's depth ``N``; a dotted line marks ``sqrt(N)`` segments.
+        title: the figure's title; size: the size profile, appended as "size '...'".
+
+    Two panels (MiB = 2^20 bytes, log2 segment axis), one legend below them.
+
+    Raises:
+        ValueError: missing columns or no rows.
+    """
+    need = {"method", "segments", "saved_bytes", "peak_bytes"}
+    if len(df) == 0 or need - set(df.columns):
+        raise ValueError(f"segments_chart needs rows with columns {sorted(need)}.")
+    fig = new_figure((11, 4.6))
+    axes = fig.subplots(1, 2)
+    colors = ["#4C72B0", "#C44E52", "#55A868", "#8172B3"]
+    for ax, col, est, name in ((axes[0], "saved_bytes", "est_saved", "saved for backward"),
+                               (axes[1], "peak_bytes", "est_peak",
+                                "peak during forward + backward")):
+        for i, (method, d) in enumerate(df.groupby("method", sort=False)):
+            d = d.sort_values("segments")
+            c = colors[i % len(colors)]
+            ax.plot(d["segments"], mib(d[col]), "o-", color=c, label=f"{method} (measured)")
+            if est in d.columns and d[est].notna().any():
+                ax.plot(d["segments"], mib(d[est]), "--", color=c, alpha=0.7,
+                        label=f"{method} (model)")
+        ax.axvline(np.sqrt(n_layers), color="grey", linestyle=":", linewidth=1.2)
+        ax.annotate(f"sqrt(N) = {np.sqrt(n_layers):.1f}", (np.sqrt(n_layers), 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(3, -12),
+                    textcoords="offset points", fontsize=8, color="grey")
+        ax.set_xscale("log", base=2)
+        segs = sorted({int(s) for s in df["segments"]})
+        ax.set_xticks(segs)
+        ax.set_xticklabels([str(s) for s in segs])
+        ax.set_xlabel(f"segments (N = {n_layers} blocks)")
+        ax.set_ylabel("MiB")
+        ax.set_ylim(bottom=0)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    set_title(fig, title, size)
+    return fig
+
+
+def attention_memory_chart(df, title: str = "saved bytes of one block vs sequence length",
+                           size: str | None = None):
+    """Log-log saved bytes against sequence length, one line per attention implementation.
+
+    Args:
+        df: columns ``attention``, ``seq_len``, ``saved_bytes`` (measured) and optionally
+            ``est_bytes`` (estimate, drawn dashed). The legend gives each measured line's slope
+            between its last two points (1: linear in the sequence, 2: quadratic).
+        title: the axes title; size: the size profile, appended as "size '...'".
+
+    Log-log axes (tokens, MiB = 2^20 bytes); the legend sits right of the axes.
+
+    Raises:
+        ValueError: missing columns or no rows.
+    """
+    need = {"attention", "seq_len", "saved_bytes"}
+    if len(df) == 0 or need - set(df.columns):
+        raise ValueError(f"attention_memory_chart needs rows with columns {sorted(need)}.")
+    fig = new_figure((9.5, 4.6))
+    ax = fig.subplots()
+    colors = {"naive": "#C44E52", "sdpa": "#4C72B0"}
+    others = iter(["#8172B3", "#55A868", "#937860", "#DA8BC3"])
+    for name, d in df.groupby("attention", sort=False):
+        d = d.sort_values("seq_len")
+        x, y = d["seq_len"].to_numpy(float), d["saved_bytes"].to_numpy(float)
+        slope = (np.log(y[-1] / y[-2]) / np.log(x[-1] / x[-2])) if len(x) > 1 else np.nan
+        c = colors.get(name) or next(others, None)
+        ax.plot(x, y / MiB, "o-", color=c, label=f"{name}: measured (slope {slope:.2f})")
+        if "est_bytes" in d.columns and d["est_bytes"].notna().any():
+            ax.plot(x, mib(d["est_bytes"]), "--", color=c, alpha=0.6, label=f"{name}: estimate")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    xs = sorted({int(v) for v in df["seq_len"]})
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(v) for v in xs])
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("saved for backward (MiB, log scale)")
+    ax.set_title(with_size(title, size))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return fig

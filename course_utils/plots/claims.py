@@ -1,0 +1,45 @@
+"""The claims ledger as a coloured HTML table (a pandas Styler, not a figure).
+"""
+from __future__ import annotations
+
+import html
+import re
+from types import MappingProxyType
+
+# One colour per status of course_utils.claims.STATUSES.
+_STATUS_STYLE = MappingProxyType({
+    "held": "background-color: #C8E6C9", "failed": "background-color: #FFCDD2",
+    "depends": "background-color: #FFE0B2", "inconclusive": "background-color: #FFF9C4",
+    "not measured here": "background-color: #E0E0E0"})
+
+
+def styled_claims(table):
+    """`course_utils.claims.claims_table` as an HTML table: status coloured (held green, failed
+    red, depends orange, inconclusive yellow, not measured here grey), markdown links ``[text](href)`` in ``where`` made
+    clickable, text left-aligned.
+
+    Args:
+        table: columns ``says``, ``status``, ``evidence``, ``where`` (one row per claim).
+
+    Returns:
+        A ``pandas.io.formats.style.Styler`` (display it as a cell's last expression).
+
+    Raises:
+        ValueError: no rows, or a column above missing.
+    """
+    need = {"says", "status", "evidence", "where"}
+    if len(table) == 0 or need - set(table.columns):
+        raise ValueError(f"styled_claims needs a claims_table() with rows and columns {sorted(need)}.")
+
+    def links(text):
+        text = html.escape(str(text))
+        return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', text)
+
+    view = table.copy()
+    view["where"] = [links(w) for w in view["where"]]
+    view["says"] = [html.escape(str(s)) for s in view["says"]]
+    view["evidence"] = [html.escape(str(s)) for s in view["evidence"]]
+    return (view.style
+            .map(lambda s: _STATUS_STYLE.get(s, ""), subset=["status"])
+            .set_properties(**{"text-align": "left", "vertical-align": "top"})
+            .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}]))

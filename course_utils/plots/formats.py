@@ -1,0 +1,206 @@
+"""Lesson 01's charts of number formats and of training under them: representable ranges,
+gradient histograms against a format's limits, GradScaler's trace, loss curves.
+"""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.ticker import MaxNLocator
+
+from ._style import FORMAT_COLORS, new_figure, with_size
+
+
+def format_range_chart(table, title: str = "what each format can represent"):
+    """Representable magnitudes of each format on a log axis (one horizontal bar per format).
+
+    Args:
+        table: `course_utils.precision.format_table()` (columns ``smallest subnormal``,
+            ``smallest normal``, ``max``, ``eps``; indexed by format name).
+        title: the axes title (a property of the formats, not a measurement: no size).
+
+    The solid part of a bar is the normal range [smallest normal, max]; the light part the
+    subnormal range [smallest subnormal, smallest normal) where precision thins out. Each bar is
+    labelled with its eps (the relative spacing of values near 1).
+
+    Returns:
+        A ``matplotlib.figure.Figure`` made without pyplot.
+
+    Raises:
+        ValueError: ``table`` lacks one of the columns above or has no rows.
+    """
+    need = {"smallest subnormal", "smallest normal", "max", "eps"}
+    if len(table) == 0 or not need <= set(table.columns):
+        raise ValueError(f"format_range_chart needs a format_table() with columns {sorted(need)}.")
+    names = list(table.index)[::-1]
+    fig = new_figure(figsize=(9, 0.55 * len(names) + 1.6))
+    ax = fig.subplots()
+    for y, name in enumerate(names):
+        r = table.loc[name]
+        lo, mid, hi = (np.log10(float(r[c])) for c in ("smallest subnormal", "smallest normal",
+                                                       "max"))
+        c = FORMAT_COLORS.get(name, "#937860")
+        ax.barh(y, mid - lo, left=lo, color=c, alpha=0.35, height=0.6)
+        ax.barh(y, hi - mid, left=mid, color=c, height=0.6)
+        ax.annotate(f"eps = {float(r['eps']):.3g}", (hi, y), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names)
+    ax.set_xlabel("log10 |value|   (light: subnormal range, solid: normal range)")
+    ax.axvline(0, color="grey", lw=0.8, ls=":")
+    ax.grid(axis="x", alpha=0.3)
+    xmin, xmax = ax.get_xlim()
+    ax.set_xlim(xmin, xmax + 0.12 * (xmax - xmin))
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, title: str = "",
+                         size: str | None = None):
+    """Histograms of ``floor(log2|g|)`` against a format's limits.
+
+    Args:
+        hists: ``{name: pd.Series}`` from `course_utils.precision.log2_histogram` (index: the
+            exponent bin ``k`` of ``[2^k, 2^(k+1))``, values: counts).
+        fmt: the format whose limits are shaded: below half its smallest subnormal values round
+            to 0 (red), below its smallest normal they are subnormal (yellow), above its max they
+            overflow (purple).
+        scale: if given, each histogram is drawn again shifted by ``log2(scale)`` (dashed):
+            where the same values sit after loss scaling.
+        title: the figure's title (default: "gradients against <format>'s range");
+        size: the size profile the gradients were measured at, appended as "size '...'".
+
+    The y axis is logarithmic (fraction of the nonzero values per bin), so that the few values
+    that round to 0 stay visible next to the many that do not.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` (one panel per histogram) made without pyplot.
+
+    Raises:
+        ValueError: no histograms, or a scale that is not a positive number.
+    """
+    from ..formats import format_info
+
+    if not hists:
+        raise ValueError("log2_histogram_chart needs at least one histogram.")
+    if scale is not None and not scale > 0:
+        raise ValueError(f"scale must be positive, got {scale!r}.")
+    info = format_info(fmt)
+    sub, normal, mx = (np.log2(info.smallest_subnormal), np.log2(info.smallest_normal),
+                       np.log2(info.max))
+    shift = np.log2(scale) if scale else 0.0
+    fig = new_figure(figsize=(10, 2.6 * len(hists) + 0.6))
+    axes = np.atleast_1d(fig.subplots(len(hists), 1, sharex=True))
+    lo = min(int(h.index.min()) for h in hists.values())
+    hi = max(int(h.index.max()) + shift for h in hists.values())
+    lo, hi = min(lo, sub - 3), max(hi, mx + 2)
+    for ax, (name, h) in zip(axes, hists.items()):
+        k = np.asarray(h.index, dtype=float)
+        total = max(1.0, float(np.sum(h.values)))
+        frac = np.asarray(h.values, dtype=float) / total
+        ax.axvspan(lo - 1, sub - 1, color="#C44E52", alpha=0.22, lw=0,
+                   label=f"rounds to 0 in {info.name}")
+        ax.axvspan(sub - 1, normal, color="#F2B134", alpha=0.2, lw=0,
+                   label=f"{info.name} subnormal (fewer bits)")
+        ax.axvspan(mx, hi + 2, color="#8172B3", alpha=0.15, lw=0,
+                   label=f"overflows to inf in {info.name}")
+        ax.bar(k + 0.5, np.where(frac > 0, frac, np.nan), width=1.0, color="#4C72B0",
+               label=f"{name}")
+        if scale:
+            ax.step(np.append(k, k[-1] + 1) + shift, np.append(frac, frac[-1]), where="post",
+                    color="black", ls="--", lw=1.2, label=f"the same x {scale:g} (2^{shift:g})")
+        ax.set_yscale("log")
+        ax.set_ylim(0.5 / total, 1.0)
+        ax.set_ylabel("fraction (log scale)")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.grid(axis="y", alpha=0.3)
+    axes[-1].set_xlim(lo - 1, hi + 2)
+    axes[-1].set_xlabel("log2 |gradient|")
+    fig.suptitle(with_size(title or f"gradients against {info.name}'s range", size), fontsize=10)
+    return fig
+
+
+def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = "",
+                       size: str | None = None):
+    """GradScaler's scale after each step (log2 axis), skipped steps and injected inf/NaN marked.
+
+    Args:
+        steps: step numbers; ``scales``: the scale after ``scaler.update()`` at each step.
+        skipped: steps whose optimizer step was skipped; ``injected``: steps where an inf/NaN
+            was put into a gradient.
+        title: the axes title (default: "dynamic loss scaling"); size: the size profile,
+            appended as "size '...'".
+
+    Returns:
+        A ``matplotlib.figure.Figure`` made without pyplot.
+
+    Raises:
+        ValueError: ``steps`` and ``scales`` differ in length or are empty.
+    """
+    steps, scales = list(steps), [float(s) for s in scales]
+    skipped, injected = list(skipped), list(injected)
+    if not steps or len(steps) != len(scales):
+        raise ValueError("scaler_trace_chart needs as many scales as steps (at least one).")
+    fig = new_figure(figsize=(9, 3.2))
+    ax = fig.subplots()
+    ax.step(steps, scales, where="post", color="#4C72B0", label="scale after update()")
+    at = dict(zip(steps, scales))
+    for i, s in enumerate(injected):
+        ax.axvline(s, color="#C44E52", alpha=0.35, lw=3,
+                   label="inf/NaN injected" if i == 0 else None)
+    if skipped:
+        ax.scatter(list(skipped), [at[s] for s in skipped], marker="x", s=80, color="black",
+                   zorder=4, label="optimizer step skipped")
+    ax.set_yscale("log", base=2)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss scale")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(with_size(title or "dynamic loss scaling", size), fontsize=10)
+    return fig
+
+
+def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation loss (nats/byte)",
+                      size: str | None = None):
+    """Validation loss against optimizer step, one line per run, plus a zoom on the second half.
+
+    Args:
+        curves: ``{label: history}`` where a history is a `course_utils.training.TrainHistory`
+            (its ``val_steps`` and ``val_loss`` are drawn) or a ``(steps, losses)`` pair.
+        title: the figure's title; ylabel: the loss's name and unit;
+        size: the size profile, appended as "size '...'".
+
+    Returns:
+        A ``matplotlib.figure.Figure`` made without pyplot: the whole run on the left, the
+        second half (where the runs differ) on the right; the legend gives each final loss.
+
+    Raises:
+        ValueError: no curves, or a curve whose steps and losses differ in length.
+    """
+    if not curves:
+        raise ValueError("loss_curves_chart needs at least one curve.")
+    data = {}
+    for label, h in curves.items():
+        steps, losses = ((h.val_steps, h.val_loss) if hasattr(h, "val_loss") else h)
+        steps, losses = list(steps), [float(v) for v in losses]
+        if len(steps) != len(losses) or not steps:
+            raise ValueError(f"curve {label!r}: {len(steps)} steps but {len(losses)} losses.")
+        data[label] = (steps, losses)
+    fig = new_figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
+    styles = ["-", "--", "-.", ":"]
+    last = max(s[-1] for s, _ in data.values())
+    for ax, zoom in zip(axes, (False, True)):
+        for i, (label, (steps, losses)) in enumerate(data.items()):
+            keep = [j for j, s in enumerate(steps) if not zoom or s >= last / 2]
+            ax.plot([steps[j] for j in keep], [losses[j] for j in keep], styles[i % len(styles)],
+                    marker="o", ms=3, lw=1.6, label=f"{label}: {losses[-1]:.3f}")
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    axes[0].set_title("whole run", fontsize=10)
+    axes[1].set_title("zoom: second half", fontsize=10)
+    axes[1].legend(fontsize=8, title="run: final loss", title_fontsize=8, loc="upper left",
+                   bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if with_size(title, size):
+        fig.suptitle(with_size(title, size), fontsize=11)
+    return fig

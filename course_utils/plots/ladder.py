@@ -1,0 +1,278 @@
+"""Charts of a `course_utils.experiments.compare` table and its relatives: the ladder of
+configurations, the live dashboard, the order of adoption, the Pareto front, the budget search.
+
+Step-time ratios are printed only where the measured noise allows (`._timing`): a bar says
+"1.26x (slower)", "≈1x (within noise)", "inconclusive" or "emulated here" (hatched).
+"""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from ..config import MiB
+from ._style import (
+    ALERT_COLOR,
+    BASELINE_COLOR,
+    COLORS,
+    EMULATED_HATCH,
+    HATCH,
+    MUTED_COLOR,
+    TIME_COLOR,
+    emulated_handle,
+    mib,
+    nan,
+    new_figure,
+    set_title,
+)
+from ._timing import NOT_TIMED, TimeNote, error_bars, time_notes
+
+_SAVED = (("activations", "activations"), ("autocast_weight_copies", "autocast weight copies"),
+          ("logits", "logits + loss"))
+_BREAKDOWN = (("parameters", "parameters"), ("gradients", "gradients"),
+              ("optimizer_state", "AdamW state")) + _SAVED
+
+
+def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None) -> str:
+    """Step-time bars (ms) annotated by ``notes``; returns what the error bars show."""
+    err, shows = error_bars(t_ms, notes), "spread of the ratio"
+    if err is None and fallback_err is not None and np.nansum(fallback_err) > 0:
+        err, shows = np.nan_to_num(fallback_err), "IQR"
+    elif err is None:
+        shows = ""
+    for i, (xi, ti, note) in enumerate(zip(x, t_ms, notes)):
+        if np.isnan(ti):
+            continue
+        face, hatch = (("white", EMULATED_HATCH) if note.emulated else (colors[i], None))
+        ax.bar(xi, ti, color=face, edgecolor=colors[i], hatch=hatch, lw=1.2,
+               yerr=None if err is None else err[:, i:i + 1], capsize=3,
+               error_kw={"ecolor": "black", "elinewidth": 1})
+        if note.text:
+            top = ti + (0 if err is None else err[1, i])
+            ax.annotate(note.text.replace(" (", "\n("), (xi, top), xytext=(0, 3),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                        color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
+    top = np.nanmax(np.append(t_ms + (0 if err is None else err[1]), 0))
+    ax.set_ylim(0, top * 1.3 if top > 0 else 1)
+    return shows
+
+
+def comparison_chart(df, title: str = "", size: str | None = None):
+    """Three panels for a `course_utils.experiments.compare` table, one bar per configuration.
+
+    1. step time (ms, median), annotated with the ratio to the first row only where the
+       difference is outside the noise (else "≈1x (within noise)", "inconclusive"); emulated
+       precisions hatched and labelled "emulated here"; error bars: the ratio's spread
+       (``time_ratio_low``/``time_ratio_high``) where given, else the interquartile range;
+    2. peak allocated memory (MiB = 2^20 bytes), measured bars with the estimate as a black tick;
+    3. saved tensors (MiB) stacked by kind (activations, autocast weight copies, logits + loss),
+       with the estimated total as a tick.
+    The legend sits below the panels, clear of the bars.
+
+    Args:
+        df: reads ``label``, ``step_time_s``, ``step_time_iqr_s`` (seconds), ``time_ratio``,
+            ``peak_allocated``, ``est_peak_allocated``, ``activations``,
+            ``autocast_weight_copies``, ``logits``, ``est_saved_total`` (bytes) and, where
+            present, ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``emulated``.
+        title: the figure's title; size: the size profile, appended as "size '...'".
+
+    Returns:
+        A ``matplotlib.figure.Figure`` (made without pyplot; shows itself in Jupyter).
+
+    Raises:
+        ValueError: ``df`` has no rows.
+    """
+    if len(df) == 0:
+        raise ValueError("comparison_chart() needs at least one row (a compare() table).")
+    labels, n = list(df["label"]), len(df)
+    x = np.arange(n)
+    fig = new_figure((max(10, 2.2 * n + 6), 4.9))
+    ax_t, ax_p, ax_s = fig.subplots(1, 3)
+    notes = time_notes(df, [0] * n)
+    t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
+    iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
+    shows = _time_bars(ax_t, x, t, notes, [TIME_COLOR] * n, np.vstack([iqr, iqr]))
+    ax_t.set_ylabel("step time (ms)")
+    ax_t.set_title(f"step time (median{'; bars: ' + shows if shows else ''})", fontsize=10)
+
+    ax_p.bar(x, mib(df["peak_allocated"]), color=COLORS["parameters"])
+    ax_p.scatter(x, mib(df["est_peak_allocated"]), marker="_", s=600, color="black",
+                 linewidths=2, zorder=3)
+    ax_p.set_ylabel("MiB")
+    ax_p.set_title("peak allocated memory", fontsize=10)
+
+    bottom = np.zeros(n)
+    for kind, _ in _SAVED:
+        vals = np.nan_to_num(mib(df[kind]))
+        ax_s.bar(x, vals, bottom=bottom, color=COLORS[kind])
+        bottom = bottom + vals
+    ax_s.scatter(x, mib(df["est_saved_total"]), marker="_", s=600, color="black", linewidths=2,
+                 zorder=3)
+    ax_s.set_ylabel("MiB")
+    ax_s.set_title("saved tensors (for backward)", fontsize=10)
+    for ax in (ax_t, ax_p, ax_s):
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, rotation=30, ha="right")
+        ax.grid(axis="y", alpha=0.3)
+    ax_p.margins(y=0.1)
+    ax_s.margins(y=0.1)
+    handles = [Patch(color=COLORS["parameters"], label="peak allocated (measured)")]
+    handles += [Patch(color=COLORS[k], label=f"saved: {name}") for k, name in _SAVED]
+    handles.append(Line2D([], [], color="black", lw=2, label="estimate"))
+    if any(nt.emulated for nt in notes):
+        handles.append(emulated_handle())
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=8,
+               frameon=False)
+    set_title(fig, title, size)
+    return fig
+
+
+def _dashboard_references(df) -> list:
+    """For each history row, the position of its fp32 baseline row in ``df`` (None if absent)."""
+    runs = list(df["run"]) if "run" in df.columns else list(range(len(df)))
+    pos = {r: i for i, r in enumerate(runs)}
+    refs, last_base = [], None
+    base_runs = list(df["baseline_run"]) if "baseline_run" in df.columns else [None] * len(df)
+    for i, (is_base, base_run) in enumerate(zip(df["baseline"], base_runs)):
+        if is_base:
+            last_base = i
+            refs.append(i)
+        elif base_run is not None and not (isinstance(base_run, float) and np.isnan(base_run)):
+            refs.append(pos.get(base_run))
+        else:
+            refs.append(last_base)
+    return refs
+
+
+def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None):
+    """The live dashboard's chart (`course_utils.widgets`): its last ``last`` runs.
+
+    ``df`` is `Dashboard.history`: one row per run with ``run``, ``label``, ``baseline``,
+    ``status`` (``ok``/``OOM``/``error``), ``batch_size``, ``seq_len``, ``n_layers``,
+    ``step_time_s`` (seconds), ``time_ratio`` and ``peak_ratio`` (to the fp32 baseline of the
+    same size), the memory fields in bytes and, where present, ``baseline_run``,
+    ``time_verdict``, ``time_ratio_low``/``time_ratio_high`` and ``emulated``.
+
+    1. step time (ms) per run, fp32 baselines in grey, each bar annotated with its ratio to the
+       baseline only outside the noise ("≈1x (within noise)", "inconclusive", "emulated here"
+       otherwise; emulated bars hatched); 2. memory breakdown (MiB = 2^20 bytes) stacked:
+       parameters, gradients, AdamW state, saved activations, autocast weight copies, logits;
+       the measured peak as a black tick, annotated with its ratio to the baseline's peak.
+       Runs that ran out of memory or failed are marked.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` made without pyplot (nothing is shown implicitly).
+
+    Raises:
+        ValueError: ``df`` has no rows.
+    """
+    if len(df) == 0:
+        raise ValueError("dashboard_chart() needs at least one run in the history.")
+    refs = _dashboard_references(df)
+    keep = len(df) - min(last, len(df))
+    notes = time_notes(df, refs)[keep:]
+    df = df.iloc[keep:]
+    n = len(df)
+    x = np.arange(n)
+    labels = [f"#{r.run} {r.label}{' (base)' if r.baseline else ''}\n"
+              f"b{r.batch_size} s{r.seq_len} L{r.n_layers}" for r in df.itertuples()]
+    fig = new_figure((max(9.0, 1.3 * n + 5.5), 4.6))
+    ax_t, ax_m = fig.subplots(1, 2)
+    ok = [s == "ok" for s in df["status"]]
+    t = np.array([nan(v) * 1e3 if good else np.nan for v, good in zip(df["step_time_s"], ok)])
+    colors = [BASELINE_COLOR if b else TIME_COLOR for b in df["baseline"]]
+    _time_bars(ax_t, x, t, [nt if good else TimeNote("", "failed") for nt, good in zip(notes, ok)],
+               colors)
+    for xi, status in zip(x, df["status"]):
+        if status != "ok":
+            for ax in (ax_t, ax_m):
+                ax.annotate(status, (xi, 0), xytext=(0, 3), textcoords="offset points",
+                            ha="center", color=ALERT_COLOR, fontsize=9, fontweight="bold")
+    ax_t.set_ylabel("step time (ms)")
+    ax_t.set_title("step time (ratio to the fp32 baseline, where outside the noise)", fontsize=10)
+    if any(nt.emulated for nt in notes):
+        fig.legend(handles=[emulated_handle()], fontsize=7, loc="outside lower left", frameon=False)
+
+    bottom = np.zeros(n)
+    for kind, name in _BREAKDOWN:
+        vals = np.nan_to_num(mib(df[kind]))
+        ax_m.bar(x, vals, bottom=bottom, color=COLORS[kind], label=name)
+        bottom = bottom + vals
+    peak = mib(df["peak_allocated"])
+    ax_m.scatter(x, peak, marker="_", s=500, color="black", linewidths=2,
+                 label="peak allocated", zorder=3)
+    for xi, pk, ratio, good in zip(x, peak, df["peak_ratio"], ok):
+        if good and not np.isnan(nan(ratio)) and not np.isnan(pk):
+            ax_m.annotate(f"{ratio:.2f}x", (xi, max(pk, bottom[xi])), xytext=(0, 3),
+                          textcoords="offset points", ha="center", fontsize=8)
+    ax_m.set_ylabel("MiB")
+    ax_m.set_title("memory breakdown (peak ratio to the fp32 baseline)", fontsize=10)
+    ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax_m.set_ylim(0, np.nanmax(np.append(np.append(peak, bottom), 1e-9)) * 1.18)
+    for ax in (ax_t, ax_m):
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    set_title(fig, title, size)
+    return fig
+
+
+def adoption_chart(story, title: str = "", size: str | None = None):
+    """The order of adoption: step time (ms) and peak memory (MiB = 2^20 bytes) after each step.
+
+    ``story`` has one row per step with ``step`` (name), ``step_time_s`` (seconds or NaN),
+    ``peak_allocated`` (bytes or NaN) and ``source`` (``measured``, ``estimate`` or another word
+    for "not measured here"); optionally, for the step time against the previous step,
+    ``time_verdict``, ``time_ratio_low``/``time_ratio_high``, ``step_time_iqr_s`` and
+    ``emulated``. Measured bars are solid, estimates hatched ``//``, emulated ones ``xx`` and
+    labelled "emulated here", missing values marked "not measured here". Each memory value is
+    annotated with its ratio to the previous step that has one; each time the same, but only
+    outside the noise (a story without a verdict or spread says "(noise unknown)").
+
+    Raises:
+        ValueError: an empty ``story``.
+    """
+    if len(story) == 0:
+        raise ValueError("adoption_chart() needs at least one step.")
+    fig = new_figure((12, 4.4))
+    axes = fig.subplots(1, 2)
+    x = np.arange(len(story))
+    t = np.array([nan(v) for v in story["step_time_s"]], dtype=float)
+    refs, ratios, prev = [], [], None  # the time of each step against the previous timed one
+    for i, v in enumerate(t):
+        refs.append(prev)
+        ratios.append(v / t[prev] if prev is not None else np.nan)
+        prev = i if np.isfinite(v) else prev
+    notes = time_notes(story.assign(time_ratio=ratios), refs)
+    for ax, col, scale, ylabel, color in (
+            (axes[0], "step_time_s", 1e3, "step time (ms)", TIME_COLOR),
+            (axes[1], "peak_allocated", 1 / MiB, "peak allocated (MiB)", COLORS["parameters"])):
+        vals = np.array([nan(v) for v in story[col]], dtype=float) * scale
+        top = np.nanmax(vals) if np.isfinite(vals).any() else 1.0
+        prev = None
+        for i, (xi, v, src) in enumerate(zip(x, vals, story["source"])):
+            if np.isnan(v):
+                ax.annotate("not measured\nhere", (xi, top * 0.02), ha="center", fontsize=8,
+                            color=MUTED_COLOR)
+                continue
+            est, emulated = src != "measured", col == "step_time_s" and notes[i].emulated
+            if col == "step_time_s":
+                note = "" if notes[i].text == NOT_TIMED else notes[i].text.replace(" (", "\n(")
+            else:
+                note = f"{v / vals[prev]:.2f}x" if prev is not None else ""
+            note += "\n(estimate)" if est else ""
+            hatch = EMULATED_HATCH if emulated else (HATCH if est else None)
+            ax.bar(xi, v, color="white" if hatch else color, edgecolor=color, hatch=hatch, lw=1.2)
+            if note.strip():
+                ax.annotate(note.strip(), (xi, v), xytext=(0, 3), textcoords="offset points",
+                            ha="center", fontsize=8)
+            prev = i
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, top * 1.3)
+        ax.set_xticks(x)
+        ax.set_xticklabels(story["step"], rotation=20, ha="right", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title("step time; ratio to the previous step", fontsize=10)
+    axes[1].set_title("peak memory; ratio to the previous step", fontsize=10)
+    set_title(fig, title, size)
+    return fig

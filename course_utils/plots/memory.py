@@ -1,0 +1,322 @@
+"""Where the bytes of a training step are: breakdowns, saved tensors, growth with batch and
+sequence, the allocation timeline, and estimates at model scale.
+
+MiB = 2^20 bytes, GiB = 2^30 bytes throughout.
+"""
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+from matplotlib.lines import Line2D
+
+from ..config import MiB
+from ._style import ALERT_COLOR, COLORS, HATCH, lay_out, mib, new_figure, overlaps, set_title, with_size
+
+_BREAKDOWN = (("parameters", "parameters"), ("gradients", "gradients"),
+              ("optimizer_state", "AdamW state"), ("activations", "saved activations"),
+              ("autocast_weight_copies", "autocast weight copies"), ("logits", "logits + loss"))
+
+
+def memory_breakdown_chart(df, title: str = "", size: str | None = None):
+    """Where a training step's bytes are, per configuration: measured and estimated, stacked.
+
+    Args:
+        df: a `course_utils.experiments.compare` table: ``label``, ``peak_allocated`` and the
+            memory fields ``parameters``, ``gradients``, ``optimizer_state``, ``activations``,
+            ``autocast_weight_copies``, ``logits`` with their ``est_`` twins (bytes).
+        title: the axes title (default: "where the bytes of a training step are");
+        size: the size profile, appended as "size '...'".
+
+    For each configuration two bars: measured (solid) and the analytic estimate (hatched), each
+    stacked as parameters, gradients, AdamW state, saved activations, autocast weight copies,
+    logits + loss (MiB). The measured peak is a black tick, annotated with its ratio to the
+    first row. The stack is not the peak: gradients and saved activations are not all alive at
+    the same moment.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` made without pyplot.
+
+    Raises:
+        ValueError: ``df`` has no rows.
+    """
+    if len(df) == 0:
+        raise ValueError("memory_breakdown_chart needs at least one row.")
+    n = len(df)
+    x = np.arange(n)
+    w = 0.38
+    fig = new_figure((max(7.5, 2.4 * n + 4), 4.4))
+    ax = fig.subplots()
+    for offset, prefix, hatch in ((-w / 2, "", None), (w / 2, "est_", HATCH)):
+        bottom = np.zeros(n)
+        for key, name in _BREAKDOWN:
+            vals = np.nan_to_num(mib(df[prefix + key]))
+            ax.bar(x + offset, vals, w, bottom=bottom, color=COLORS[key], hatch=hatch,
+                   edgecolor="white" if hatch else None, label=name if not prefix else None)
+            bottom = bottom + vals
+        for xi, top in zip(x, bottom):
+            ax.annotate(f"sum {top:.0f}", (xi + offset, top), xytext=(0, 2),
+                        textcoords="offset points", ha="center", fontsize=7)
+    peak = mib(df["peak_allocated"])
+    ax.scatter(x - w / 2, peak, marker="_", s=700, color="black", linewidths=2.5, zorder=3,
+               label="measured peak")
+    first = peak[0]
+    for xi, pk in zip(x, peak):
+        if not np.isnan(pk) and not np.isnan(first):
+            ax.annotate(f"peak {pk:.0f} MiB\n({pk / first:.2f}x)", (xi - w / 2, pk),
+                        xytext=(0, -8), textcoords="offset points", ha="center", va="top",
+                        fontsize=8, fontweight="bold",
+                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{lab}\nmeasured | estimate" for lab in df["label"]], fontsize=9)
+    ax.set_ylabel("MiB")
+    ax.grid(axis="y", alpha=0.3)
+    ax.margins(y=0.18)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(with_size(title or "where the bytes of a training step are", size), fontsize=10)
+    return fig
+
+
+def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block", size: str | None = None):
+    """Stacked bars of the bytes saved for backward, one bar per table, one segment per module.
+
+    Args:
+        tables: ``{bar label: DataFrame}``, each frame as returned by
+            `course_utils.timeline.saved_by_module` (columns ``module``, ``module_type``,
+            ``shape``, ``nbytes``).
+        title: the axes title; size: the size profile, appended as "size '...'".
+
+    Segments are grouped by module in order of first appearance and labelled with the module
+    name and the shapes it saved; each bar is annotated with its total in MiB (2^20 bytes).
+
+    Raises:
+        ValueError: no tables, or a table without the columns above.
+    """
+    if not tables:
+        raise ValueError("saved_tensors_chart needs at least one table.")
+    groups, order = {}, []
+    for bar, df in tables.items():
+        missing = {"module", "module_type", "shape", "nbytes"} - set(df.columns)
+        if missing:
+            raise ValueError(f"table {bar!r} lacks columns {sorted(missing)}.")
+        for mod, kind, shape, nbytes in zip(df["module"], df["module_type"], df["shape"],
+                                            df["nbytes"]):
+            key = mod or f"({kind} input)"
+            if key not in groups:
+                groups[key] = {"shapes": [], "bytes": {}}
+                order.append(key)
+            g = groups[key]
+            if tuple(shape) not in g["shapes"] and len(g["shapes"]) < 3:
+                g["shapes"].append(tuple(shape))
+            g["bytes"][bar] = g["bytes"].get(bar, 0) + int(nbytes)
+    cmap = matplotlib.colormaps["tab20"]
+    bars = list(tables)
+    fig = new_figure((4.5 + 1.6 * len(bars), 4.6))
+    ax = fig.subplots()
+    bottom = np.zeros(len(bars))
+    for i, key in enumerate(order):
+        vals = np.array([groups[key]["bytes"].get(b, 0) / MiB for b in bars])
+        shapes = ", ".join("x".join(map(str, s)) for s in groups[key]["shapes"])
+        ax.bar(range(len(bars)), vals, bottom=bottom, width=0.55, color=cmap(i % 20),
+               edgecolor="white", linewidth=0.6, label=f"{key}: {shapes}")
+        bottom += vals
+    for i, total in enumerate(bottom):
+        ax.annotate(f"{total:.2f} MiB", (i, total), xytext=(0, 3), textcoords="offset points",
+                    ha="center", fontsize=9)
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels(bars)
+    ax.set_ylabel("saved for backward (MiB)")
+    ax.set_ylim(0, max(bottom.max() * 1.12, 1e-9))
+    ax.set_title(with_size(title, size))
+    ax.grid(axis="y", alpha=0.3)
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], names[::-1], title="saved while running (shapes), top to bottom",
+              fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              frameon=False)
+    return fig
+
+
+def memory_growth_chart(df, title: str = "", size: str | None = None):
+    """Activation vs parameter-related memory as batch size and sequence length grow.
+
+    Args:
+        df: one row per configuration with columns ``sweep`` (``"batch_size"`` or
+            ``"seq_len"``: the dimension varied), ``batch_size``, ``seq_len``,
+            ``saved`` and ``est_saved`` (bytes saved for backward: measured, estimated),
+            ``static`` and ``est_static`` (parameters + gradients + optimizer state: measured
+            where known, else NaN; estimated).
+        title: the figure's title; size: the size profile, appended as "size '...'".
+
+    Draws one panel per sweep (linear axes, so linear growth is a straight line; MiB): the
+    estimates as dashed lines drawn over the measurements as open markers, so that a
+    measurement equal to its estimate shows as a marker threaded by the line rather than one
+    hiding the other; one legend below the panels serves them all.
+
+    Raises:
+        ValueError: missing columns or no rows.
+    """
+    need = {"sweep", "batch_size", "seq_len", "saved", "est_saved", "static", "est_static"}
+    if len(df) == 0 or need - set(df.columns):
+        raise ValueError(f"memory_growth_chart needs rows with columns {sorted(need)}.")
+    sweeps = list(dict.fromkeys(df["sweep"]))
+    fig = new_figure((5.2 * len(sweeps), 4.6))
+    axes = np.atleast_1d(fig.subplots(1, len(sweeps), sharey=True))
+    names = {"batch_size": "batch size (sequences)", "seq_len": "sequence length (tokens)"}
+    series = (("saved", "saved tensors", COLORS["activations"], "o"),
+              ("static", "params + grads + AdamW state", COLORS["optimizer_state"], "s"))
+    for ax, sweep in zip(axes, sweeps):
+        d = df[df["sweep"] == sweep].sort_values(sweep)
+        x = d[sweep].to_numpy()
+        for col, name, color, marker in series:
+            ax.plot(x, mib(d[col]), marker, ms=9, mfc="white", mew=1.8, color=color, ls="",
+                    zorder=3, label=f"{name} (measured)")
+            ax.plot(x, mib(d["est_" + col]), "--", lw=1.6, color=color, zorder=4,
+                    label=f"{name} (estimate)")
+        ax.set_xticks(x)
+        ax.set_xticklabels([str(int(v)) for v in x])
+        ax.set_xlim(0, x.max() * 1.05)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(names.get(sweep, sweep))
+        ax.grid(alpha=0.3)
+        ax.set_title(f"growing the {names.get(sweep, sweep).split(' (')[0]}", fontsize=10)
+    axes[0].set_ylabel("MiB")
+    handles = [Line2D([], [], color=c, ls="", marker=m, ms=8, mfc="white", mew=1.8,
+                      label=f"{name} (measured)") for _, name, c, m in series]
+    handles += [Line2D([], [], color=c, ls="--", lw=1.6, label=f"{name} (estimate)")
+                for _, name, c, _ in series]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False,
+               title="open markers: measured; dashed lines: estimate (a marker on its line: they agree)",
+               title_fontsize=8)
+    set_title(fig, title, size)
+    return fig
+
+
+def memory_timeline_chart(timelines: dict, title: str = "memory over one training step",
+                          size: str | None = None):
+    """Bytes allocated (MiB above the step's start) over time (ms), one panel per run, with the
+    marked phases shaded.
+
+    Args:
+        timelines: ``{label: Timeline}`` (`course_utils.timeline.memory_timeline`: ``t_ms``,
+            ``allocated`` in bytes, ``phases`` with ``name``, ``start_ms``, ``end_ms``).
+        title: the figure's title; size: the size profile, appended as "size '...'".
+
+    The panels share both axes so that heights and durations compare directly; each panel marks
+    its peak.
+
+    Raises:
+        ValueError: no timelines.
+    """
+    if not timelines:
+        raise ValueError("memory_timeline_chart needs at least one timeline.")
+    n = len(timelines)
+    fig = new_figure((9, 2.4 * n + 0.6))
+    axes = fig.subplots(n, 1, sharex=True, sharey=True, squeeze=False)
+    shades = {"forward": "#4C72B0", "backward": "#C44E52", "optimizer": "#55A868"}
+    extra = ["#8172B3", "#937860", "#DA8BC3"]
+    for ax, (label, tl) in zip(axes[:, 0], timelines.items()):
+        t = np.asarray(tl.t_ms, dtype=float)
+        a = np.asarray(tl.allocated, dtype=float) / MiB
+        ax.step(t, a, where="post", color="black", linewidth=1.0)
+        for k, p in enumerate(tl.phases):
+            c = shades.get(p.name, extra[k % len(extra)])
+            ax.axvspan(p.start_ms, p.end_ms, color=c, alpha=0.12, linewidth=0)
+            ax.annotate(p.name, ((p.start_ms + p.end_ms) / 2, 1.0),
+                        xycoords=("data", "axes fraction"), xytext=(0, -11),
+                        textcoords="offset points", ha="center", fontsize=8, color=c)
+        if len(a):
+            i = int(np.argmax(a))
+            ax.plot(t[i], a[i], "o", color="#C44E52", markersize=5)
+            ax.annotate(f"peak {a[i]:.1f} MiB", (t[i], a[i]), xytext=(6, -4),
+                        textcoords="offset points", fontsize=8, color="#C44E52")
+        ax.set_ylabel("MiB above start")
+        ax.set_title(label, fontsize=10, loc="left")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("time (ms)")
+    top = max((max(tl.allocated) if tl.allocated else 0) for tl in timelines.values()) / MiB
+    low = min((min(tl.allocated) if tl.allocated else 0) for tl in timelines.values()) / MiB
+    axes[0, 0].set_ylim(min(0, low) * 1.1, top * 1.22 + 1e-9)
+    set_title(fig, title, size)
+    return fig
+
+
+def _stack_labels(fig, placed) -> None:
+    """Give each panel's GPU labels (``{ax: (texts, n_bars)}``) the lowest row of the band above
+    the bars where they overlap no other label, and make the band tall enough for the rows."""
+    renderer = lay_out(fig)
+    for ax, (texts, n) in placed.items():
+        rows: list[list] = []
+        for text in sorted(texts, key=lambda t: t.get_position()[0]):
+            box = text.get_window_extent(renderer)
+            r = next((i for i, row in enumerate(rows) if not any(overlaps(box, b, 2) for b in row)),
+                     len(rows))
+            if r == len(rows):
+                rows.append([])
+            rows[r].append(box)
+            text.set_y(n - 0.25 + 0.5 * r)
+        ax.set_ylim(-0.6, n - 0.25 + 0.5 * max(len(rows) - 1, 0) + (0.35 if rows else -0.1))
+
+
+def scale_chart(table, gpus=None, title: str = ""):
+    """Estimated memory per model and recipe (GiB = 2^30 bytes), one panel per model, for
+    `course_utils.scaling.scale_table` (estimates only: nothing here is measured).
+
+    Stacked horizontal bars: weights, gradients, AdamW state, autocast weight copies, saved
+    activations (+ logits); the estimated peak of a step (which also counts temporaries such as
+    AdamW's) as a black tick, its value written after the bar; ``gpus`` (``{name: GiB}``) as
+    dashed vertical lines where they fall within 1.3x of a panel's largest value, named in a band
+    above the bars (on separate rows where names would collide), clear of bars and their labels.
+
+    Args:
+        table: columns ``model``, ``recipe``, ``params (B)``, ``weights``, ``gradients``,
+            ``AdamW state``, ``weight copies``, ``activations``, ``peak`` (GiB).
+        gpus: ``{name: memory in GiB}``; title: the figure's title.
+
+    Raises:
+        ValueError: an empty table.
+    """
+    if len(table) == 0:
+        raise ValueError("scale_chart() needs a non-empty scale_table().")
+    gpus = gpus or {}
+    models = list(dict.fromkeys(table["model"]))
+    per = max(len(table[table["model"] == m]) for m in models)
+    fig = new_figure((11, 1.0 + len(models) * (0.55 * per + 1.1)))
+    axes = fig.subplots(len(models), 1, squeeze=False)
+    parts = (("weights", "parameters"), ("gradients", "gradients"),
+             ("AdamW state", "optimizer_state"), ("weight copies", "autocast_weight_copies"),
+             ("activations", "activations"))
+    placed = {}
+    for ax, model in zip(axes[:, 0], models):
+        sub = table[table["model"] == model]
+        y = np.arange(len(sub))[::-1]
+        left = np.zeros(len(sub))
+        for col, key in parts:
+            vals = sub[col].to_numpy(dtype=float)
+            ax.barh(y, vals, left=left, color=COLORS[key], label=col, height=0.65)
+            left = left + vals
+        peak = sub["peak"].to_numpy(dtype=float)
+        ax.scatter(peak, y, marker="|", s=400, color="black", linewidths=2, zorder=3,
+                   label="estimated peak of a step")
+        for yi, pk, end in zip(y, peak, left):
+            ax.annotate(f"peak {pk:,.0f} GiB", (max(pk, end), yi), xytext=(6, 0),
+                        textcoords="offset points", va="center", fontsize=8)
+        ax.set_yticks(y)
+        ax.set_yticklabels(sub["recipe"], fontsize=9)
+        top = max(peak.max(), left.max())
+        shown = {name: g for name, g in gpus.items() if g <= 1.3 * top}
+        ax.set_xlim(0, max([top] + list(shown.values())) * 1.22)
+        texts = []
+        for name, gib in shown.items():
+            ax.axvline(gib, color=ALERT_COLOR, ls="--", lw=1)
+            texts.append(ax.text(gib, len(sub), f" {name}", fontsize=8, color=ALERT_COLOR,
+                                 ha="left", va="center",
+                                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9, "pad": 1}))
+        placed[ax] = (texts, len(sub))
+        ax.set_title(f"{model} ({sub['params (B)'].iloc[0]:.2f}B parameters)", fontsize=10,
+                     loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("GiB (estimate, not measured)")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, ncol=6, loc="outside lower center", frameon=False)
+    set_title(fig, title)
+    _stack_labels(fig, placed)
+    return fig

@@ -1,0 +1,156 @@
+"""What memory buys and what it costs: the Pareto front of step time against peak memory, and
+the largest micro-batch under a memory budget with its throughput.
+"""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.lines import Line2D
+
+from ..config import MiB
+from ._style import ALERT_COLOR, SERIES, TIME_COLOR, mib, nan, new_figure, place_point_labels, with_size
+from ._timing import time_notes
+
+
+def pareto_chart(df, title: str = "step time vs peak memory", size: str | None = None):
+    """Each configuration as a point (step time in ms, peak allocated memory in MiB = 2^20
+    bytes), the non-dominated ones joined by a line (the Pareto front: nothing is both faster
+    and smaller). Emulated configurations are open circles, left out of the front.
+
+    Each point is labelled with its configuration and, against the first row, its time ratio
+    only where the difference is outside the noise ("≈1x (within noise)", "inconclusive",
+    "emulated here" otherwise). Horizontal error bars show the ratio's spread
+    (``time_ratio_low``/``time_ratio_high``) where given, else the interquartile range
+    (``step_time_iqr_s``) where one was measured; the axis label says which, or that none was.
+
+    Args:
+        df: a `course_utils.experiments.compare` table (``label``, ``step_time_s``,
+            ``step_time_iqr_s``, ``peak_allocated`` and, where present, ``time_ratio``,
+            ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``emulated``).
+        title: the axes title; size: the size profile, appended as "size '...'".
+
+    Raises:
+        ValueError: no row has both a step time and a peak.
+    """
+    t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
+    iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
+    peak = mib(df["peak_allocated"])
+    ok = ~(np.isnan(t) | np.isnan(peak))
+    if not ok.any():
+        raise ValueError("pareto_chart needs rows with a step time and a peak.")
+    labels = list(df["label"])
+    notes = time_notes(df, [0] * len(df)) if "time_ratio" in df.columns else [None] * len(df)
+    emulated = np.array([bool(n and n.emulated) for n in notes])
+    fig = new_figure((8, 5))
+    ax = fig.subplots()
+    if any(n and n.band for n in notes):
+        err = np.zeros((2, len(df)))
+        for i, n in enumerate(notes):
+            if n and n.band and np.isfinite(t[i]):
+                err[:, i] = (t[i] * (1 - n.band[0]), t[i] * (n.band[1] - 1))
+        bars = f"bars: spread of the time ratio to {labels[0]}"
+    elif np.nansum(iqr[ok]) > 0:
+        err, bars = np.vstack([np.nan_to_num(iqr)] * 2), "bars: interquartile range"
+    else:
+        err, bars = None, "no spread measured"
+    for group, face in ((ok & ~emulated, TIME_COLOR), (ok & emulated, "white")):
+        if group.any():
+            ax.errorbar(t[group], peak[group], xerr=None if err is None else err[:, group], fmt="o",
+                        color=TIME_COLOR, mfc=face, ecolor="#9bb0d6", capsize=3, markersize=7,
+                        zorder=3)
+    texts = []
+    for i in np.flatnonzero(ok):
+        note = notes[i]
+        text = labels[i] if note is None or not note.text else f"{labels[i]}: {note.text}"
+        texts.append(ax.annotate(text, (t[i], peak[i]), xytext=(6, 5), textcoords="offset points",
+                                 fontsize=8))
+    front = ok & ~emulated
+    idx = [i for i in np.flatnonzero(front)
+           if not any((t[j] <= t[i] and peak[j] <= peak[i]) and (t[j] < t[i] or peak[j] < peak[i])
+                      for j in np.flatnonzero(front))]
+    idx.sort(key=lambda i: t[i])
+    ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label="Pareto front")
+    handles = [Line2D([], [], color="#DD8452", label="Pareto front")]
+    if emulated[ok].any():
+        handles.append(Line2D([], [], marker="o", ls="", color=TIME_COLOR, mfc="white",
+                              label="emulated here (not this hardware's real speed)"))
+    ax.set_xlabel(f"step time (ms, median; {bars})")
+    ax.set_ylabel("peak allocated memory (MiB)")
+    ax.set_title(with_size(title, size))
+    lo = np.nanmin(t[ok] - (0 if err is None else err[0, ok]))
+    hi = np.nanmax(t[ok] + (0 if err is None else err[1, ok]))
+    pad = 0.08 * (hi - lo) + 0.02 * hi
+    ax.set_xlim(lo - pad, hi + 4 * pad)
+    ax.set_ylim(0, np.nanmax(peak[ok]) * 1.25)
+    ax.grid(alpha=0.3)
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8,
+               frameon=False)
+    place_point_labels(fig, ax, texts)
+    return fig
+
+
+def budget_chart(searches, title: str = "", size: str | None = None):
+    """Two panels for a list of `course_utils.scaling.BatchSearch` (one per configuration).
+
+    1. peak allocated memory (MiB = 2^20 bytes) against micro-batch: each measured batch as a
+       dot (filled: fits the budget; x: over it), the estimate as a dashed line, the budget as a
+       red line;
+    2. tokens/s against micro-batch at the measured batches, the largest fitting batch starred
+       and labelled.
+    One legend below both panels names each configuration and its largest batch.
+
+    Args:
+        searches: objects with ``label``, ``budget_bytes``, ``batch_size``, ``tokens_per_s``,
+            ``estimated`` (``[(batch, bytes)]``) and ``probes`` (each with ``batch_size``,
+            ``peak_allocated``, ``fits``, ``tokens_per_s``).
+        title: the figure's title; size: the size profile, appended as "size '...'".
+
+    Raises:
+        ValueError: no searches.
+    """
+    if not searches:
+        raise ValueError("budget_chart() needs at least one BatchSearch.")
+    fig = new_figure((12, 4.8))
+    ax_m, ax_t = fig.subplots(1, 2)
+    budget = searches[0].budget_bytes / MiB
+    handles = []
+    for i, s in enumerate(searches):
+        c = SERIES[i % len(SERIES)]
+        if s.estimated:
+            eb, ev = zip(*s.estimated)
+            ax_m.plot(eb, mib(ev), "--", color=c, alpha=0.6, lw=1)
+        probes = sorted(s.probes, key=lambda p: p.batch_size)
+        for p in probes:
+            if p.peak_allocated is not None:
+                ax_m.scatter(p.batch_size, p.peak_allocated / MiB, color=c, zorder=3, s=40,
+                             marker="o" if p.fits else "x")
+        handles.append(Line2D([], [], color=c, marker="o", label=f"{s.label}: largest batch {s.batch_size}"))
+        timed = [p for p in probes if p.tokens_per_s]
+        if timed:
+            ax_t.plot([p.batch_size for p in timed], [p.tokens_per_s for p in timed], "-o",
+                      color=c, ms=4, alpha=0.8)
+        if s.tokens_per_s:
+            ax_t.scatter(s.batch_size, s.tokens_per_s, marker="*", s=220, color=c, zorder=4,
+                         edgecolor="black")
+            ax_t.annotate(f"b={s.batch_size}", (s.batch_size, s.tokens_per_s), xytext=(7, -4),
+                          textcoords="offset points", fontsize=8)
+    ax_m.axhline(budget, color=ALERT_COLOR, lw=1.5)
+    handles += [Line2D([], [], color=ALERT_COLOR, lw=1.5, label=f"budget {budget:,.1f} MiB"),
+                Line2D([], [], color="grey", ls="--", lw=1, label="estimate"),
+                Line2D([], [], color="grey", marker="x", ls="", label="over budget")]
+    ax_m.set_xlabel("micro-batch (sequences)")
+    ax_m.set_ylabel("peak allocated (MiB)")
+    ax_m.set_title("measured peak (o fits, x over budget); dashed: estimate", fontsize=10)
+    ax_m.set_ylim(0, max(budget, ax_m.get_ylim()[1]) * 1.08)
+    ax_t.set_xlabel("micro-batch (sequences)")
+    ax_t.set_ylabel("tokens/s")
+    ax_t.set_title("tokens/s at the measured batches; * = largest that fits", fontsize=10)
+    ax_t.set_ylim(0, ax_t.get_ylim()[1] * 1.1)
+    ax_t.margins(x=0.12)
+    for ax in (ax_m, ax_t):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4), fontsize=8,
+               frameon=False)
+    if with_size(title, size):
+        fig.suptitle(with_size(title, size))
+    return fig

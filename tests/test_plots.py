@@ -1,0 +1,453 @@
+"""course_utils.plots: every chart is a Figure made without pyplot, shows once in a kernel, keeps
+its labels clear of its bars, and never prints a bare time ratio for a difference inside the noise.
+
+The inputs are small hand-built tables with the columns the charts read (values from a real
+`compare` run at the 'cpu' profile on a CPU without native bf16, where bf16 is emulated).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from course_utils import plots
+
+MiB = 2**20
+RATIO = re.compile(r"\d+\.\d+x")
+
+
+# ------------------------------------------------------------------------------------ inputs
+
+def compare_table(noise: bool = True) -> pd.DataFrame:
+    """A `compare` table of lesson 03's ladder; ``noise``: with the engine's newer columns."""
+    rows = []
+    for label, t, iqr, peak, est_peak, acts, copies, logits in (
+            ("fp32", 0.382, 0.002, 114.7, 113.0, 64.0, 0.0, 3.1),
+            ("bf16", 1.461, 0.0, 92.7, 89.4, 36.2, 6.0, 2.6),
+            ("bf16+full", 1.803, 0.0, 69.1, 60.3, 4.0, 0.4, 2.6),
+            ("bf16+selective", 0.390, 0.004, 79.1, 75.6, 24.0, 0.3, 2.6)):
+        row = {"label": label, "step_time_s": t, "step_time_iqr_s": iqr, "time_ratio": t / 0.382,
+               "peak_allocated": peak * MiB, "est_peak_allocated": est_peak * MiB,
+               "activations": acts * MiB, "autocast_weight_copies": copies * MiB,
+               "logits": logits * MiB, "est_saved_total": (acts + copies + logits) * MiB}
+        for k, v in (("parameters", 12.7), ("gradients", 12.7), ("optimizer_state", 25.3)):
+            row[k] = row["est_" + k] = v * MiB
+        for k in ("activations", "autocast_weight_copies", "logits"):
+            row["est_" + k] = row[k]
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if noise:
+        df["time_ratio_low"] = df["time_ratio"] * 0.95
+        df["time_ratio_high"] = df["time_ratio"] * 1.05
+        df["time_verdict"] = ["within noise", "emulated", "emulated", "within noise"]
+        df["emulated"] = [False, True, True, False]
+    return df
+
+
+def policy_table() -> pd.DataFrame:
+    """Lesson 02's `compare` of checkpoint policies (smoke profile): labels that crowd."""
+    return pd.DataFrame({
+        "label": ["fp32", "fp32+full", "fp32+every-2", "fp32+segments:2", "fp32+selective"],
+        "step_time_s": [0.01279, 0.01607, 0.01340, 0.01650, 0.02162],
+        "step_time_iqr_s": [0.00208, 0.00098, 0.00082, 0.00137, 0.00079],
+        "time_ratio": [1.0, 1.256, 1.047, 1.289, 1.690],
+        "time_verdict": ["within noise", "slower", "within noise", "slower",
+                         "inconclusive at this size"],
+        "peak_allocated": [3266944, 2780480, 2780480, 2780480, 2979840]})
+
+
+def history() -> pd.DataFrame:
+    """`Dashboard.history`: a baseline, an emulated run, one within noise, one slower, an OOM."""
+    base = compare_table().iloc[0]
+    rows = []
+    for run, label, ratio, verdict, emulated, status in (
+            (1, "fp32", 1.0, None, False, "ok"), (2, "bf16", 3.8, "emulated", True, "ok"),
+            (3, "fp32+full", 1.03, "within noise", False, "ok"),
+            (4, "fp32+selective", 1.31, "slower", False, "ok"),
+            (5, "fp32 b64", np.nan, "not timed", False, "OOM")):
+        ok = status == "ok"
+        row = {"run": run, "label": label, "baseline": run == 1, "status": status,
+               "batch_size": 8, "seq_len": 128, "n_layers": 4, "baseline_run": 1,
+               "step_time_s": base.step_time_s * ratio, "time_ratio": ratio,
+               "peak_ratio": 1.0 if ok else np.nan, "time_verdict": verdict, "emulated": emulated}
+        for k in ("parameters", "gradients", "optimizer_state", "activations",
+                  "autocast_weight_copies", "logits", "peak_allocated"):
+            row[k] = base[k] if ok else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def story() -> pd.DataFrame:
+    return pd.DataFrame({"step": ["fp32", "+ bf16 autocast", "+ torch.compile", "+ full ckpt",
+                                  "+ sharding over 4 GPUs"],
+                         "step_time_s": [0.38, 0.39, np.nan, 0.47, np.nan],
+                         "peak_allocated": [114e6, 92e6, np.nan, 69e6, 40e6],
+                         "source": ["measured", "measured", "not measured", "measured", "estimate"],
+                         "time_verdict": [None, "within noise", None, "slower", None]})
+
+
+def searches() -> list:
+    def probe(b, peak, fits, tps):
+        return NS(batch_size=b, peak_allocated=peak * MiB, fits=fits, tokens_per_s=tps)
+    return [NS(label="fp32", budget_bytes=100 * MiB, batch_size=6, tokens_per_s=5200.0,
+               estimated=[(b, (20 + 13 * b) * MiB) for b in range(1, 9)],
+               probes=[probe(4, 72, True, 5000.0), probe(6, 98, True, 5200.0),
+                       probe(7, 111, False, None)]),
+            NS(label="bf16+full", budget_bytes=100 * MiB, batch_size=14, tokens_per_s=4100.0,
+               estimated=[(b, (22 + 5.4 * b) * MiB) for b in range(1, 17)],
+               probes=[probe(8, 65, True, 3900.0), probe(14, 97, True, 4100.0),
+                       probe(16, 108, False, None)])]
+
+
+def scale_table() -> pd.DataFrame:
+    """`scaling.scale_table()` (GiB) for 1B, 7B and 70B."""
+    rows = []
+    for model, params, w, acts in (("1B", 1.04, 3.9, 4.6), ("7B", 6.71, 25.0, 16.0),
+                                   ("70B", 69.81, 260.0, 85.0)):
+        for recipe, copies, a in (("fp32", 0.0, acts), ("bf16 autocast", 0.45 * w, acts * 0.5),
+                                  ("bf16 autocast + full ckpt", 0.01 * w, acts * 0.1)):
+            rows.append({"model": model, "recipe": recipe, "params (B)": params, "weights": w,
+                         "gradients": w, "AdamW state": 2 * w, "weight copies": copies,
+                         "activations": a, "peak": 4 * w + 0.1 * acts})
+    return pd.DataFrame(rows)
+
+
+def growth() -> pd.DataFrame:
+    """Lesson 02's growth table: measured saved bytes equal to their estimate."""
+    rows = []
+    for sweep, values in (("batch_size", (2, 4, 8, 16)), ("seq_len", (16, 32, 64, 128))):
+        for v in values:
+            b, t = (v, 64) if sweep == "batch_size" else (8, v)
+            saved = 34_930 * b * t
+            rows.append({"sweep": sweep, "batch_size": b, "seq_len": t, "saved": saved,
+                         "est_saved": saved, "static": 13873364.0 if (b, t) == (8, 64) else np.nan,
+                         "est_static": 13873364.0 + 1536 * (t - 64)})
+    return pd.DataFrame(rows)
+
+
+def saved_table(scale: int) -> pd.DataFrame:
+    return pd.DataFrame({"module": ["ln1", "attn.qkv", "attn", "mlp.fc1", "mlp.act", ""],
+                         "module_type": ["LayerNorm", "Linear", "Attention", "Linear", "GELU",
+                                         "Block"],
+                         "shape": [(4, 32, 64), (4, 32, 64), (4, 32, 192), (4, 32, 64),
+                                   (4, 32, 256), (4, 32, 64)],
+                         "nbytes": [32768 * scale, 32768, 98304, 32768, 131072, 32768]})
+
+
+def timeline() -> NS:
+    phases = [NS(name="forward", start_ms=0.0, end_ms=4.0), NS(name="backward", start_ms=4.0,
+                                                               end_ms=9.0),
+              NS(name="optimizer", start_ms=9.0, end_ms=10.0)]
+    return NS(t_ms=list(np.linspace(0, 10, 21)),
+              allocated=[int(v) for v in np.r_[np.linspace(0, 8, 9), np.linspace(7, 1, 12)] * MiB],
+              phases=phases)
+
+
+def charts():
+    """(name, call) for every public chart function, with realistic small inputs."""
+    fmt = pd.DataFrame({"smallest subnormal": [1.4e-45, 5.96e-08, 9.2e-41],
+                        "smallest normal": [1.18e-38, 6.1e-05, 1.18e-38],
+                        "max": [3.4e38, 65504.0, 3.39e38], "eps": [1.19e-07, 9.77e-04, 7.8e-03]},
+                       index=["fp32", "fp16", "bf16"])
+    hist = pd.Series([5, 40, 300, 900, 400, 20], index=range(-30, -24))
+    seg = pd.DataFrame([{"method": m, "segments": s, "saved_bytes": s * MiB,
+                         "peak_bytes": (s + 8 / s) * MiB} for m in ("loop", "checkpoint_sequential")
+                        for s in (1, 2, 4, 8)])
+    att = pd.DataFrame([{"attention": a, "seq_len": t, "saved_bytes": t * (t if a == "naive" else 1)}
+                        for a in ("naive", "sdpa") for t in (8, 16, 32)])
+    claims = pd.DataFrame({"says": ["bf16 cuts memory"], "status": ["held"],
+                           "evidence": ["peak 0.81x"], "where": ["[01 §6](#6)"]},
+                          index=pd.Index(["C2"], name="claim"))
+    return [
+        ("comparison_chart", lambda: figure("ladder")),
+        ("dashboard_chart", lambda: figure("dashboard")),
+        ("adoption_chart", lambda: plots.adoption_chart(story())),
+        ("pareto_chart", lambda: figure("pareto")),
+        ("budget_chart", lambda: plots.budget_chart(searches())),
+        ("format_range_chart", lambda: plots.format_range_chart(fmt)),
+        ("log2_histogram_chart", lambda: plots.log2_histogram_chart({"grads": hist}, "fp16",
+                                                                    scale=2.0**16)),
+        ("scaler_trace_chart", lambda: plots.scaler_trace_chart([1, 2, 3, 4], [4.0, 2.0, 2.0, 4.0],
+                                                                skipped=[2], injected=[2])),
+        ("loss_curves_chart", lambda: plots.loss_curves_chart({"fp32": ([0, 10, 20], [5.5, 3.1, 2.6]),
+                                                               "bf16": ([0, 10, 20], [5.5, 3.2, 2.6])})),
+        ("memory_breakdown_chart", lambda: plots.memory_breakdown_chart(compare_table())),
+        ("saved_tensors_chart", lambda: plots.saved_tensors_chart({"block(x)": saved_table(1),
+                                                                   "checkpoint": saved_table(0)})),
+        ("memory_growth_chart", lambda: figure("growth")),
+        ("memory_timeline_chart", lambda: plots.memory_timeline_chart({"none": timeline(),
+                                                                       "full": timeline()})),
+        ("scale_chart", lambda: figure("scale")),
+        ("segments_chart", lambda: plots.segments_chart(seg, n_layers=8)),
+        ("attention_memory_chart", lambda: plots.attention_memory_chart(att)),
+        ("styled_claims", lambda: plots.styled_claims(claims)),
+    ]
+
+
+@functools.cache
+def figure(name: str):
+    """The standard inputs' figure of a chart, built once per test run (tests only read it)."""
+    return {"ladder": lambda: plots.comparison_chart(compare_table(), title="the ladder", size="cpu"),
+            "measure": lambda: plots.comparison_chart(compare_table(noise=False).iloc[:2],
+                                                      title="Intel Xeon", size="cpu"),
+            "pareto": lambda: plots.pareto_chart(policy_table(), size="smoke"),
+            "dashboard": lambda: plots.dashboard_chart(history()),
+            "growth": lambda: plots.memory_growth_chart(growth()),
+            "scale": lambda: plots.scale_chart(scale_table(), gpus={"24 GiB GPU": 24, "80 GiB GPU": 80}),
+            }[name]()
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+def _layout(fig):
+    """The renderer of ``fig`` laid out (once: the figures are not changed after)."""
+    if not getattr(fig, "_laid_out_for_test", False):
+        fig.get_layout_engine().execute(fig)  # positions as drawn, without drawing
+        fig._laid_out_for_test = True
+    return fig.canvas.get_renderer()
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def _bars(ax):
+    return [p for p in ax.patches if isinstance(p, Rectangle) and p.get_width() and p.get_height()]
+
+
+def _legends(fig):
+    return list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+
+
+def _assert_legends_clear(fig):
+    """No legend covers a bar, an annotation or a line's data of any panel."""
+    r = _layout(fig)
+    for leg in _legends(fig):
+        box = leg.get_window_extent(r)
+        for ax in fig.axes:
+            for bar in _bars(ax):
+                assert not _overlap(box, bar.get_window_extent(r)), f"legend covers a bar in {ax.get_title()!r}"
+            for text in ax.texts:
+                assert not _overlap(box, text.get_window_extent(r)), f"legend covers {text.get_text()!r}"
+
+
+def _texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+# ------------------------------------------------------------------------------------ tests
+
+# A fresh kernel (a fresh process) imports the package, calls every chart, then shows one: it
+# starts with the first test of this module and runs beside the others (torch's import alone
+# takes seconds); test_no_pyplot_and_one_inline_image_in_a_kernel reads what it printed.
+KERNEL_TEST = "test_no_pyplot_and_one_inline_image_in_a_kernel"
+KERNEL_CELLS = [
+    ("import sys\nsys.path[:0] = ['.', 'tests']\nimport test_plots\n"
+     "outs = [call() for _, call in test_plots.charts()]\n"
+     "fig = test_plots.plots.scaler_trace_chart([1, 2, 3], [4.0, 2.0, 4.0])"),
+    "fig",                                  # the chart as the cell's last expression
+    "fig;",                                 # a trailing ';' hides it
+    "'matplotlib.pyplot' in sys.modules",   # no chart imported pyplot
+    "display(fig)\nlen(outs)",               # display() where the chart is not the last line
+    "%matplotlib inline\nfig",              # matplotlib's own formatter: still one image
+]
+KERNEL_SCRIPT = r"""
+import json, sys
+import nbformat
+from nbclient import NotebookClient
+nb = nbformat.v4.new_notebook()
+nb.cells = [nbformat.v4.new_code_cell(c) for c in json.loads(sys.argv[1])]
+NotebookClient(nb, timeout=120, kernel_name="python3").execute(cwd=sys.argv[2])
+print(json.dumps([[{"mimes": sorted(o.get("data", {})), "text": o.get("data", {}).get("text/plain")}
+                   for o in c.outputs] for c in nb.cells]))
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_run(request):
+    """The background kernel run (a Popen), if the kernel test is selected and nbclient is here."""
+    wanted = any(item.name == KERNEL_TEST for item in request.session.items)
+    try:
+        import nbclient  # noqa: F401
+    except ImportError:
+        wanted = False
+    if not wanted:
+        yield None
+        return
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-c", KERNEL_SCRIPT, json.dumps(KERNEL_CELLS), str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("name,call", charts(), ids=[n for n, _ in charts()])
+def test_every_public_chart_returns_a_figure(name, call):
+    out = call()
+    if name == "styled_claims":
+        assert "<table" in out.to_html()
+    else:
+        assert isinstance(out, Figure) and out.axes
+
+
+def test_a_chart_gives_jupyter_a_png():
+    fig = plots.scaler_trace_chart([1, 2, 3], [4.0, 2.0, 4.0])
+    assert fig._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_all_lists_every_public_chart():
+    assert sorted(n for n in plots.__all__ if n != "MiB") == sorted(n for n, _ in charts())
+
+
+@pytest.mark.parametrize("call", [
+    lambda: plots.comparison_chart(compare_table().iloc[:0]),
+    lambda: plots.dashboard_chart(history().iloc[:0]),
+    lambda: plots.adoption_chart(story().iloc[:0]),
+    lambda: plots.pareto_chart(policy_table().iloc[:0]),
+    lambda: plots.budget_chart([]),
+    lambda: plots.memory_breakdown_chart(compare_table().iloc[:0]),
+    lambda: plots.memory_growth_chart(growth().iloc[:0]),
+    lambda: plots.scale_chart(scale_table().iloc[:0]),
+    lambda: plots.saved_tensors_chart({}),
+    lambda: plots.memory_timeline_chart({}),
+    lambda: plots.loss_curves_chart({}),
+    lambda: plots.styled_claims(pd.DataFrame(columns=["says", "status", "evidence", "where"])),
+])
+def test_empty_input_raises_value_error(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_size_profile_is_stated_once_in_the_title():
+    assert figure("ladder")._suptitle.get_text() == "the ladder, size 'cpu'"
+    assert "size 'smoke'" in figure("pareto").axes[0].get_title()
+    fig = plots.memory_breakdown_chart(compare_table(), title="one step, size 'cpu'", size="cpu")
+    assert fig.axes[0].get_title().count("size 'cpu'") == 1
+    assert plots.memory_breakdown_chart(compare_table()).axes[0].get_title() == \
+        "where the bytes of a training step are"  # callers without it
+
+
+@pytest.mark.parametrize("name", ["ladder", "measure", "dashboard"])
+def test_legends_cover_no_bar(name):
+    """Lesson 03's ladder and lesson 01's measure chart (comparison_chart), the dashboard."""
+    _assert_legends_clear(figure(name))
+
+
+def test_time_ratio_is_printed_only_outside_the_noise():
+    texts = [t.get_text() for t in figure("ladder").axes[0].texts]
+    assert any("within noise" in t for t in texts)  # bf16+selective: 1.02x, inside the noise
+    assert not any("1.02x" in t for t in texts)
+    assert sum("emulated here" in t for t in texts) == 2  # no ratio for an emulated time
+    assert not any(RATIO.search(t) for t in texts)
+    assert len([b for b in _bars(figure("ladder").axes[0]) if b.get_hatch()]) == 2
+
+    texts = _texts(figure("pareto"))
+    assert "fp32+every-2: ≈1x (within noise)" in texts and "fp32+full: 1.26x (slower)" in texts
+    assert "fp32+selective: inconclusive" in texts and not any("1.69x" in t for t in texts)
+
+    texts = [t.get_text() for t in figure("dashboard").axes[0].texts]
+    assert any("within noise" in t for t in texts) and not any("1.03x" in t for t in texts)
+    assert any("1.31x" in t and "slower" in t for t in texts)
+    assert any("emulated here" in t for t in texts) and not any("3.80x" in t for t in texts)
+
+    texts = [t.get_text() for t in plots.adoption_chart(story()).axes[0].texts]
+    assert any("within noise" in t for t in texts) and not any("1.03x" in t for t in texts)
+
+
+def test_every_printed_time_ratio_says_what_the_noise_allows():
+    """A ratio never stands alone: "(faster)", "(slower)", or "(noise unknown)" in old tables."""
+    for fig in (figure("ladder"), figure("measure"), figure("pareto"), figure("dashboard"),
+                plots.pareto_chart(compare_table(noise=False)),
+                plots.dashboard_chart(history().drop(columns=["time_verdict", "emulated"]))):
+        for text in (t.get_text() for t in fig.axes[0].texts):
+            if RATIO.search(text):
+                assert re.search(r"faster|slower|noise unknown", text), text
+
+
+def test_spread_is_drawn_as_error_bars():
+    ax = figure("ladder").axes[0]
+    assert "spread" in ax.get_title()
+    assert any(c.has_yerr for c in ax.containers if hasattr(c, "has_yerr"))
+
+
+def test_pareto_draws_the_bars_its_axis_label_names():
+    ax = figure("pareto").axes[0]
+    assert "interquartile" in ax.get_xlabel() and ax.collections  # errorbar LineCollections
+    ax = plots.pareto_chart(policy_table().assign(step_time_iqr_s=None)).axes[0]
+    assert "interquartile" not in ax.get_xlabel() and "no spread" in ax.get_xlabel()
+    assert not ax.collections
+    spread = policy_table().assign(time_ratio_low=lambda d: d.time_ratio * 0.9,
+                                   time_ratio_high=lambda d: d.time_ratio * 1.1)
+    ax = plots.pareto_chart(spread).axes[0]
+    assert "spread" in ax.get_xlabel() and ax.collections
+
+
+def test_pareto_point_labels_do_not_overlap():
+    fig = figure("pareto")
+    r = _layout(fig)
+    boxes = [t.get_window_extent(r) for t in fig.axes[0].texts]
+    assert len(boxes) == 5
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not _overlap(a, b)
+
+
+def test_growth_chart_names_every_series_of_both_panels():
+    fig = figure("growth")
+    assert len(fig.axes) == 2
+    for ax in fig.axes:  # the right panel too: its own legend or the figure's
+        legends = list(fig.legends) + ([ax.get_legend()] if ax.get_legend() else [])
+        shown = {t.get_text() for leg in legends for t in leg.get_texts()}
+        for line in ax.lines:
+            assert line.get_label() in shown, f"{line.get_label()!r} unnamed in {ax.get_title()!r}"
+    for ax in fig.axes:  # a measurement equal to its estimate: the line on top dashed, markers open
+        est = [ln for ln in ax.lines if "estimate" in ln.get_label()]
+        meas = [ln for ln in ax.lines if "measured" in ln.get_label()]
+        assert est and meas and all(ln.get_linestyle() == "--" for ln in est)
+        assert all(ln.get_markerfacecolor() in ("white", "none") for ln in meas)
+        assert min(ln.get_zorder() for ln in est) > max(ln.get_zorder() for ln in meas)
+    _assert_legends_clear(fig)
+
+
+def test_scale_chart_gpu_labels_clear_of_bars_and_bar_labels():
+    fig = figure("scale")
+    r = _layout(fig)
+    gpu_labels = 0
+    for ax in fig.axes:
+        gpu = [t for t in ax.texts if "GPU" in t.get_text()]
+        others = [t.get_window_extent(r) for t in ax.texts if t not in gpu]
+        bars = [b.get_window_extent(r) for b in _bars(ax)]
+        boxes = [t.get_window_extent(r) for t in gpu]
+        for i, box in enumerate(boxes):
+            assert not any(_overlap(box, o) for o in others + bars + boxes[i + 1:]), gpu[i].get_text()
+        gpu_labels += len(gpu)
+    assert gpu_labels == 5  # 24 GiB on every panel, 80 GiB on 7B and 70B
+    _assert_legends_clear(fig)
+
+
+def test_no_pyplot_and_one_inline_image_in_a_kernel(kernel_run):
+    """In a fresh kernel: every chart without pyplot; a chart as a cell's last expression shows
+    one PNG (a plain Figure shows as "<Figure size ...>" text alone); after ``;`` nothing;
+    ``display(fig)`` one PNG; after ``%matplotlib inline`` still exactly one (nothing twice)."""
+    if kernel_run is None:
+        pytest.skip("nbclient is not installed")
+    out, err = kernel_run.communicate(timeout=300)
+    assert kernel_run.returncode == 0, err[-3000:]
+    cells = json.loads(out.strip().splitlines()[-1])
+    assert [o["mimes"] for o in cells[1]] == [["image/png", "text/plain"]]
+    assert cells[2] == []
+    assert cells[3][0]["text"] == "False", "a chart imported matplotlib.pyplot"
+    assert [o["mimes"] for o in cells[4]] == [["image/png", "text/plain"], ["text/plain"]]
+    assert [o["mimes"] for o in cells[5]] == [["image/png", "text/plain"]]
