@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup course test bench release clean
+.PHONY: setup course test bench bench-lessons release clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ test: setup
 
 bench: setup
 	$(BIN)/course-bench --out bench-out
+
+# The lesson benchmark: every lesson and exercise solution in a fresh kernel at the default size
+# profile; a timing table (JSON + Markdown) under results/. Add EMULATE_AVX2=1 on a CPU with bf16
+# instructions to run as on an AVX2-only CPU.
+BENCH_DIR ?= results/lesson-timings-$(shell date +%F)$(if $(EMULATE_AVX2),-avx2,)
+bench-lessons: setup
+	$(BIN)/python tools/bench_lessons.py --out $(BENCH_DIR) $(if $(EMULATE_AVX2),--emulate-avx2,)
 
 release: setup
 	$(BIN)/course-grade release

@@ -1,0 +1,169 @@
+"""The lesson benchmark: run every lesson and exercise solution top to bottom in a fresh kernel
+and write how long each took, with its slowest cells (a benchmark, not a test).
+
+    python tools/bench_lessons.py --out results/lesson-timings-<machine>-<date>
+    python tools/bench_lessons.py --emulate-avx2 ...   # on a CPU with bf16 instructions: plan
+                                                        # and run as on an AVX2-only CPU
+
+Each notebook runs with nbclient in a new kernel of this Python, in its own folder, with the
+environment of this process (so ``COURSE_SIZE`` unset means the default size profile);
+``--emulate-avx2`` sets ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` for the kernels
+(torch reads them at import). Per-cell times come from the kernel's execution timestamps
+(``record_timing``). Writes ``lesson-timings.json`` and ``lesson-timings.md`` into ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def default_notebooks() -> list[Path]:
+    """The lessons (``notebooks/NN_*.ipynb``) and the exercise solutions
+    (``solutions/NN_*.ipynb``), in order."""
+    return (sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+            + sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")))
+
+
+def _seconds(cell) -> float | None:
+    t = cell.get("metadata", {}).get("execution", {})
+    start, end = t.get("iopub.execute_input"), t.get("shell.execute_reply")
+    if not (start and end):
+        return None
+    parse = dt.datetime.fromisoformat
+    return (parse(end.replace("Z", "+00:00")) - parse(start.replace("Z", "+00:00"))).total_seconds()
+
+
+def _name(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def run_notebook(path: Path, timeout: float, env: dict) -> dict:
+    """Execute ``path`` in a fresh kernel; return its wall time (s), per-cell times and status.
+
+    Errors in a cell stop the notebook (as "Restart and Run All" would) and are reported, not
+    raised.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    nb = nbformat.read(path, as_version=4)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
+                            resources={"metadata": {"path": str(path.parent)}})
+    status, t0 = "ok", time.perf_counter()
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError) as e:
+        status = f"error: {str(e).strip().splitlines()[-1][:200]}"
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    wall = time.perf_counter() - t0
+    cells = [{"id": c.get("id"), "seconds": _seconds(c)} for c in nb.cells
+             if c.cell_type == "code"]
+    timed = sorted((c for c in cells if c["seconds"] is not None), key=lambda c: -c["seconds"])
+    return {"notebook": _name(path), "seconds": round(wall, 1),
+            "status": status, "cells": cells,
+            "slowest": [{"id": c["id"], "seconds": round(c["seconds"], 1)} for c in timed[:3]]}
+
+
+def machine() -> dict:
+    """What the numbers were measured on: CPU, ISA flags torch sees, threads, load."""
+    code = ("import json, torch; from course_utils import hardware as h; "
+            "hw = h.detect('cpu'); print(json.dumps({'name': hw.name, 'native_bf16': "
+            "hw.native_bf16, 'flags': [k for k, v in hw.cpu_features.items() if v], "
+            "'isa_cap': hw.isa_cap, 'torch': torch.__version__, 'threads': "
+            "torch.get_num_threads()}))")
+    info = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                     text=True, check=True).stdout)
+    info["cpus"] = os.cpu_count()
+    info["platform"] = platform.platform()
+    return info
+
+
+def markdown(report: dict) -> str:
+    """The timing table as Markdown."""
+    m = report["machine"]
+    lines = [f"# Lesson timings: {m['name']} ({m['cpus']} CPUs), {report['date']}", "",
+             f"- command: `{report['command']}` at commit `{report['commit']}`",
+             f"- CPU flags torch uses: {', '.join(m['flags']) or 'none'}"
+             + (f" (capped: {m['isa_cap']})" if m["isa_cap"] else "")
+             + f"; native bf16: {m['native_bf16']}; torch {m['torch']}",
+             f"- size profile: {report['size']}; load average before/after: "
+             f"{report['load_before']} / {report['load_after']}", "",
+             "| notebook | seconds | status | slowest cells (s) |", "|---|---:|---|---|"]
+    for r in report["notebooks"]:
+        slow = ", ".join(f"`{c['id']}` {c['seconds']}" for c in r["slowest"])
+        lines.append(f"| {r['notebook']} | {r['seconds']} | {r['status']} | {slow} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark. Exit status 0 when every notebook ran, 1 when one failed, 2 on bad
+    arguments."""
+    p = argparse.ArgumentParser(prog="bench_lessons", description=__doc__.splitlines()[0])
+    p.add_argument("notebooks", nargs="*", type=Path, help="default: every lesson and solution")
+    p.add_argument("--out", type=Path, required=True, help="folder for the JSON and Markdown")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per cell")
+    p.add_argument("--emulate-avx2", action="store_true",
+                   help="set ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 for the kernels")
+    args = p.parse_args(argv)
+    paths = [n.resolve() for n in args.notebooks] or default_notebooks()
+    missing = [str(n) for n in paths if not n.is_file()]
+    if missing:
+        print(f"bench_lessons: no such notebook: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if args.out.exists() and not args.out.is_dir():
+        print(f"bench_lessons: --out {args.out} is a file", file=sys.stderr)
+        return 2
+    env = dict(AVX2) if args.emulate_avx2 else {}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        info = machine()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    report = {"command": "python tools/bench_lessons.py " + " ".join(sys.argv[1:] if argv is None
+                                                                     else argv),
+              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                       capture_output=True, text=True).stdout.strip(),
+              "date": dt.date.today().isoformat(), "machine": info,
+              "size": os.environ.get("COURSE_SIZE") or "default (size_profile())",
+              "load_before": [round(x, 2) for x in os.getloadavg()], "notebooks": []}
+    for path in paths:
+        print(f"running {_name(path)} ...", flush=True)
+        r = run_notebook(path, args.timeout, env)
+        report["notebooks"].append(r)
+        print(f"  {r['seconds']} s, {r['status']}", flush=True)
+    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "lesson-timings.json").write_text(json.dumps(report, indent=2))
+    (args.out / "lesson-timings.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0 if all(r["status"] == "ok" for r in report["notebooks"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
