@@ -44,11 +44,28 @@ low-precision weight, ``12 d^2 a`` per block, plus ``V d a`` for the head (0 in 
 **Logits bucket** (final LayerNorm, head, loss): ``B T (4 d + 8 + a d + 4 V + 8) + 4``
 (LayerNorm input and stats, head input, fp32 log-softmax, targets, the loss's scalar).
 
-**Peak** (a model, not a bound): parameters + AdamW state + the larger of (a) end of forward /
-start of backward: all saved tensors + the logits tensor and two fp32 ``B T V`` gradient
-buffers + one recomputed segment, and (b) the optimizer step: gradients + one fp32 temporary
-the size of the largest parameter tensor (measured: ``torch.optim.AdamW``'s foreach step
-allocates far less than a full copy of the parameters).
+**Peak** (a model of the step's timeline, not a bound; `peak_walk` lists its checkpoints).
+Parameters + AdamW state are alive throughout. The forward pass ends with every kept tensor
+alive; the loss's backward adds ``B T V (a + 8)`` bytes of logits gradients (start of backward).
+Then backward visits the units of the checkpoint policy from the last to the first: a
+checkpointed unit first recomputes its blocks' activations (the recompute bump), then each
+block's backward holds a transient of its gradient buffers, ``tau = 16 d`` bytes per token in
+fp32 and ``20 d`` under autocast (measured: the peak of one block's backward above its saved
+tensors, for d = 64-384 and batches 4-16 on a CPU), reached inside the MLP's backward when
+about half of the block's weight gradients (``4 (12 d^2 + 13 d)`` bytes a block) exist; a
+selective unit rebuilds what it did not
+keep plus the attention-projection and fc2 outputs it did (``2 a d``); as a unit's backward ends
+its kept tensors are freed.
+So the peak is the largest of: the start of backward; each unit's level (everything kept below
+it, every gradient above it) plus its bump; and the optimizer step: parameters + AdamW state +
+gradients + two fp32 temporaries the size of the largest parameter tensor (measured:
+``torch.optim.AdamW``'s default step allocates far less than a full copy of the parameters).
+Where the peak falls moves with the policy: at the start of backward without checkpointing,
+late in backward for ``full`` and ``segments:N`` (the first units recompute when most gradients
+exist), in the middle for ``every-K``. Measured against the CPU profiler's peak: within 2% for
+every policy in fp32 and bf16 at the ``cpu`` size (batches 1-16); within 5% for widths 128-384,
+and -6% at the ``smoke`` width (64, where the 256-byte vocabulary dominates) with ``full`` at
+batch 12 (``tests/test_memory_model.py``).
 """
 from __future__ import annotations
 
@@ -146,6 +163,52 @@ def _units(config: RunConfig) -> list[tuple[int, object]]:
     return [(L, float(p.arg))]
 
 
+def peak_walk(config: RunConfig) -> list[tuple[str, float]]:
+    """The checkpoints of the peak model (see the module docstring): ``(moment, bytes)`` above
+    parameters + AdamW state, in the order they happen in one training step.
+
+    Raises:
+        ValueError: through `RunConfig` validation only.
+    """
+    a = _elem_bytes(config.precision)
+    low = config.precision != "fp32"
+    B, T, d, V = config.batch_size, config.seq_len, config.d_model, config.vocab_size
+    BT = B * T
+    block = block_bytes_per_token(config) * BT
+    wcopy_block = 12 * d * d * a if low else 0
+    selective = (4 * d + 10 * a * d + 4 * config.n_heads) * BT
+    tau = (20 if low else 16) * d * BT  # one block's backward transient (measured)
+    grad_block = 4 * (12 * d * d + 13 * d)
+    # forward order: (kept after forward, bump when its backward starts, blocks)
+    # at a block's backward peak (inside its MLP) about half of its weight gradients exist
+    tau += grad_block / 2
+    units = []
+    for n, mode in _units(config):
+        if mode == "plain":
+            units += [(block + wcopy_block, tau, 1)] * n
+        elif mode == "selective":  # rebuilds what it did not keep, and the proj/fc2 outputs
+            rebuilt = block - selective + 2 * a * d * BT + wcopy_block
+            units += [(selective, rebuilt + tau, 1)] * n
+        elif mode == "checkpointed":
+            units.append((4 * d * BT, n * (block + wcopy_block) + tau, n))
+        else:  # memory-budget B
+            kept = n * (4 * d * BT + mode * (block - 4 * d * BT) + mode * wcopy_block)
+            units.append((kept, n * (block + wcopy_block) - kept + tau, n))
+    embedding = 8 * BT + 8 * T
+    logits = BT * (4 * d + 8 + a * d + 4 * V + 8) + 4
+    head_copy = V * d * a if low else 0
+    kept = embedding + sum(u[0] for u in units)
+    walk = [("start of backward", kept + logits + head_copy + BT * V * (a + 8))]
+    level = kept + 4 * (V * d + 2 * d) + 4 * d * BT  # head and ln_f gradients, flowing grad
+    for i in range(len(units) - 1, -1, -1):
+        kept_u, bump, n = units[i]
+        walk.append((f"backward of unit {i}", level + bump))
+        level += n * grad_block - kept_u
+    walk.append(("optimizer step", 4 * parameter_count(config)
+                 + 2 * 4 * largest_parameter_tensor(config)))
+    return walk
+
+
 def estimate(config: RunConfig) -> MemoryEstimate:
     """Estimate the memory of one training step of ``config`` (bytes).
 
@@ -188,10 +251,7 @@ def estimate(config: RunConfig) -> MemoryEstimate:
     parameters = 4 * N
     gradients = 4 * N
     optimizer_state = 8 * N + 4 * n_tensors
-    saved = activations + wcopies + logits
-    start_of_backward = saved + BT * V * (a + 8) + recompute
-    optimizer_step = gradients + 4 * largest_parameter_tensor(config)
-    peak = parameters + optimizer_state + max(start_of_backward, optimizer_step)
+    peak = parameters + optimizer_state + max(v for _, v in peak_walk(config))
     return MemoryEstimate(
         config=config, parameters=parameters, gradients=gradients,
         optimizer_state=optimizer_state, activations=int(activations),
