@@ -21,9 +21,8 @@ from .claims import CLAIMS, Verdict, claims_table, verdict
 from .config import GiB, MiB, ModelShape, RunConfig, config_for, size_profile
 from .data import get_batch
 from .experiments import compare, ladder, summary
-from .hardware import (check_feasible, detect, is_emulated, recommend_precision, report,
-                       use_threads)
-from .measure import Measurement, measure, measure_saved, saved_bytes, saved_by_module
+from .hardware import check_feasible, detect, is_emulated, recommend_precision, report, use_threads
+from .measure import Measurement, measure, measure_saved, saved_by_module, saved_bytes
 from .memory_model import MemoryEstimate, estimate, parameter_count
 from .models import GPT, build_model
 from .timing import TimeRatio, time_ratio

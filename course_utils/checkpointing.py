@@ -38,8 +38,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_leaves
-from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
-                                    create_selective_checkpoint_contexts, noop_context_fn)
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
 
 __all__ = ["MODES", "Policy", "parse_policy", "segment_bounds", "apply_checkpointing",
            "run_blocks", "Checkpointed", "CompiledUnderBudget", "SAVE",

@@ -164,12 +164,14 @@ def test_measure_and_compare_leave_no_tensors_behind():
     base = live_tensor_bytes()
     x, y = get_batch(cfg.batch_size, cfg.seq_len)
     base = live_tensor_bytes()
-    for policy in ("none", "full", "selective"):
+    def forward_only(policy):  # no backward ever frees these graphs
         model = build_model(cfg.replace(checkpoint=policy))
-        measure_saved(model, x, y, "bf16")  # forward only: no backward frees this graph
+        measure_saved(model, x, y, "bf16")
         saved_bytes(lambda: model(x, y), model=model)
         measure_mod.saved_by_module(model, lambda: model(x, y))
-        del model
+
+    for policy in ("none", "full", "selective"):
+        forward_only(policy)
         measure(cfg.replace(checkpoint=policy), steps=1)
     compare([cfg, cfg.replace(checkpoint="full")], steps=2, progress=False)
     assert live_tensor_bytes() - base < 64 * 1024  # nothing of a model or graph is left
@@ -285,8 +287,10 @@ def test_accumulation_divides_the_loss():
         batches = list(zip(x.chunk(chunks), y.chunk(chunks)))
         # lr=0 keeps the weights; capture the gradients just before zero_grad
         captured = {}
-        opt.zero_grad = lambda set_to_none=True: captured.update(
-            {n: p.grad.clone() for n, p in model.named_parameters()})
+
+        def capture(set_to_none=True, model=model, captured=captured):
+            captured.update({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.zero_grad = capture
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         train_step(model, opt, scaler, batches, None, max_grad_norm=1e9)
         grads.append(captured)
@@ -304,7 +308,7 @@ def test_course_bench_smoke_writes_json_with_measured_and_estimated(tmp_path):
     rows = {row["label"]: row for row in data["rows"]}
     assert rows and list(rows)[0] == "fp32"
     full = next(label for label in rows if label.endswith("+full"))
-    for label, row in rows.items():
+    for row in rows.values():
         for field in ("activations", "peak_allocated", "parameters"):
             assert row["measured"][field] > 0 and row["estimated"][field] > 0
         assert row["measured"]["step_time_s"] > 0

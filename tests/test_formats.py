@@ -9,12 +9,21 @@ import torch
 from course_utils import plots
 from course_utils.config import config_for
 from course_utils.data import get_batch
+from course_utils.formats import (
+    FORMATS,
+    bits,
+    cast_table,
+    format_info,
+    format_table,
+    log2_histogram,
+    resolve_dtype,
+    short_dtype,
+    underflow_stats,
+    underflow_table,
+)
+from course_utils.gradients import capture_gradients
 from course_utils.measure import SavedTensorMeter, measure_saved
 from course_utils.models import build_model
-from course_utils.formats import (FORMATS, bits, cast_table, format_info, format_table,
-                                  log2_histogram, resolve_dtype, short_dtype, underflow_stats,
-                                  underflow_table)
-from course_utils.gradients import capture_gradients
 from course_utils.recorder import OpDtypeRecorder
 
 FP16_SUB = 2.0 ** -24          # fp16's smallest subnormal (IEEE 754 binary16)

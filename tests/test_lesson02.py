@@ -6,16 +6,19 @@ import functools
 import pandas as pd
 import pytest
 import torch
-from torch.utils.checkpoint import (CheckpointPolicy, checkpoint, checkpoint_sequential,
-                                    create_selective_checkpoint_contexts)
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    checkpoint_sequential,
+    create_selective_checkpoint_contexts,
+)
 
 from course_utils import plots, timeline
 from course_utils.config import config_for
 from course_utils.measure import SavedTensorMeter, saved_by_module, saved_bytes
 from course_utils.memory_model import block_bytes_per_token
 from course_utils.models import build_model
-from course_utils.timeline import (Phase, Timeline, allocated_after, memory_timeline, peak_bytes,
-                                   phase)
+from course_utils.timeline import Phase, Timeline, allocated_after, memory_timeline, peak_bytes, phase
 
 MB = 1 << 20
 
@@ -230,7 +233,7 @@ def test_selective_policy_keeps_less_than_none_and_recomputes_no_matmul(cfg):
 
     kept, flops = {}, {}
     for mode in ("none", "full", "sac"):
-        out, kept[mode] = allocated_after(lambda: run(mode))
+        out, kept[mode] = allocated_after(lambda mode=mode: run(mode))
         del out
         with FlopCounterMode(display=False) as counter:
             run(mode).sum().backward()

@@ -236,7 +236,8 @@ def _assert_legends_clear(fig):
         box = leg.get_window_extent(r)
         for ax in fig.axes:
             for bar in _bars(ax):
-                assert not _overlap(box, bar.get_window_extent(r)), f"legend covers a bar in {ax.get_title()!r}"
+                assert not _overlap(box, bar.get_window_extent(r)), \
+                    f"legend covers a bar in {ax.get_title()!r}"
             for text in ax.texts:
                 assert not _overlap(box, text.get_window_extent(r)), f"legend covers {text.get_text()!r}"
 

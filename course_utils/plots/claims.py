@@ -15,8 +15,8 @@ _STATUS_STYLE = MappingProxyType({
 
 def styled_claims(table):
     """`course_utils.claims.claims_table` as an HTML table: status coloured (held green, failed
-    red, depends orange, inconclusive yellow, not measured here grey), markdown links ``[text](href)`` in ``where`` made
-    clickable, text left-aligned.
+    red, depends orange, inconclusive yellow, not measured here grey), markdown links
+    ``[text](href)`` in ``where`` made clickable, text left-aligned.
 
     Args:
         table: columns ``says``, ``status``, ``evidence``, ``where`` (one row per claim).
