@@ -28,7 +28,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTIONS = ("sdpa", "naive")
 SIZE_ENV = "COURSE_SIZE"
 
-#: Units the course prints (DESIGN.md: MiB = 2^20 bytes, GiB = 2^30 bytes).
+#: Units the course prints (IEC binary prefixes: MiB = 2^20 bytes, GiB = 2^30 bytes).
 MiB = 2**20
 GiB = 2**30
 
