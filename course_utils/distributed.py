@@ -52,6 +52,7 @@ REPORT_ENV = "COURSE_DIST_OUT"
 STDERR_TAIL_LINES = 30
 
 _BACKENDS = ("gloo", "nccl")
+_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL
 
 
 class LaunchError(RuntimeError):
@@ -202,10 +203,10 @@ def _stop(proc: subprocess.Popen, grace: float = 10.0) -> tuple[str, str]:
         out, err = proc.communicate(timeout=grace)
     except subprocess.TimeoutExpired:
         for pid in [proc.pid, *ranks]:
-            _kill(pid, signal.SIGKILL)
+            _kill(pid, _SIGKILL)
         out, err = proc.communicate()
     for pid in ranks:  # the agent is gone; make sure no rank outlives it
-        _kill(pid, signal.SIGKILL)
+        _kill(pid, _SIGKILL)
     return out or "", err or ""
 
 
