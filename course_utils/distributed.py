@@ -254,7 +254,8 @@ def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
             it to the script in ``args`` as well.
         timeout: seconds before the run is stopped, its ranks included.
         cwd: working directory of the ranks (default: the script's folder).
-        env: extra environment variables for the ranks.
+        env: extra environment variables for the ranks (they win over the launcher's own,
+            ``OMP_NUM_THREADS`` included).
         expect_reports: require a `rank_report` from every rank.
 
     Returns:
@@ -276,22 +277,28 @@ def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
     script = Path(script).resolve()
     if not script.is_file():
         raise FileNotFoundError(f"no script at {script}: write it first (e.g. with %%writefile).")
-    threads = threads_per_rank(nproc)
-    out_dir = Path(tempfile.mkdtemp(prefix="torchrun-reports-"))
-    package_root = str(Path(__file__).resolve().parent.parent)
-    run_env = dict(os.environ)
-    run_env.update({k: str(v) for k, v in (env or {}).items()})
-    run_env.update({
-        "OMP_NUM_THREADS": str(threads),     # N ranks x threads <= cores: no oversubscription
-        REPORT_ENV: str(out_dir),
-        "PYTHONPATH": os.pathsep.join(p for p in (package_root, run_env.get("PYTHONPATH")) if p),
-    })
-    run_env.pop("PYTHONUNBUFFERED", None)    # block-buffered ranks write whole lines, not fragments
+    threads = int((env or {}).get("OMP_NUM_THREADS", threads_per_rank(nproc)))
+    with tempfile.TemporaryDirectory(prefix="torchrun-reports-") as out_dir:
+        package_root = str(Path(__file__).resolve().parent.parent)
+        run_env = dict(os.environ)
+        run_env.pop("PYTHONUNBUFFERED", None)  # block-buffered ranks write whole lines, not fragments
+        run_env.update({
+            "OMP_NUM_THREADS": str(threads),   # N ranks x threads <= cores: no oversubscription
+            REPORT_ENV: out_dir,
+            "PYTHONPATH": os.pathsep.join(p for p in (package_root, run_env.get("PYTHONPATH")) if p),
+        })
+        run_env.update({k: str(v) for k, v in (env or {}).items()})  # the caller's word is last
+        return _run(script, nproc, backend, threads, [str(a) for a in args], timeout,
+                    cwd or script.parent, run_env, Path(out_dir), expect_reports)
+
+
+def _run(script: Path, nproc: int, backend: str, threads: int, args: list, timeout: float, cwd,
+         run_env: dict, out_dir: Path, expect_reports: bool) -> Launch:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(script), *[str(a) for a in args]]
+               f"--nproc-per-node={nproc}", str(script), *args]
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=run_env, cwd=str(cwd or script.parent), start_new_session=True)
+                            env=run_env, cwd=str(cwd), start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
