@@ -463,24 +463,32 @@ def sharding_table(reports: Iterable[dict], config, labels: dict | None = None):
     return pd.DataFrame(rows)
 
 
-def sharding_chart(table, title: str = "training state per rank"):
-    """Per-rank training state (MiB) against the number of ranks, one line per ZeRO stage:
-    the estimate as a line, each rank's measurement as a dot. ``table`` is `sharding_table`'s.
+def sharding_chart(table, config, ranks: Sequence[int] = (1, 2, 4, 8),
+                   title: str = "training state per rank"):
+    """Per-rank training state (MiB) against the number of ranks, one colour per ZeRO stage:
+    `memory_model.sharded_estimate` of ``config`` as a line over ``ranks`` (and the ranks
+    measured), each rank's measurement in ``table`` (`sharding_table`'s) as a dot.
 
     Returns:
         The matplotlib ``Figure``.
     """
     import matplotlib.pyplot as plt
 
+    from .memory_model import ZERO_STAGES, sharded_estimate
+
+    xs = sorted(set(ranks) | {int(k) for k in table["ranks"]})
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for stage, g in table.groupby("ZeRO stage"):
-        est = g.groupby("ranks")["estimate"].first()
-        (line,) = ax.plot(est.index, est.values, marker="", label=f"stage {stage} (estimate)")
-        ax.scatter(g["ranks"], g["total"], color=line.get_color(), zorder=3, s=18)
+    for stage in ZERO_STAGES:
+        est = [sharded_estimate(config, k, stage).total / 2**20 for k in xs]
+        (line,) = ax.plot(xs, est, label=f"stage {stage}")
+        g = table[table["ZeRO stage"] == stage]
+        ax.scatter(g["ranks"], g["total"], color=line.get_color(), zorder=3, s=22)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(k) for k in xs])
     ax.set_xlabel("ranks (data-parallel processes)")
     ax.set_ylabel("MiB per rank")
-    ax.set_xticks(sorted(table["ranks"].unique()))
+    ax.set_ylim(bottom=0)
     ax.set_title(f"{title}\nlines: estimate; dots: each rank's measurement")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, title="ZeRO", title_fontsize=8)
     fig.tight_layout()
     return fig

@@ -152,11 +152,17 @@ def test_a_rank_that_hangs_is_stopped_at_the_time_limit(tmp_path):
     script = write(tmp_path, "hangs.py",
                    f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
                    "time.sleep(600)\n")
-    started = time.monotonic()
-    with pytest.raises(distributed.LaunchError, match="did not finish within 12 s"):
-        distributed.launch(script, 1, timeout=12)
-    assert time.monotonic() - started < 45
-    assert pid_file.exists(), "the rank never started within the time limit (machine too busy?)"
+    # torchrun's agent imports torch before it starts the rank: on a busy machine that alone can
+    # take longer than the first limit, so a second, longer one follows if the rank never started
+    for limit in (12, 45):
+        started = time.monotonic()
+        with pytest.raises(distributed.LaunchError, match=f"did not finish within {limit} s"):
+            distributed.launch(script, 1, timeout=limit)
+        assert time.monotonic() - started < limit + 30, "stopping torchrun took too long"
+        if pid_file.exists():
+            break
+    else:
+        pytest.fail("the rank never started, even with a 45 s limit")
     pid = int(pid_file.read_text())
     for _ in range(50):                                   # the rank runs in its own session
         try:
@@ -216,3 +222,5 @@ def test_zero_stages_measured_with_two_gloo_ranks_match_the_estimate(tmp_path):
         assert abs(s3 / s0 - 0.5) < 0.001
     table = distributed.sharding_table(run.reports, cfg)
     assert len(table) == 8 and (table["worst part / estimate"] - 1).abs().max() < 0.05
+    fig = distributed.sharding_chart(table, cfg)
+    assert len(fig.axes[0].lines) == 4 and len(fig.axes[0].collections) == 4   # 4 stages: line + dots
