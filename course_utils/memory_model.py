@@ -77,8 +77,9 @@ from .checkpointing import parse_policy, segment_bounds
 from .config import GiB, ModelShape, RunConfig
 
 __all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_token",
-           "largest_parameter_tensor", "SCALE_MODELS", "SCALE_RECIPES", "scale_config",
-           "scale_table"]
+           "largest_parameter_tensor", "peak_walk", "SCALE_MODELS", "SCALE_RECIPES",
+           "scale_config", "scale_table", "ZERO_STAGES", "ShardedState", "sharded_state_bytes",
+           "sharded_estimate"]
 
 
 @dataclass
@@ -336,3 +337,117 @@ def scale_table(models=None, recipes=None, seq_len: int = 2048,
                          "bytes/param": (e.parameters + e.gradients + e.optimizer_state)
                          / e.n_parameters})
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Sharding the training state across data-parallel ranks (ZeRO stages; lesson 04)
+# --------------------------------------------------------------------------------------------
+
+#: ZeRO stages: 0 = plain data parallelism (DDP), 1 = optimizer state sharded, 2 = + gradients,
+#: 3 = + parameters (FSDP's ``fully_shard``).
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class ShardedState:
+    """Bytes of the training state one rank holds under a ZeRO stage (see
+    `sharded_state_bytes`).
+
+    Attributes:
+        stage: the ZeRO stage (0-3).
+        world_size: data-parallel ranks ``K``.
+        n_parameters: the model's parameter count ``N``.
+        parameters, gradients, optimizer_state: bytes on one rank.
+    """
+
+    stage: int
+    world_size: int
+    n_parameters: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
+
+    @property
+    def total(self) -> int:
+        """Parameters + gradients + optimizer state, bytes on one rank."""
+        return self.parameters + self.gradients + self.optimizer_state
+
+    def as_row(self) -> dict:
+        """The fields and the total as a flat dict."""
+        return {"stage": self.stage, "world_size": self.world_size,
+                "parameters": self.parameters, "gradients": self.gradients,
+                "optimizer_state": self.optimizer_state, "total": self.total}
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def sharded_state_bytes(n_parameters: int, world_size: int, stage: int,
+                        n_tensors: int = 0) -> ShardedState:
+    """Per-rank bytes of weights, gradients and AdamW state when ``world_size`` data-parallel
+    ranks shard them by ZeRO ``stage``.
+
+    The unsharded state is the course's 16 bytes per parameter (PyTorch autocast, and FSDP2
+    with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, keep fp32 weights, fp32
+    gradients and two fp32 AdamW moments: 4 + 4 + 8). With ``N`` parameters, ``K`` ranks and
+    ``T`` parameter tensors (one 4-byte AdamW step counter each), bytes on one rank:
+
+    =========  ===================  ===================  =================================
+    stage      parameters           gradients            optimizer state
+    =========  ===================  ===================  =================================
+    0 (DDP)    ``4N``               ``4N``               ``8N + 4T``
+    1          ``4N``               ``4N``               ``ceil(8N/K) + 4 ceil(T/K)``
+    2          ``4N``               ``ceil(4N/K)``       ``ceil(8N/K) + 4 ceil(T/K)``
+    3 (FSDP)   ``ceil(4N/K)``       ``ceil(4N/K)``       ``ceil(8N/K) + 4T``
+    =========  ===================  ===================  =================================
+
+    Stage 3 keeps every step counter on every rank because FSDP splits every tensor across all
+    ranks; stages 1 and 2 (``ZeroRedundancyOptimizer``) hand whole tensors to ranks. Real
+    shards differ slightly: FSDP pads a tensor's first dimension to a multiple of ``K``, and
+    ``ZeroRedundancyOptimizer`` balances whole tensors greedily, so one rank may hold a few
+    percent more than ``1/K``.
+
+    Source: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+    Parameter Models" (arXiv 1910.02054), Figure 1 and Section 5 (stages P_os, P_os+g,
+    P_os+g+p; their 16 bytes are fp16 weights and gradients + 12 bytes of fp32 optimizer state);
+    PyTorch docs of ``torch.distributed.fsdp.fully_shard`` and
+    ``torch.distributed.optim.ZeroRedundancyOptimizer``.
+
+    Raises:
+        ValueError: ``n_parameters`` or ``world_size`` not a positive integer, ``n_tensors``
+            negative, or a stage outside `ZERO_STAGES`.
+    """
+    for name, v, low in (("n_parameters", n_parameters, 1), ("world_size", world_size, 1),
+                         ("n_tensors", n_tensors, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {v!r}.")
+    if stage not in ZERO_STAGES or isinstance(stage, bool):
+        raise ValueError(f"unknown ZeRO stage {stage!r}: expected one of "
+                         f"{', '.join(map(str, ZERO_STAGES))}.")
+    N, K, T = n_parameters, world_size, n_tensors
+    full_params, full_grads = 4 * N, 4 * N
+    shard_params, shard_grads = _ceil_div(4 * N, K), _ceil_div(4 * N, K)
+    if stage == 0:
+        optimizer = 8 * N + 4 * T
+    elif stage == 3:
+        optimizer = _ceil_div(8 * N, K) + 4 * T
+    else:
+        optimizer = _ceil_div(8 * N, K) + 4 * _ceil_div(T, K)
+    return ShardedState(stage=stage, world_size=K, n_parameters=N,
+                        parameters=shard_params if stage == 3 else full_params,
+                        gradients=shard_grads if stage >= 2 else full_grads,
+                        optimizer_state=optimizer)
+
+
+def sharded_estimate(config: RunConfig, world_size: int, stage: int) -> ShardedState:
+    """`sharded_state_bytes` for the course model of ``config``: ``N`` and ``T`` are those of
+    `estimate` (``T`` read back from its AdamW state, ``8N + 4T``), so that with one rank every
+    stage equals `estimate`'s ``parameters + gradients + optimizer_state``.
+
+    Raises:
+        ValueError: as `sharded_state_bytes`.
+    """
+    e = estimate(config)
+    n_tensors = (e.optimizer_state - 8 * e.n_parameters) // 4
+    return sharded_state_bytes(e.n_parameters, world_size, stage, n_tensors)

@@ -1,0 +1,494 @@
+"""Run a training script under ``torchrun`` from a notebook and collect what each rank reports.
+
+Lesson 04 writes its distributed training scripts in visible notebook cells; this module is the
+plumbing around them:
+
+* `launch` runs ``python -m torch.distributed.run --standalone --nproc-per-node N script ...``
+  (the same program as the ``torchrun`` command) with a time limit, one OpenMP thread budget per
+  rank (so that N ranks do not oversubscribe the machine's cores), this package on every rank's
+  ``PYTHONPATH``, and a fresh folder for the ranks' reports. A failure raises `LaunchError` with
+  the ranks' last error on its first line and the tail of their stderr below it; a run past
+  its time limit is stopped, ranks included, and raises `LaunchError` too. Nothing hangs.
+* `rank_report`, called inside the script, writes one JSON object per rank; `launch` reads them
+  back in rank order (`Launch.reports`).
+* `state_bytes` counts the bytes of a rank's parameters, gradients and optimizer state, local
+  shards only (``DTensor.to_local()``), which is what sharding divides.
+* `sharding_table` and `sharding_chart` put those measurements beside
+  `course_utils.memory_model.sharded_estimate`.
+* `write_module` writes functions defined in a notebook into a module the ranks can import
+  (the graded exercise ships a learner's loop to ``torchrun`` this way).
+
+Sources: PyTorch "torchrun (Elastic Launch)" docs (``--standalone``, ``--nproc-per-node``,
+``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set per worker; workers start their own sessions, which is
+why a time-out stops them one by one); "Getting Started with Distributed Data Parallel";
+``torch.distributed.fsdp.fully_shard`` (FSDP2) docs, whose parameters are ``DTensor`` shards.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["REPORT_ENV", "Launch", "LaunchError", "default_backend", "launch", "max_world_size",
+           "rank_report", "sharding_chart", "sharding_table", "state_bytes", "threads_per_rank",
+           "usable_cores", "write_module"]
+
+#: The environment variable that tells a rank where to write its report (set by `launch`).
+REPORT_ENV = "COURSE_DIST_OUT"
+
+#: Lines of the ranks' stderr that a `LaunchError` quotes.
+STDERR_TAIL_LINES = 30
+
+_BACKENDS = ("gloo", "nccl")
+_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL
+
+
+class LaunchError(RuntimeError):
+    """``torchrun`` failed, timed out, or a rank wrote no report.
+
+    The message's first line says what happened and, when a rank raised, its last exception
+    line (e.g. ``NotImplementedError``); the lines below quote the tail of the ranks' stderr.
+
+    Attributes:
+        returncode: ``torchrun``'s exit status (``None`` after a time-out).
+        stdout: everything the ranks printed.
+        stderr_tail: the last `STDERR_TAIL_LINES` lines of their stderr.
+    """
+
+    def __init__(self, message: str, returncode: int | None = None, stdout: str = "",
+                 stderr_tail: str = ""):
+        super().__init__(message)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr_tail = stderr_tail
+
+
+@dataclass
+class Launch:
+    """One finished ``torchrun`` run.
+
+    Attributes:
+        command: the command that ran (a list of strings; ``python -m torch.distributed.run``
+            is the ``torchrun`` program).
+        nproc: ranks (processes) on this machine.
+        backend: ``"gloo"`` or ``"nccl"``, as validated by `launch`.
+        threads_per_rank: ``OMP_NUM_THREADS`` given to each rank.
+        returncode: exit status (0).
+        stdout: what the ranks printed (lines of different ranks may interleave).
+        stderr: what they wrote to stderr (warnings).
+        seconds: wall time of the whole run, start-up of the processes included.
+        reports: the ranks' `rank_report` objects, ``reports[r]`` from rank ``r``.
+    """
+
+    command: list
+    nproc: int
+    backend: str
+    threads_per_rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    reports: list = field(default_factory=list)
+
+    @property
+    def command_line(self) -> str:
+        """The command as one line, ``torchrun`` spelled as the learner would type it."""
+        args = [str(a) for a in self.command]
+        if args[1:3] == ["-m", "torch.distributed.run"]:
+            args = ["torchrun", *args[3:]]
+        return " ".join(args)
+
+    @property
+    def output(self) -> str:
+        """The ranks' printed output, ranks' lines sorted by rank where they start with
+        ``[rank N]`` (torchrun interleaves them as they arrive)."""
+        lines = self.stdout.rstrip().splitlines()
+
+        def key(item):
+            i, line = item
+            m = re.match(r"\[rank (\d+)\]", line)
+            return (int(m.group(1)) if m else -1, i)
+
+        return "\n".join(line for _, line in sorted(enumerate(lines), key=key))
+
+
+def default_backend() -> str:
+    """``"nccl"`` when this machine has two or more CUDA GPUs and NCCL, else ``"gloo"`` (CPU
+    ranks). One GPU cannot host two NCCL ranks, so a one-GPU machine runs its ranks on the CPU."""
+    if (torch.cuda.is_available() and torch.cuda.device_count() >= 2
+            and torch.distributed.is_available() and torch.distributed.is_nccl_available()):
+        return "nccl"
+    return "gloo"
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (``os.sched_getaffinity`` where it exists)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def max_world_size(backend: str) -> int:
+    """The most ranks `launch` runs on this machine: one GPU per rank for ``nccl``, one CPU
+    core per rank for ``gloo``.
+
+    Raises:
+        ValueError: an unknown backend.
+    """
+    if backend == "nccl":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "gloo":
+        return usable_cores()
+    raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(_BACKENDS)}.")
+
+
+def threads_per_rank(nproc: int) -> int:
+    """``OMP_NUM_THREADS`` for each of ``nproc`` ranks: the usable cores shared out, at least 1."""
+    return max(1, usable_cores() // max(1, nproc))
+
+
+def _check_nproc(nproc, backend: str) -> None:
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc (ranks) must be a positive integer, got {nproc!r}.")
+    limit = max_world_size(backend)
+    if nproc > limit:
+        if backend == "nccl":
+            raise ValueError(f"{nproc} NCCL ranks need {nproc} GPUs; this machine has {limit}. "
+                             "Use fewer ranks, or backend='gloo' to run the ranks on the CPU.")
+        raise ValueError(f"{nproc} gloo ranks need {nproc} CPU cores (one each); this machine "
+                         f"lets this process use {limit}. Use at most {limit} ranks.")
+
+
+def _children(pid: int) -> list[int]:
+    """Descendant process ids of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> tuple[str, str]:
+    """Stop torchrun and its ranks (which run in sessions of their own): SIGTERM the agent,
+    which stops its workers; after ``grace`` seconds SIGKILL whatever is left."""
+    ranks = _children(proc.pid)
+    _kill(proc.pid, signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *ranks]:
+            _kill(pid, _SIGKILL)
+        out, err = proc.communicate()
+    for pid in ranks:  # the agent is gone; make sure no rank outlives it
+        _kill(pid, _SIGKILL)
+    return out or "", err or ""
+
+
+_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))"
+                         r"(?::\s*(.*))?$")
+
+
+def _last_error(stderr: str) -> str:
+    """The last ``SomeError: message`` line a rank printed, torchrun's own summary excluded."""
+    found = ""
+    for line in stderr.splitlines():
+        m = _ERROR_LINE.match(line.strip())
+        if m and "ChildFailedError" not in m.group(1) and "elastic" not in m.group(1):
+            found = m.group(1).split(".")[-1] + (f": {m.group(2)}" if m.group(2) else "")
+    return found
+
+
+def _tail(text: str, n: int = STDERR_TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def _ranks_stderr_tail(stderr: str, n: int = STDERR_TAIL_LINES) -> str:
+    """The tail of what the ranks wrote to stderr, without torchrun's own traceback and failure
+    summary (which would push the ranks' traceback out of the tail); torchrun's one-line
+    "failed (exitcode ...) local_rank ..." record is kept at the end."""
+    lines = stderr.rstrip().splitlines()
+    agent = next((i for i, line in enumerate(lines)
+                  if "torch/distributed/elastic" in line and "failed (exitcode" in line), None)
+    if agent is None:
+        return _tail(stderr, n)
+    return "\n".join(lines[:agent][-(n - 1):] + [lines[agent]])
+
+
+def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
+           backend: str | None = None, timeout: float = 300.0, cwd: str | os.PathLike | None = None,
+           env: dict | None = None, expect_reports: bool = True) -> Launch:
+    """Run ``script`` on ``nproc`` ranks with ``torchrun --standalone`` and wait for it.
+
+    Args:
+        script: the Python file every rank runs (e.g. written by a ``%%writefile`` cell).
+        nproc: number of ranks (processes) on this machine, 1 to `max_world_size` (backend).
+        args: command-line arguments for the script (converted with ``str``).
+        backend: the backend the script will use, ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per
+            rank); only checked against the machine here (default `default_backend()`); pass
+            it to the script in ``args`` as well.
+        timeout: seconds before the run is stopped, its ranks included.
+        cwd: working directory of the ranks (default: the script's folder).
+        env: extra environment variables for the ranks (they win over the launcher's own,
+            ``OMP_NUM_THREADS`` included).
+        expect_reports: require a `rank_report` from every rank.
+
+    Returns:
+        A `Launch`: output, time and the ranks' reports (``reports[r]`` from rank ``r``).
+
+    Raises:
+        ValueError: ``nproc`` is not a positive integer or exceeds what the machine can run
+            (cores for gloo, GPUs for nccl); an unknown backend; a non-positive timeout.
+        FileNotFoundError: ``script`` does not exist.
+        LaunchError: torchrun exited with an error (first line: the ranks' last exception),
+            ran past ``timeout`` (then it and its ranks are stopped), or a rank wrote no report.
+    """
+    backend = backend or default_backend()
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(_BACKENDS)}.")
+    _check_nproc(nproc, backend)
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    script = Path(script).resolve()
+    if not script.is_file():
+        raise FileNotFoundError(f"no script at {script}: write it first (e.g. with %%writefile).")
+    threads = int((env or {}).get("OMP_NUM_THREADS", threads_per_rank(nproc)))
+    with tempfile.TemporaryDirectory(prefix="torchrun-reports-") as out_dir:
+        package_root = str(Path(__file__).resolve().parent.parent)
+        run_env = dict(os.environ)
+        run_env.pop("PYTHONUNBUFFERED", None)  # block-buffered ranks write whole lines, not fragments
+        run_env.update({
+            "OMP_NUM_THREADS": str(threads),   # N ranks x threads <= cores: no oversubscription
+            REPORT_ENV: out_dir,
+            "PYTHONPATH": os.pathsep.join(p for p in (package_root, run_env.get("PYTHONPATH")) if p),
+        })
+        run_env.update({k: str(v) for k, v in (env or {}).items()})  # the caller's word is last
+        return _run(script, nproc, backend, threads, [str(a) for a in args], timeout,
+                    cwd or script.parent, run_env, Path(out_dir), expect_reports)
+
+
+def _run(script: Path, nproc: int, backend: str, threads: int, args: list, timeout: float, cwd,
+         run_env: dict, out_dir: Path, expect_reports: bool) -> Launch:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", str(script), *args]
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=run_env, cwd=str(cwd), start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stdout, stderr = _stop(proc)
+        raise LaunchError(
+            f"torchrun did not finish within {timeout:g} s ({nproc} ranks, {script.name}); it and "
+            f"its ranks were stopped. Last lines of stderr:\n{_tail(stderr)}",
+            None, stdout, _tail(stderr)) from None
+    except BaseException:  # KeyboardInterrupt (the notebook's stop button): leave no rank behind
+        _stop(proc, grace=5.0)
+        raise
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        last = _last_error(stderr)
+        raise LaunchError(
+            f"torchrun exited with status {proc.returncode} ({nproc} ranks, {script.name})"
+            + (f"; the ranks' last error: {last}" if last else "")
+            + f"\nLast lines of the ranks' stderr:\n{_ranks_stderr_tail(stderr)}", proc.returncode,
+            stdout, _ranks_stderr_tail(stderr))
+    reports = []
+    for rank in range(nproc):
+        path = out_dir / f"rank{rank}.json"
+        if path.is_file():
+            reports.append(json.loads(path.read_text()))
+        elif expect_reports:
+            raise LaunchError(f"rank {rank} wrote no report (call rank_report(...) in {script.name} "
+                              f"on every rank). Last lines of stderr:\n{_tail(stderr)}",
+                              proc.returncode, stdout, _tail(stderr))
+    return Launch(command, nproc, backend, threads, proc.returncode, stdout, stderr, seconds,
+                  reports)
+
+
+def rank_report(payload: dict) -> Path | None:
+    """Inside a script run by `launch`: write this rank's results (a JSON-ready dict).
+
+    The file is ``$COURSE_DIST_OUT/rank{RANK}.json``. Run by hand (plain ``torchrun``, no
+    ``COURSE_DIST_OUT``), it writes nothing and returns ``None``.
+
+    Returns:
+        The path written, or ``None``.
+
+    Raises:
+        TypeError: ``payload`` is not a dict or holds values JSON cannot encode.
+    """
+    if not isinstance(payload, dict):
+        raise TypeError(f"rank_report takes a dict, got {type(payload).__name__}.")
+    text = json.dumps(payload)
+    folder = os.environ.get(REPORT_ENV)
+    if not folder:
+        return None
+    rank = int(os.environ.get("RANK", "0"))
+    path = Path(folder) / f"rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # atomic: launch never reads half a file
+    return path
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)  # DTensor (FSDP2): this rank's shard
+    return to_local() if callable(to_local) else t
+
+
+def _bytes(tensors: Iterable) -> int:
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None)
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Bytes this rank holds of the training state: ``parameters``, ``gradients`` (those
+    present now) and ``optimizer_state`` (every tensor in the optimizer's state: AdamW's two
+    moments and step counters).
+
+    Counts elements x element size of the local tensors: a ``DTensor`` (FSDP2) counts its local
+    shard (``to_local()``); `torch.distributed.optim.ZeroRedundancyOptimizer` counts its local
+    optimizer (``.optim``), i.e. the parameters this rank owns.
+    """
+    local_opt = getattr(optimizer, "optim", optimizer)
+    params = list(model.parameters())
+    return {
+        "parameters": _bytes(params),
+        "gradients": _bytes(p.grad for p in params),
+        "optimizer_state": _bytes(v for s in local_opt.state.values() for v in s.values()
+                                  if isinstance(v, torch.Tensor)),
+    }
+
+
+_MODULE_HEADER = ('"""Written by course_utils.distributed.write_module from notebook cells."""\n'
+                  "import contextlib  # noqa: F401\nimport math  # noqa: F401\n"
+                  "from contextlib import nullcontext  # noqa: F401\n\n"
+                  "import torch  # noqa: F401\nimport torch.nn.functional as F  # noqa: F401\n")
+
+
+def write_module(path: str | os.PathLike, *functions, header: str = _MODULE_HEADER) -> Path:
+    """Write the source of ``functions`` (defined in notebook cells or files) to ``path``, a
+    module that ``torchrun`` ranks can import. ``header`` (default: imports of ``contextlib``,
+    ``nullcontext``, ``math``, ``torch`` and ``torch.nn.functional as F``) comes first: the
+    functions may use those names and their arguments, nothing else from the notebook.
+
+    Raises:
+        TypeError: an argument is not a plain function.
+        ValueError: no source can be found for a function (defined with ``exec``, say).
+    """
+    parts = [header]
+    for fn in functions:
+        if not inspect.isfunction(fn):
+            raise TypeError(f"write_module takes functions, got {type(fn).__name__} {fn!r}.")
+        try:
+            parts.append(textwrap.dedent(inspect.getsource(fn)))
+        except (OSError, TypeError) as e:
+            raise ValueError(f"cannot read the source of {fn.__name__}: define it in a notebook "
+                             f"cell or a file ({e}).") from None
+    path = Path(path)
+    path.write_text("\n\n".join(parts))
+    return path
+
+
+def sharding_table(reports: Iterable[dict], config, labels: dict | None = None):
+    """Measured per-rank bytes beside `memory_model.sharded_estimate`, one row per
+    (world size, ZeRO stage, rank).
+
+    Args:
+        reports: rank reports, each ``{"world_size": K, "rank": r, "stages": {stage: {
+            "parameters": b, "gradients": b, "optimizer_state": b}}}`` (bytes; ``stage`` a
+            string or int 0-3), from any number of runs.
+        config: the `RunConfig` whose model was measured (its parameter count).
+        labels: optional ``{stage: "what ran"}`` for a column naming the implementation.
+
+    Returns:
+        A DataFrame with columns ``ranks``, ``ZeRO stage``, (``what ran``), ``rank``, and in MiB
+        (2^20 bytes) ``parameters``, ``gradients``, ``optimizer state``, ``total``,
+        ``estimate``, plus ``total / estimate`` and ``worst part / estimate`` (the component
+        furthest from its own estimate, as a ratio).
+
+    Raises:
+        ValueError: a report without the fields above.
+    """
+    import pandas as pd
+
+    from .memory_model import sharded_estimate
+
+    rows = []
+    for rep in reports:
+        try:
+            K, rank, stages = int(rep["world_size"]), int(rep["rank"]), rep["stages"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"a rank report needs world_size, rank and stages; got {rep!r}") from e
+        for stage, measured in sorted(stages.items(), key=lambda kv: int(kv[0])):
+            est = sharded_estimate(config, K, int(stage))
+            parts = {k: int(measured[k]) for k in ("parameters", "gradients", "optimizer_state")}
+            worst = max((abs(parts[k] / getattr(est, k) - 1), parts[k] / getattr(est, k))
+                        for k in parts)[1]
+            row = {"ranks": K, "ZeRO stage": int(stage)}
+            if labels:
+                row["what ran"] = labels.get(int(stage), labels.get(str(stage), ""))
+            total = sum(parts.values())
+            row.update({"rank": rank, "parameters": parts["parameters"] / 2**20,
+                        "gradients": parts["gradients"] / 2**20,
+                        "optimizer state": parts["optimizer_state"] / 2**20,
+                        "total": total / 2**20, "estimate": est.total / 2**20,
+                        "total / estimate": total / est.total, "worst part / estimate": worst})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sharding_chart(table, config, ranks: Sequence[int] = (1, 2, 4, 8),
+                   title: str = "training state per rank"):
+    """Per-rank training state (MiB) against the number of ranks, one colour per ZeRO stage:
+    `memory_model.sharded_estimate` of ``config`` as a line over ``ranks`` (and the ranks
+    measured), each rank's measurement in ``table`` (`sharding_table`'s) as a dot.
+
+    Returns:
+        The matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+
+    from .memory_model import ZERO_STAGES, sharded_estimate
+
+    xs = sorted(set(ranks) | {int(k) for k in table["ranks"]})
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for stage in ZERO_STAGES:
+        est = [sharded_estimate(config, k, stage).total / 2**20 for k in xs]
+        (line,) = ax.plot(xs, est, label=f"stage {stage}")
+        g = table[table["ZeRO stage"] == stage]
+        ax.scatter(g["ranks"], g["total"], color=line.get_color(), zorder=3, s=22)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(k) for k in xs])
+    ax.set_xlabel("ranks (data-parallel processes)")
+    ax.set_ylabel("MiB per rank")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{title}\nlines: estimate; dots: each rank's measurement")
+    ax.legend(fontsize=8, title="ZeRO", title_fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,226 @@
+"""Lesson 04's plumbing: the ZeRO arithmetic (by hand and against a torchrun measurement), the
+torchrun launcher's errors and time limit, and the per-rank byte counter.
+
+The launches take most of the time here (each starts torchrun's agent and its ranks, each
+importing torch: about 5-10 s on a 2-core machine); the other tests take well under a second.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_utils import distributed
+from course_utils.config import config_for
+from course_utils.memory_model import estimate, sharded_estimate, sharded_state_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON = ROOT / "notebooks" / "04_scaling_out.ipynb"
+
+
+# --------------------------------------------------------------------------- the arithmetic
+
+def test_sharded_state_bytes_by_hand():
+    # N = 1000 parameters, K = 4 ranks, T = 10 tensors: 4000 B weights, 4000 B gradients,
+    # 8000 B AdamW moments + 40 B of step counters unsharded.
+    table = {s: sharded_state_bytes(1000, 4, s, n_tensors=10) for s in range(4)}
+    got = {s: (e.parameters, e.gradients, e.optimizer_state) for s, e in table.items()}
+    assert got == {0: (4000, 4000, 8040),
+                   1: (4000, 4000, 2000 + 4 * 3),      # ceil(10 / 4) = 3 counters
+                   2: (4000, 1000, 2000 + 4 * 3),
+                   3: (1000, 1000, 2000 + 4 * 10)}      # FSDP: every rank keeps every counter
+    assert table[3].total == 4040 and table[0].total == 16040
+
+
+def test_one_rank_shards_nothing_and_sizes_round_up():
+    assert {sharded_state_bytes(123, 1, s).total for s in range(4)} == {16 * 123}
+    e = sharded_state_bytes(10, 3, 3)                    # 40 / 3 bytes -> 14 on the largest rank
+    assert (e.parameters, e.gradients, e.optimizer_state) == (14, 14, 27)
+
+
+@pytest.mark.parametrize("args, problem", [
+    ((0, 2, 3), "n_parameters"), ((10, 0, 3), "world_size"), ((10, 2, 4), "stage"),
+    ((10, 2, True), "stage"), ((10, 2.0, 3), "world_size"), ((10, 2, 3, -1), "n_tensors")])
+def test_sharded_state_bytes_rejects_bad_input(args, problem):
+    with pytest.raises(ValueError, match=problem):
+        sharded_state_bytes(*args)
+
+
+def test_sharded_estimate_agrees_with_the_memory_model():
+    cfg = config_for("smoke", device="cpu")
+    e = estimate(cfg)
+    for stage in range(4):
+        assert sharded_estimate(cfg, 1, stage).total == e.parameters + e.gradients + e.optimizer_state
+    assert sharded_estimate(cfg, 2, 3).parameters == e.parameters // 2
+
+
+# --------------------------------------------------------------------------- in-process helpers
+
+def test_state_bytes_of_one_process():
+    cfg = config_for("smoke", device="cpu")
+    from course_utils.models import build_model
+    model = build_model(cfg)
+    opt = torch.optim.AdamW(model.parameters())
+    before = distributed.state_bytes(model, opt)
+    assert before == {"parameters": estimate(cfg).parameters, "gradients": 0, "optimizer_state": 0}
+    x = torch.randint(0, 256, (2, 8))
+    model(x, x)[1].backward()
+    opt.step()
+    after = distributed.state_bytes(model, opt)
+    e = estimate(cfg)
+    assert after == {"parameters": e.parameters, "gradients": e.gradients,
+                     "optimizer_state": e.optimizer_state}
+
+
+def test_rank_report_writes_one_file_per_rank(tmp_path, monkeypatch):
+    monkeypatch.delenv(distributed.REPORT_ENV, raising=False)
+    assert distributed.rank_report({"a": 1}) is None          # run by hand: nothing written
+    monkeypatch.setenv(distributed.REPORT_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    path = distributed.rank_report({"a": 1})
+    assert path == tmp_path / "rank3.json" and json.loads(path.read_text()) == {"a": 1}
+    with pytest.raises(TypeError):
+        distributed.rank_report([1, 2])
+    with pytest.raises(TypeError):
+        distributed.rank_report({"t": torch.ones(1)})
+
+
+def answer(x):
+    return nullcontext, x + 1  # noqa: F821 - resolved by write_module's header in the module
+
+
+def test_write_module_ships_a_function(tmp_path):
+    import importlib.util
+    path = distributed.write_module(tmp_path / "shipped.py", answer)
+    spec = importlib.util.spec_from_file_location("shipped", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ctx, value = module.answer(41)
+    assert value == 42 and ctx.__name__ == "nullcontext"
+    with pytest.raises(TypeError):
+        distributed.write_module(tmp_path / "x.py", 42)
+
+
+# --------------------------------------------------------------------------- the launcher's errors
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("nproc", [0, -1, "2", 2.0, True])
+def test_launch_rejects_a_bad_rank_count(tmp_path, nproc):
+    script = write(tmp_path, "ok.py", "")
+    with pytest.raises(ValueError, match="positive integer"):
+        distributed.launch(script, nproc)
+
+
+def test_launch_refuses_more_ranks_than_the_machine_runs(tmp_path):
+    script = write(tmp_path, "ok.py", "")
+    cores = distributed.usable_cores()
+    with pytest.raises(ValueError, match=f"lets this process use {cores}"):
+        distributed.launch(script, cores + 1, backend="gloo")
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(ValueError, match="GPUs"):
+            distributed.launch(script, 2, backend="nccl")
+    with pytest.raises(ValueError, match="unknown backend"):
+        distributed.launch(script, 1, backend="mpi")
+
+
+def test_launch_needs_the_script(tmp_path):
+    with pytest.raises(FileNotFoundError, match="write it first"):
+        distributed.launch(tmp_path / "missing.py", 1)
+
+
+def test_a_failing_rank_raises_with_its_error_first(tmp_path):
+    script = write(tmp_path, "fails.py",
+                   "import os\nif os.environ['RANK'] == '0':\n    raise ValueError('boom on rank 0')\n")
+    with pytest.raises(distributed.LaunchError) as info:
+        distributed.launch(script, 1, timeout=120)
+    first = str(info.value).splitlines()[0]
+    assert "exited with status" in first and "ValueError: boom on rank 0" in first, first
+    assert "Traceback" in info.value.stderr_tail and info.value.returncode != 0
+
+
+def test_a_rank_that_hangs_is_stopped_at_the_time_limit(tmp_path):
+    pid_file = tmp_path / "rank.pid"
+    script = write(tmp_path, "hangs.py",
+                   f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+                   "time.sleep(600)\n")
+    # torchrun's agent imports torch before it starts the rank: on a busy machine that alone can
+    # take longer than the first limit, so a second, longer one follows if the rank never started
+    for limit in (12, 45):
+        started = time.monotonic()
+        with pytest.raises(distributed.LaunchError, match=f"did not finish within {limit} s"):
+            distributed.launch(script, 1, timeout=limit)
+        assert time.monotonic() - started < limit + 30, "stopping torchrun took too long"
+        if pid_file.exists():
+            break
+    else:
+        pytest.fail("the rank never started, even with a 45 s limit")
+    pid = int(pid_file.read_text())
+    for _ in range(50):                                   # the rank runs in its own session
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"rank process {pid} survived the time-out")
+
+
+def test_a_rank_without_a_report_is_an_error(tmp_path):
+    script = write(tmp_path, "silent.py", "print('[rank 0] hello')\n")
+    with pytest.raises(distributed.LaunchError, match="rank 0 wrote no report") as info:
+        distributed.launch(script, 1, timeout=120)
+    assert info.value.stdout.strip() == "[rank 0] hello" and info.value.returncode == 0
+
+
+# --------------------------------------------------------------------------- measured under torchrun
+
+def lesson_script(cell_id: str) -> str:
+    """The body of a %%writefile cell of lesson 04 (the script the learner reads)."""
+    cells = json.loads(LESSON.read_text())["cells"]
+    source = "".join(next(c for c in cells if c.get("id") == cell_id)["source"])
+    first, _, body = source.partition("\n")
+    assert first.startswith("%%writefile"), f"cell {cell_id} is no longer a %%writefile cell"
+    return body
+
+
+@pytest.mark.skipif(distributed.usable_cores() < 2, reason="two gloo ranks need two CPU cores")
+def test_zero_stages_measured_with_two_gloo_ranks_match_the_estimate(tmp_path):
+    script = write(tmp_path, "shard_memory.py", lesson_script("fsdp-script"))
+    run = distributed.launch(script, 2, ["--size", "smoke", "--backend", "gloo"], backend="gloo",
+                             timeout=300)
+    assert run.command_line.startswith("torchrun --standalone --nproc-per-node=2 ")
+    assert run.threads_per_rank == max(1, distributed.usable_cores() // 2)
+    assert [r["rank"] for r in run.reports] == [0, 1]
+    assert all(r["world_size"] == 2 for r in run.reports)
+    cfg = config_for("smoke", device="cpu")
+    for report in run.reports:
+        for stage in range(4):
+            measured = report["stages"][str(stage)]
+            est = sharded_estimate(cfg, 2, stage)
+            for part in ("parameters", "gradients", "optimizer_state"):
+                ratio = measured[part] / getattr(est, part)
+                assert abs(ratio - 1) < 0.05, (report["rank"], stage, part, measured[part],
+                                               getattr(est, part))
+        # FSDP2 shards the smoke model's tensors evenly: exactly the estimate
+        fsdp = report["stages"]["3"]
+        est3 = sharded_estimate(cfg, 2, 3)
+        assert (fsdp["parameters"], fsdp["gradients"], fsdp["optimizer_state"]) == (
+            est3.parameters, est3.gradients, est3.optimizer_state)
+    # sharding really divides: stage 3 holds half of stage 0 on every rank
+    for report in run.reports:
+        s0 = sum(report["stages"]["0"].values())
+        s3 = sum(report["stages"]["3"].values())
+        assert abs(s3 / s0 - 0.5) < 0.001
+    table = distributed.sharding_table(run.reports, cfg)
+    assert len(table) == 8 and (table["worst part / estimate"] - 1).abs().max() < 0.05
+    fig = distributed.sharding_chart(table, cfg)
+    assert len(fig.axes[0].lines) == 4 and len(fig.axes[0].collections) == 4   # 4 stages: line + dots
