@@ -53,11 +53,23 @@ def match_source(
     )
 
 
+def _source_key(source: SourceNotebook, cell: NotebookNode) -> str | None:
+    """The id of the source cell that ``cell`` of a submission stands for: its own id, or for
+    notebooks saved without ids (nbformat < 4.5), the cell whose nbgrader grade_id it has."""
+    ids = {src.id for src in source.nb.cells}
+    if cell.get("id") in ids:
+        return cell.get("id")
+    grade_id = nbgrader(cell).get("grade_id")
+    if not isinstance(grade_id, str):
+        return None
+    return next((src.id for src in source.nb.cells if nbgrader(src).get("grade_id") == grade_id), None)
+
+
 def _protected_matches(source: SourceNotebook, submission: NotebookNode) -> tuple[int, int]:
     """(protected cells of ``source`` found in ``submission`` by id and text, protected cells)."""
     mine = {}
     for cell in submission.cells:
-        mine.setdefault(cell.get("id"), cell.source.strip())
+        mine.setdefault(_source_key(source, cell), cell.source.strip())
     protected = [
         (src, rel)
         for src, rel in zip(source.nb.cells, source.released().cells)
@@ -128,19 +140,12 @@ def assemble(
     src_cells = source.nb.cells
     released = source.released().cells
     position = {cell.id: i for i, cell in enumerate(src_cells)}
-    by_grade_id = {
-        nbgrader(cell)["grade_id"]: cell.id
-        for cell in src_cells
-        if isinstance(nbgrader(cell).get("grade_id"), str)
-    }
     learner: dict[str, NotebookNode] = {}
     extra: dict[str | None, list[NotebookNode]] = {}
     order: list[str] = []
     current: str | None = None
     for cell in submission.cells:
-        key = cell.get("id")
-        if key not in position:  # notebooks saved without ids: fall back on nbgrader's grade_id
-            key = by_grade_id.get(nbgrader(cell).get("grade_id"))
+        key = _source_key(source, cell)
         if key in position and key not in learner:
             learner[key] = cell
             order.append(key)

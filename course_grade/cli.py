@@ -175,13 +175,17 @@ def _grade(args, out) -> int:
     journal = Journal(log_path) if log_path is not None else None
 
     results = []
+    printing = [not args.json]
 
     def progress(result):
         results.append(result)
         if journal is not None:
-            journal.append(result)
-        if not args.json:
-            print_result(result, out)
+            journal.append(result)  # first: durable before anything else can fail
+        if printing[0]:
+            try:
+                print_result(result, out)
+            except (OSError, ValueError):  # a closed or broken stdout must not stop grading
+                printing[0] = False
 
     stop = Stop()
     interrupted = None
@@ -249,6 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``grade``: 0, 1, 2, 3, or 128 + the signal number (130, 143). argparse exits with 2 on
     bad options.
     """
+    for stream in (sys.stdout, sys.stderr):  # any text prints, whatever the terminal's encoding
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
     out = sys.stdout
     try:

@@ -241,7 +241,6 @@ async def _execute_cells(client, nb, protected, limits, stop, issues) -> list[Ce
             message = _failure_line(content)
             if content.get("ename") == "MemoryError" or _OUT_OF_MEMORY.search(message):
                 message += f" (out of memory: {_memory_note(limits)})"
-                issues.append(f"out of memory in {describe(cell)}: {_memory_note(limits)}")
             runs[index] = CellRun("error", message)
         else:
             runs[index] = CellRun("error", f"execution {status}")
@@ -276,8 +275,8 @@ async def execute_async(
     :func:`course_grade.sandbox.make_workdir`); ``protected`` are the indices of the source's
     test and read-only cells (IPython is reset before each).
 
-    Returns one CellRun per cell (None for markdown and raw cells) and notes (out of memory,
-    tampering). Raises GradingInterrupted if ``stop`` is requested, RuntimeError (or
+    Returns one CellRun per cell (None for markdown and raw cells) and notes (tampering that the
+    grader could not undo). Raises GradingInterrupted if ``stop`` is requested, RuntimeError (or
     jupyter_client's errors) if the kernel cannot start.
     """
     from jupyter_core.utils import ensure_async

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -28,7 +27,7 @@ from .notebook import (
     read_submission,
 )
 from .results import SubmissionResult, TestResult, display_path
-from .sandbox import DEFAULT_MEMORY, Sandbox, choose_sandbox, make_workdir
+from .sandbox import DEFAULT_MEMORY, Sandbox, choose_sandbox, make_workdir, remove_workdir
 from .stop import GradingInterrupted, Stop
 
 
@@ -62,12 +61,12 @@ def grade_submission(
     ``cell_timeout`` and ``timeout`` (the notebook, kernel start included) are seconds;
     ``memory`` is the kernel's address-space limit in bytes (0: none); ``max_size`` the largest
     file read, in bytes; ``probe_timeout`` the seconds an interrupted kernel gets to answer;
-    ``sandbox`` as in :func:`grade`. Never raises for a bad submission: a file that is a symbolic link, too
-    large, not a notebook, of another exercise, or whose kernel cannot start comes back with
-    ``error`` set and no points; deleted, moved or edited cells, errors in the learner's cells,
-    time-outs and a stopped kernel are listed in ``issues``. Raises ValueError for a bad limit,
-    SandboxError if a sandbox is required but cannot be used, GradingInterrupted if ``stop`` is
-    requested meanwhile.
+    ``sandbox`` as in :func:`grade`. Never raises for a bad submission: a file that is a
+    symbolic link, too large, not a notebook, of another exercise, or whose kernel cannot start
+    comes back with ``error`` set and no points; deleted, moved or edited cells, errors in the
+    learner's cells (out of memory included), time-outs and a stopped kernel are listed in
+    ``issues``. Raises ValueError for a bad limit, SandboxError if a sandbox is required but
+    cannot be used, GradingInterrupted if ``stop`` is requested meanwhile.
     """
     _check_positive("cell_timeout", cell_timeout)
     _check_positive("timeout", timeout)
@@ -100,9 +99,10 @@ def grade_submission(
         except GradingInterrupted:
             raise
         except Exception as error:  # the kernel could not start, or the connection broke
-            raise GradingError(f"could not execute it: {type(error).__name__}: {first_line(str(error))}") from None
+            why = f"{type(error).__name__}: {first_line(str(error))}"
+            raise GradingError(f"could not execute it: {why}") from None
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_workdir(workdir)
     except GradingError as error:
         result.error = str(error)
     except GradingInterrupted:

@@ -260,6 +260,24 @@ def make_workdir(parent: str | os.PathLike | None = None) -> Path:
     return workdir
 
 
+def remove_workdir(workdir: Path) -> None:
+    """Delete a folder made by :func:`make_workdir`, even where learner code removed its own
+    permissions on what it wrote; never raises."""
+
+    def allow_and_retry(function, path, _):
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(path), 0o700)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.chmod(path, 0o700)
+            function(path)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(workdir, onexc=allow_and_retry)
+    else:
+        shutil.rmtree(workdir, onerror=allow_and_retry)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 def kernel_command(
     sandbox: Sandbox | None, workdir: Path, limits: KernelLimits, env: dict[str, str]
 ) -> list[str]:
@@ -340,7 +358,7 @@ def check_sandbox(sandbox: Sandbox) -> None:
             lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
             raise SandboxError(f"bubblewrap fails here: {lines[-1][:200] if lines else done.returncode}")
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_workdir(workdir)
 
 
 def choose_sandbox(

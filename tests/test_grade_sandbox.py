@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -142,23 +141,22 @@ def test_unsandboxed_learner_code_reaches_the_graders_files(probe_course):
     assert survivors  # a process that left the kernel's session outlives it
 
 
-def test_without_bubblewrap_the_grader_says_it_runs_unsandboxed(tmp_path):
+def test_without_bubblewrap_the_grader_says_it_runs_unsandboxed(tmp_path, monkeypatch, capsys):
     source = tmp_path / "solutions"
     source.mkdir()
     cells = [new_code_cell("assert 1 + 1 == 2", id="t", metadata=test_meta("one_plus_one"))]
     nbformat.write(new_notebook(cells=cells), source / "01_one.ipynb")
     course_grade.release(source, tmp_path / "exercises")
     submission = tmp_path / "exercises" / "01_one.ipynb"
-    env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(ROOT)}  # no bwrap on PATH
-    command = [sys.executable, "-m", "course_grade", "grade", str(submission), "--source", str(source)]
-    plain = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert plain.returncode == 0, plain.stderr
-    assert "1/1 points" in plain.stdout
-    assert "bubblewrap (bwrap) is not installed" in plain.stderr and "UNSANDBOXED" in plain.stderr
-    forced = subprocess.run(command + ["--sandbox"], env=env, capture_output=True, text=True,
-                            timeout=120)
-    assert forced.returncode == 2 and "bubblewrap (bwrap) is not installed" in forced.stderr
-    assert "points" not in forced.stdout
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
+    args = ["grade", str(submission), "--source", str(source)]
+    assert course_grade.main(args) == 0
+    out, err = capsys.readouterr()
+    assert "1/1 points" in out
+    assert "bubblewrap (bwrap) is not installed" in err and "UNSANDBOXED" in err
+    assert course_grade.main(args + ["--sandbox"]) == 2
+    out, err = capsys.readouterr()
+    assert "bubblewrap (bwrap) is not installed" in err and "points" not in out
 
 
 def test_the_sandbox_refuses_to_expose_a_hidden_path():
