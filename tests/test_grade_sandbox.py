@@ -74,6 +74,8 @@ def probe_course(tmp_path, monkeypatch):
         "write_tmp": "import tempfile\nwith tempfile.TemporaryFile() as f:\n    f.write(b'ok')",
         "leave_a_process": "import subprocess\n"
         f"subprocess.Popen(['sleep', '{LINGER}'], start_new_session=True)",
+        "course_imports": "import matplotlib.pyplot, numpy, pandas, torch, course_utils\n"
+        f"assert course_utils.__file__ == {str(ROOT / 'course_utils' / '__init__.py')!r}",
         "limits_are_set": "import resource\n"  # --memory 3000 MiB, --timeout 120 s
         "assert resource.getrlimit(resource.RLIMIT_AS) == (3000 << 20, 3000 << 20)\n"
         "assert resource.getrlimit(resource.RLIMIT_CPU)[0] == 2 * 120 + 30",
@@ -111,7 +113,8 @@ def grade_probes(source, folder, csv_path, sandbox):
 def test_sandboxed_learner_code_reaches_nothing_outside_its_copy(probe_course):
     source, folder, csv_path, victim = probe_course
     tests = grade_probes(source, folder, csv_path, sandbox=True)
-    allowed = {"write_own_folder", "write_tmp", "leave_a_process", "limits_are_set"}
+    allowed = {"write_own_folder", "write_tmp", "leave_a_process", "limits_are_set",
+               "course_imports"}
     reached = {name for name, test in tests.items() if test.status == "pass"}
     assert reached == allowed, {n: tests[n].message for n in reached ^ allowed}
     assert "No such file or directory" in tests["read_source"].message

@@ -610,6 +610,16 @@ class TestAttacks:
         assert result.graded and result.score == 0, {t.grade_id: t.message for t in tests.values()}
 
 
+    def test_a_kernel_the_grader_cannot_reset_scores_nothing(self, tmp_path):
+        source, submission = tiny_course(tmp_path)  # right answers, and a blocked reset
+        nb = nbformat.read(submission, 4)
+        nb.cells.insert(0, new_code_cell("get_ipython().user_expressions = lambda e: {}", id="hook"))
+        nbformat.write(nb, submission)
+        result, tests, _ = grade_one(source, submission, cell_timeout=30, timeout=60)
+        assert result.graded and result.score == 0
+        assert all(t.status == "not run" and "changed how IPython runs code" in t.message
+                   for t in tests.values())
+
     def test_learner_text_reaches_no_terminal_escape(self, tmp_path):
         source, submission = tiny_course(tmp_path, "    raise ValueError('\\x1b[2J\\x1b]0;pwned\\x07cleared')")
         nb = nbformat.read(submission, 4)
