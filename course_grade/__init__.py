@@ -12,8 +12,9 @@ Public API (everything else is internal):
 * release (:mod:`course_grade.release`): ``release_notebook``, ``release``, ``check_release``,
   ``release_student``;
 * grading (:mod:`course_grade.grade`): ``grade``, ``grade_submission``, ``find_submissions``,
-  ``Stop``, ``GradingInterrupted`` (:mod:`course_grade.stop`); results (:mod:`course_grade.results`): ``SubmissionResult``,
-  ``TestResult``, ``clean_text``, ``display_path``;
+  ``Stop``, ``GradingInterrupted`` (:mod:`course_grade.stop`); results
+  (:mod:`course_grade.results`): ``SubmissionResult``, ``TestResult``, ``clean_text``,
+  ``display_path``;
 * the sandbox (:mod:`course_grade.sandbox`): ``Sandbox``, ``SandboxError``, ``choose_sandbox``;
 * reports (:mod:`course_grade.report`): ``results_table``, ``summary_table``, ``write_csv``,
   ``Journal``;
@@ -21,7 +22,6 @@ Public API (everything else is internal):
 """
 
 from .cli import main
-from .stop import GradingInterrupted, Stop
 from .grade import find_submissions, grade, grade_submission
 from .notebook import (
     BEGIN_HIDDEN_TESTS,
@@ -41,6 +41,7 @@ from .release import check_release, release, release_notebook, release_student
 from .report import Journal, results_table, summary_table, write_csv
 from .results import SubmissionResult, TestResult, clean_text, display_path
 from .sandbox import Sandbox, SandboxError, choose_sandbox
+from .stop import GradingInterrupted, Stop
 
 __all__ = [
     "BEGIN_SOLUTION",

@@ -14,13 +14,20 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
-from .notebook import METADATA_KEY, GradingError, SourceNotebook, first_line, is_protected, nbgrader
+from .notebook import (
+    METADATA_KEY,
+    GradingError,
+    SourceNotebook,
+    first_line,
+    is_protected,
+    nbgrader,
+)
 
 MIN_PROTECTED_SHARE = 0.5  # of the source's protected cells a submission must carry (id + text)
 
 
 def describe(cell: NotebookNode) -> str:
-    """A short name for a cell in notes: ``test 'grade_id'`` or ``code cell 'id' ("first line")``."""
+    """A short name for a cell in notes: ``test 'grade_id'``, ``code cell 'id' ("first line")``."""
     meta = nbgrader(cell)
     if meta.get("grade"):
         return f"test {meta.get('grade_id')!r}"
@@ -62,7 +69,8 @@ def _source_key(source: SourceNotebook, cell: NotebookNode) -> str | None:
     grade_id = nbgrader(cell).get("grade_id")
     if not isinstance(grade_id, str):
         return None
-    return next((src.id for src in source.nb.cells if nbgrader(src).get("grade_id") == grade_id), None)
+    same = (src.id for src in source.nb.cells if nbgrader(src).get("grade_id") == grade_id)
+    return next(same, None)
 
 
 def _protected_matches(source: SourceNotebook, submission: NotebookNode) -> tuple[int, int]:
@@ -72,7 +80,7 @@ def _protected_matches(source: SourceNotebook, submission: NotebookNode) -> tupl
         mine.setdefault(_source_key(source, cell), cell.source.strip())
     protected = [
         (src, rel)
-        for src, rel in zip(source.nb.cells, source.released().cells)
+        for src, rel in zip(source.nb.cells, source.released().cells, strict=True)
         if is_protected(src)
     ]
     found = sum(
@@ -161,7 +169,7 @@ def assemble(
     cells = [_without_outputs(own) for own in extra.get(None, [])]
     index_of: dict[str, int] = {}
     restored, replaced = [], []
-    for src, rel in zip(src_cells, released):
+    for src, rel in zip(src_cells, released, strict=True):
         mine = learner.get(src.id)
         if mine is None:
             restored.append(describe(src))

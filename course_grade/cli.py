@@ -97,7 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     grd.add_argument("paths", nargs="+", metavar="SUBMISSION_OR_FOLDER")
     grd.add_argument("--source", default="solutions", help="source folder (default: solutions)")
-    grd.add_argument("--csv", metavar="FILE", help="write one row per submission to FILE (atomically, at the end)")
+    grd.add_argument(
+        "--csv", metavar="FILE",
+        help="write one row per submission to FILE (atomically, at the end)",
+    )
     grd.add_argument(
         "--log", metavar="FILE",
         help="append each result to FILE (JSON lines) as soon as it is graded "
@@ -114,7 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     grd.add_argument(
         "--memory", type=_mebibytes, default=DEFAULT_MEMORY, metavar="MIB",
-        help=f"address space a kernel may use, in MiB; 0: no limit (default: {DEFAULT_MEMORY // 2**20})",
+        help="address space a kernel may use, in MiB; 0: no limit "
+        f"(default: {DEFAULT_MEMORY // 2**20})",
     )
     grd.add_argument(
         "--max-size", type=_mebibytes, default=DEFAULT_MAX_SIZE, metavar="MIB",
@@ -138,7 +142,8 @@ def _release(args, out) -> int:
             print("course-grade: error: --check and --student do not go together", file=sys.stderr)
             return EXIT_USAGE
         written = release_student(args.student, args.source, args.lessons)
-        print(f"wrote the student bundle to {display_path(args.student)} ({len(written)} files)", file=out)
+        where = display_path(args.student)
+        print(f"wrote the student bundle to {where} ({len(written)} files)", file=out)
         return EXIT_OK
     if args.check:
         problems = check_release(args.source, args.dest)
@@ -162,7 +167,9 @@ def _release(args, out) -> int:
 def _grade(args, out) -> int:
     err = sys.stderr
     csv_path = Path(args.csv) if args.csv else None
-    log_path = Path(args.log) if args.log else (csv_path.with_suffix(".jsonl") if csv_path else None)
+    log_path = Path(args.log) if args.log else None
+    if log_path is None and csv_path is not None:
+        log_path = csv_path.with_suffix(".jsonl")
     if csv_path is not None and log_path is not None and csv_path.resolve() == log_path.resolve():
         log_path = csv_path.with_name(csv_path.name + ".jsonl")
     for label, path in (("--csv", csv_path), ("--log", log_path)):
@@ -219,9 +226,8 @@ def _grade(args, out) -> int:
         except OSError as error:
             where = (f"; every result is in {display_path(log_path)}"
                      if journal is not None and not journal.error else "")
-            problems.append(
-                f"could not write the CSV {display_path(csv_path)}: {error.strerror or error}{where}"
-            )
+            why = error.strerror or error
+            problems.append(f"could not write the CSV {display_path(csv_path)}: {why}{where}")
     if args.json:
         json.dump([result.to_dict() for result in results], out, indent=1)
         print(file=out, flush=True)

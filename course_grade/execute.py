@@ -24,8 +24,15 @@ from nbformat import NotebookNode
 
 from .assemble import describe
 from .notebook import first_line
+from .sandbox import (
+    DEFAULT_MEMORY,
+    KernelLimits,
+    Sandbox,
+    client_context,
+    kernel_env,
+    kernel_manager,
+)
 from .stop import GradingInterrupted, Stop
-from .sandbox import DEFAULT_MEMORY, KernelLimits, Sandbox, client_context, kernel_env, kernel_manager
 
 DEFAULT_CELL_TIMEOUT = 120.0  # seconds per cell
 DEFAULT_TIMEOUT = 600.0  # seconds per notebook, kernel start-up included
@@ -46,7 +53,7 @@ def reset(nonce):
                  "transform_ast", "run_ast_nodes", "run_code", "showtraceback", "set_custom_exc",
                  "user_expressions", "_format_user_obj"):
         shell.__dict__.pop(name, None)  # instance overrides of IPython's own methods
-    shell.input_transformer_manager = TransformerManager()  # IPython's default cleanup/line transforms
+    shell.input_transformer_manager = TransformerManager()  # IPython's default transforms
     shell.input_transformers_post = []
     shell.ast_transformers = []
     shell.set_custom_exc((), None)
@@ -156,7 +163,8 @@ async def _reset_ipython(client, seconds: float) -> str | None:
     if content is None:
         return "no answer"
     value = (content.get("user_expressions") or {}).get("reset") or {}
-    if value.get("status") == "ok" and value.get("data", {}).get("text/plain") == repr(f"{nonce}:00"):
+    text = value.get("data", {}).get("text/plain") if value.get("status") == "ok" else None
+    if text == repr(f"{nonce}:00"):
         return None
     return "the submission changed how IPython runs code, and the grader could not undo it"
 
@@ -283,7 +291,8 @@ async def execute_async(
 
     client_class = _quiet_client_class()
     env = kernel_env(sandbox, workdir)
-    km = kernel_manager(sandbox, workdir, KernelLimits.for_timeout(limits.memory, limits.timeout), env)
+    kernel_limits = KernelLimits.for_timeout(limits.memory, limits.timeout)
+    km = kernel_manager(sandbox, workdir, kernel_limits, env)
     client = client_class(
         nb,
         km=km,
@@ -295,8 +304,8 @@ async def execute_async(
         record_timing=False,
         store_widget_state=False,
         iopub_timeout=1,  # after a cell's reply: the grader needs no output, only the reply
-        on_cell_executed=lambda cell, cell_index, execute_reply: client.course_grade_replies.__setitem__(
-            cell_index, execute_reply
+        on_cell_executed=lambda cell, cell_index, execute_reply: (
+            client.course_grade_replies.__setitem__(cell_index, execute_reply)
         ),
     )
     client.course_grade_limit = limits.cell_timeout
@@ -306,7 +315,9 @@ async def execute_async(
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     log = open(workdir / "kernel.log", "wb")
-    watch = stop.watching(loop, task) if stop is not None and task is not None else contextlib.nullcontext()
+    watch = contextlib.nullcontext()
+    if stop is not None and task is not None:
+        watch = stop.watching(loop, task)
     try:
         with watch:
             if stop is not None and stop.requested:
@@ -326,9 +337,8 @@ async def execute_async(
                 tail = (workdir / "kernel.log").read_bytes()[-2000:].decode("utf-8", "replace")
                 last = [line for line in tail.splitlines() if line.strip()]
                 why = first_line(str(error)) or type(error).__name__
-                raise RuntimeError(
-                    f"the kernel did not start ({why})" + (f": {last[-1].strip()[:200]}" if last else "")
-                ) from None
+                said = f": {last[-1].strip()[:200]}" if last else ""
+                raise RuntimeError(f"the kernel did not start ({why}){said}") from None
             runs = await _execute_cells(client, nb, protected, limits, stop, issues)
     except asyncio.CancelledError:
         if stop is not None and stop.requested:

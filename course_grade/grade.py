@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .assemble import assemble, check_same_exercise, describe, match_source
-from .execute import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT, PROBE_TIMEOUT, CellRun, Limits, execute
+from .execute import (
+    DEFAULT_CELL_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    PROBE_TIMEOUT,
+    CellRun,
+    Limits,
+    execute,
+)
 from .notebook import (
     DEFAULT_MAX_SIZE,
     GradingError,
@@ -27,12 +34,19 @@ from .notebook import (
     read_submission,
 )
 from .results import SubmissionResult, TestResult, display_path
-from .sandbox import DEFAULT_MEMORY, Sandbox, choose_sandbox, make_workdir, remove_workdir
+from .sandbox import (
+    DEFAULT_MEMORY,
+    Sandbox,
+    choose_sandbox,
+    make_workdir,
+    remove_workdir,
+)
 from .stop import GradingInterrupted, Stop
 
 
 def _check_positive(name: str, value) -> None:
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
 
 

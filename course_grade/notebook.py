@@ -28,7 +28,9 @@ try:
     from nbformat import NotebookNode
     from nbformat.v4.rwbase import rejoin_lines, strip_transient
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("course_grade needs nbformat and nbclient: pip install 'course_utils[grade]'") from error
+    raise ImportError(
+        "course_grade needs nbformat and nbclient: pip install 'course_utils[grade]'"
+    ) from error
 
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
@@ -223,7 +225,7 @@ def parse_notebook(data: bytes) -> NotebookNode:
     nb = nbformat.from_dict(
         {
             "nbformat": 4,
-            "nbformat_minor": minor if isinstance(minor, int) and not isinstance(minor, bool) else 5,
+            "nbformat_minor": minor if type(minor) is int else 5,
             "metadata": metadata if isinstance(metadata, dict) else {},
             "cells": clean,
         }
@@ -256,9 +258,8 @@ def read_submission(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_SIZE) 
         if not stat.S_ISREG(info.st_mode):
             raise GradingError("not a regular file")
         if info.st_size > max_bytes:
-            raise GradingError(
-                f"too large: {info.st_size / 2**20:.1f} MiB (the limit is {max_bytes / 2**20:g} MiB)"
-            )
+            size, limit = info.st_size / 2**20, max_bytes / 2**20
+            raise GradingError(f"too large: {size:.1f} MiB (the limit is {limit:g} MiB)")
         try:
             data = handle.read(max_bytes + 1)
         except OSError as error:

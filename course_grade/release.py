@@ -13,10 +13,10 @@ import copy
 import os
 import re
 import shutil
-import tomllib
 from pathlib import Path
 
 import nbformat
+import tomllib
 from nbformat import NotebookNode
 
 from .notebook import (
@@ -32,7 +32,9 @@ from .notebook import (
 
 # Metadata that nbstripout removes by default: released notebooks must be nbstripout-clean.
 _NB_METADATA_TO_DROP = ("signature", "widgets")
-_CELL_METADATA_TO_DROP = ("collapsed", "ExecuteTime", "execution", "heading_collapsed", "hidden", "scrolled")
+_CELL_METADATA_TO_DROP = (
+    "collapsed", "ExecuteTime", "execution", "heading_collapsed", "hidden", "scrolled",
+)
 
 STUDENT_PACKAGE = "course_utils"  # the package learners import (never the grader)
 _STUDENT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt", "environment.yml")
@@ -73,7 +75,7 @@ def release_notebook(nb: NotebookNode, name: str) -> NotebookNode:
 
 
 def dumps(nb: NotebookNode) -> str:
-    """nbformat.write's own layout (indent 1, sorted keys, trailing newline), as nbstripout writes."""
+    """nbformat.write's layout (indent 1, sorted keys, trailing newline), as nbstripout writes."""
     return nbformat.writes(nb, version=4) + "\n"
 
 
@@ -175,11 +177,12 @@ def student_pyproject(text: str) -> str:
     try:
         data = tomllib.loads(result)
     except tomllib.TOMLDecodeError as error:
-        raise GradingError(f"pyproject.toml: the learners' copy would not parse ({error})") from None
+        raise GradingError(f"pyproject.toml: the learners' copy does not parse ({error})") from None
     packages = data.get("tool", {}).get("setuptools", {}).get("packages")
     scripts = data.get("project", {}).get("scripts", {})
     extras = data.get("project", {}).get("optional-dependencies", {})
-    if packages != [STUDENT_PACKAGE] or "course-grade" in scripts or {"grade", "test"} & set(extras):
+    grader_left = "course-grade" in scripts or {"grade", "test"} & set(extras)
+    if packages != [STUDENT_PACKAGE] or grader_left:
         raise GradingError(
             "pyproject.toml: cannot derive the learners' copy (expected a [tool.setuptools] "
             "packages list, a course-grade script and grade/test extras, one item per line)"

@@ -35,7 +35,9 @@ def results_table(result: SubmissionResult, width: int = MESSAGE_WIDTH):
             "points": _number(test.points),
             "max": _number(test.max_points),
             "result": test.status,
-            "message": test.message if len(test.message) <= width else test.message[: width - 3] + "...",
+            "message": (
+                test.message if len(test.message) <= width else test.message[: width - 3] + "..."
+            ),
         }
         for test in result.tests
     ]
@@ -65,7 +67,9 @@ def summary_table(results: Sequence[SubmissionResult]):
         row["issues"] = " | ".join(result.issues)
         row["error"] = result.error or ""
         rows.append(row)
-    columns = ["submission", "source", "graded", "score", "max_score", *grade_ids, "issues", "error"]
+    columns = [
+        "submission", "source", "graded", "score", "max_score", *grade_ids, "issues", "error",
+    ]
     table = pd.DataFrame(rows, columns=columns)
     for column in ["score", "max_score", *grade_ids]:  # whole points print as 2, not 2.0
         values = table[column].dropna()

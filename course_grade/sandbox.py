@@ -105,10 +105,11 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def _python_folders() -> list[Path]:
     """Folders of the grader's Python that the kernel needs: the prefixes and site folders."""
-    folders = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
+    folders = {Path(p).resolve() for p in prefixes}
     folders.add(Path(sys.executable).resolve().parent.parent)
-    for entry in sys.path:
-        path = Path(entry or ".").resolve()
+    for entry in filter(None, sys.path):  # '' is the working folder: never
+        path = Path(entry).resolve()
         if path.name in ("site-packages", "dist-packages") and path.is_dir():
             folders.add(path)
     return sorted(folders)
@@ -142,7 +143,9 @@ def plan_sandbox(hidden: Iterable[str | os.PathLike] = (), bwrap: str | None = N
     if not program:
         raise SandboxError("bubblewrap (bwrap) is not installed")
     python = _python_folders()
-    packages = [p for p in _package_folders(KERNEL_PACKAGES) if not any(_inside(p, f) for f in python)]
+    packages = [
+        p for p in _package_folders(KERNEL_PACKAGES) if not any(_inside(p, f) for f in python)
+    ]
     read_only = [Path("/usr"), *python, *packages]
     hidden_paths = [Path(os.path.abspath(p)) for p in hidden]
     for folder in read_only:
@@ -160,12 +163,13 @@ def plan_sandbox(hidden: Iterable[str | os.PathLike] = (), bwrap: str | None = N
     )
 
 
-def kernel_env(sandbox: Sandbox | None, home: Path) -> dict[str, str]:
+def kernel_env(sandbox: Sandbox | None, workdir: Path) -> dict[str, str]:
     """The kernel's whole environment: a few variables, never the grader's secrets.
 
     ``COURSE_SIZE`` (default ``smoke``), ``OMP_NUM_THREADS`` (default 1) and any other
-    ``COURSE_*`` variable are passed on; ``HOME`` and ``TMPDIR`` point into the throwaway folder.
-    Unsandboxed, ``PATH`` and ``PYTHONPATH`` are the grader's.
+    ``COURSE_*`` variable are passed on; ``HOME`` and ``TMPDIR`` point into the throwaway
+    ``workdir`` (see :func:`make_workdir`). Unsandboxed, ``PATH`` and ``PYTHONPATH`` are the
+    grader's; sandboxed, ``PYTHONPATH`` holds only the folders of :attr:`Sandbox.pythonpath`.
     """
     env = {key: value for key, value in os.environ.items() if key.startswith("COURSE_")}
     env.setdefault("COURSE_SIZE", "smoke")
@@ -180,17 +184,19 @@ def kernel_env(sandbox: Sandbox | None, home: Path) -> dict[str, str]:
         JUPYTER_PLATFORM_DIRS="1",
     )
     if sandbox is None:
-        env.update(HOME=str(home / "home"), TMPDIR=str(home / "tmp"), PATH=os.environ.get("PATH", os.defpath))
+        env.update(
+            HOME=str(workdir / "home"), TMPDIR=str(workdir / "tmp"),
+            PATH=os.environ.get("PATH", os.defpath),
+        )
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        pythonpath = [str(p.parent) for p in _package_folders(KERNEL_PACKAGES)]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [env.get("PYTHONPATH"), *pythonpath])))
     else:
-        env.update(HOME=LEARNER_HOME, TMPDIR="/tmp", PATH=f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin")
+        env.update(
+            HOME=LEARNER_HOME, TMPDIR="/tmp",
+            PATH=f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        )
         if sandbox.pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(sandbox.pythonpath)
-    if not env.get("PYTHONPATH"):
-        env.pop("PYTHONPATH", None)
     return env
 
 
@@ -237,7 +243,8 @@ def _font_caches() -> list[Path]:
         "matplotlib",
     )
     try:
-        return [p for p in Path(folder).glob("fontlist-v*.json") if p.is_file() and p.stat().st_size < 2**22]
+        found = Path(folder).glob("fontlist-v*.json")
+        return [p for p in found if p.is_file() and p.stat().st_size < 2**22]
     except OSError:
         return []
 
@@ -356,7 +363,8 @@ def check_sandbox(sandbox: Sandbox) -> None:
             raise SandboxError(f"bubblewrap does not start: {type(error).__name__}") from None
         if done.returncode != 0:
             lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise SandboxError(f"bubblewrap fails here: {lines[-1][:200] if lines else done.returncode}")
+            said = lines[-1][:200] if lines else f"exit status {done.returncode}"
+            raise SandboxError(f"bubblewrap fails here: {said}")
     finally:
         remove_workdir(workdir)
 
@@ -383,5 +391,6 @@ def choose_sandbox(
     except SandboxError as error:
         if wanted:
             raise
-        return None, f"warning: no sandbox ({error}): {unsandboxed}; install bubblewrap to isolate it"
+        fix = "install bubblewrap to isolate it"
+        return None, f"warning: no sandbox ({error}): {unsandboxed}; {fix}"
     return sandbox, sandbox.describe()

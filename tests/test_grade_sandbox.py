@@ -65,12 +65,15 @@ def probe_course(tmp_path, monkeypatch):
         "write_csv": f"open({str(csv_path)!r}, 'w').write('alice,100')",
         "reach_grader_loopback": "import socket\n"
         f"socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=3).close()",
-        "reach_internet": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=3).close()",
+        "reach_internet": "import socket\n"
+        "socket.create_connection(('1.1.1.1', 53), timeout=3).close()",
         "signal_grader_process": f"import os\nos.kill({os.getpid()}, 0)",
         "read_grader_environment": f"assert open('/proc/{os.getpid()}/environ', 'rb').read()",
-        "see_other_processes": "import os\nassert sum(p.isdigit() for p in os.listdir('/proc')) > 5",
+        "see_other_processes": "import os\n"
+        "assert sum(p.isdigit() for p in os.listdir('/proc')) > 5",
         "read_grader_secret": f"import os\nassert os.environ[{SECRET!r}]",
-        "write_own_folder": "open('mine.txt', 'w').write('ok')\nassert open('mine.txt').read() == 'ok'",
+        "write_own_folder": "open('mine.txt', 'w').write('ok')\n"
+        "assert open('mine.txt').read() == 'ok'",
         "write_tmp": "import tempfile\nwith tempfile.TemporaryFile() as f:\n    f.write(b'ok')",
         "leave_a_process": "import subprocess\n"
         f"subprocess.Popen(['sleep', '{LINGER}'], start_new_session=True)",

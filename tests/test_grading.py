@@ -349,16 +349,20 @@ def test_csv_has_one_row_per_submission(graded_class):
 # --------------------------------------------------------------------------- time limits, crashes
 
 
-def tiny_source(folder: Path, name: str = "01_tiny.ipynb", answer: int = 42, prefix: str = "") -> Path:
+def tiny_source(folder: Path, name: str = "01_tiny.ipynb", answer: int = 42,
+                prefix: str = "") -> Path:
     """A two-question source notebook without torch (3 points: ``answer()`` returns ``answer``,
     ``double(x)``); ``prefix`` keeps grade ids unique when a folder holds two of them."""
     return write_source(folder, name, [
-        new_code_cell(f"def answer():\n    ### BEGIN SOLUTION\n    return {answer}\n    ### END SOLUTION",
+        new_code_cell(f"def answer():\n    ### BEGIN SOLUTION\n    return {answer}\n"
+                      "    ### END SOLUTION",
                       id="answer", metadata=nbgrader_meta("solution", f"{prefix}answer-solution")),
-        new_code_cell(f"assert answer() == {answer}, f'answer() should be {answer}; yours is {{answer()}}'",
+        new_code_cell(f"assert answer() == {answer}, "
+                      f"f'answer() should be {answer}; yours is {{answer()}}'",
                       id="test-answer", metadata=nbgrader_meta("test", f"{prefix}answer", 1)),
         new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n"
-                      "    ### END SOLUTION", id="double", metadata=nbgrader_meta("solution", f"{prefix}d")),
+                      "    ### END SOLUTION", id="double",
+                      metadata=nbgrader_meta("solution", f"{prefix}d")),
         new_code_cell("assert double(3) == 6\n### BEGIN HIDDEN TESTS\nassert double(-1) == -2, "
                       "'double(-1) should be -2'\n### END HIDDEN TESTS",
                       id="test-double", metadata=nbgrader_meta("test", f"{prefix}double", 2)),
@@ -495,13 +499,15 @@ class TestAttacks:
         (folder / "alice").mkdir(parents=True)
         (folder / "alice" / "01_tiny.ipynb").symlink_to(source / "01_tiny.ipynb")  # the reference
         (folder / "bob_01_tiny.ipynb").symlink_to("/etc/passwd")
-        (folder / "carol").symlink_to(source, target_is_directory=True)  # a folder link: not followed
+        (folder / "carol").symlink_to(source, target_is_directory=True)  # a folder: not followed
         (folder / "text.ipynb").write_text("TOP-SECRET-TOKEN is not JSON")
         (folder / "binary.ipynb").write_bytes(b"\xff\xfe TOP-SECRET-TOKEN")
         (folder / "empty.ipynb").write_bytes(b"")
         (folder / "list.ipynb").write_text('["TOP-SECRET-TOKEN"]')
-        v3 = {"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "worksheets": [{"cells": [
-            {"cell_type": "code", "input": "TOP-SECRET-TOKEN", "outputs": [], "language": "python"}]}]}
+        v3_cell = {"cell_type": "code", "input": "TOP-SECRET-TOKEN", "outputs": [],
+                   "language": "python"}
+        v3 = {"nbformat": 3, "nbformat_minor": 0, "metadata": {},
+              "worksheets": [{"cells": [v3_cell]}]}
         (folder / "v3.ipynb").write_text(json.dumps(v3))
         big = json.loads(submission.read_text())
         big["metadata"]["padding"] = "TOP-SECRET-TOKEN" * 70_000  # 1.1 MiB
@@ -515,14 +521,14 @@ class TestAttacks:
         for name in ("alice/01_tiny.ipynb", "bob_01_tiny.ipynb", "carol"):
             assert "symbolic link" in errors[name]
         assert "not JSON" in errors["text.ipynb"] and "not UTF-8" in errors["binary.ipynb"]
-        assert "not JSON" in errors["empty.ipynb"] and "not a Jupyter notebook" in errors["list.ipynb"]
+        assert "not JSON" in errors["empty.ipynb"]
+        assert "not a Jupyter notebook" in errors["list.ipynb"]
         assert "notebook format 3" in errors["v3.ipynb"]
         assert "too large" in errors["big_01_tiny.ipynb"]
         assert "not a regular file" in errors["fifo_01_tiny.ipynb"]
         passwd = Path("/etc/passwd").read_text().split(":")[0]
         for error in errors.values():
             assert "TOP-SECRET" not in error and f"{passwd}:" not in error
-
 
     def test_a_notebook_of_another_exercise_is_not_graded(self, tmp_path):
         source = tmp_path / "solutions"
@@ -549,7 +555,6 @@ class TestAttacks:
             assert "looks like a different exercise" in results[name].error
             assert "02_other.ipynb" in results[name].error
 
-
     def test_exit_in_a_learner_cell_is_blamed_on_that_cell(self, tmp_path):
         source, submission = tiny_course(tmp_path, "    return 42\n\nexit()")
         result, tests, _ = grade_one(source, submission, cell_timeout=30, timeout=60)
@@ -559,13 +564,12 @@ class TestAttacks:
             assert "code cell 'answer'" in test.message and "exit()" in test.message, test.message
         assert any("'answer'" in issue and "stopped the kernel" in issue for issue in result.issues)
 
-
     def test_sys_exit_and_system_exit_fail_only_their_question(self, tmp_path):  # held
-        source, submission = tiny_course(tmp_path, "    sys.exit(3)\n\nimport sys\nraise SystemExit(1)")
+        body = "    sys.exit(3)\n\nimport sys\nraise SystemExit(1)"
+        source, submission = tiny_course(tmp_path, body)
         result, tests, _ = grade_one(source, submission, cell_timeout=30, timeout=60)
         assert tests["answer"].status == "fail" and "SystemExit" in tests["answer"].message
         assert tests["double"].status == "pass" and result.score == 2
-
 
     def test_edited_duplicated_and_re_ided_tests_change_nothing(self, tmp_path):  # held
         source, submission = tiny_course(tmp_path, "    return 41")
@@ -582,14 +586,14 @@ class TestAttacks:
         assert status == 0
         assert "2/3 points" in out and "3/3" not in out and "answer 1 1 pass" not in out
 
-
     @pytest.mark.parametrize("hook", [
         "get_ipython().input_transformers_cleanup.append(lambda lines: ['pass\\n'])",
         "get_ipython().input_transformers_post.append(lambda lines: ['pass\\n'])",
         "import ast\nclass Empty(ast.NodeTransformer):\n"
         "    def visit_Module(self, node):\n        node.body = []\n        return node\n"
         "get_ipython().ast_transformers.append(Empty())",
-        "get_ipython().events.register('post_run_cell', lambda r: setattr(r, 'error_in_exec', None))",
+        "get_ipython().events.register('post_run_cell',\n"
+        "                              lambda r: setattr(r, 'error_in_exec', None))",
         "get_ipython().events.register('pre_run_cell', lambda info: "
         "get_ipython().input_transformers_post.append(lambda lines: ['pass\\n']))",
         "get_ipython().set_custom_exc((Exception,), lambda *args, **kwargs: None)",
@@ -609,11 +613,11 @@ class TestAttacks:
         result, tests, _ = grade_one(source, submission, cell_timeout=30, timeout=60)
         assert result.graded and result.score == 0, {t.grade_id: t.message for t in tests.values()}
 
-
     def test_a_kernel_the_grader_cannot_reset_scores_nothing(self, tmp_path):
         source, submission = tiny_course(tmp_path)  # right answers, and a blocked reset
         nb = nbformat.read(submission, 4)
-        nb.cells.insert(0, new_code_cell("get_ipython().user_expressions = lambda e: {}", id="hook"))
+        hook = "get_ipython().user_expressions = lambda e: {}"
+        nb.cells.insert(0, new_code_cell(hook, id="hook"))
         nbformat.write(nb, submission)
         result, tests, _ = grade_one(source, submission, cell_timeout=30, timeout=60)
         assert result.graded and result.score == 0
@@ -621,7 +625,8 @@ class TestAttacks:
                    for t in tests.values())
 
     def test_learner_text_reaches_no_terminal_escape(self, tmp_path):
-        source, submission = tiny_course(tmp_path, "    raise ValueError('\\x1b[2J\\x1b]0;pwned\\x07cleared')")
+        body = "    raise ValueError('\\x1b[2J\\x1b]0;pwned\\x07cleared')"
+        source, submission = tiny_course(tmp_path, body)
         nb = nbformat.read(submission, 4)
         nb.cells.append(new_code_cell("1 / 0  # \x1b[31mred\u202e", id="blink"))
         nb.cells[-1].id = "\x1b[5mblink"  # new_code_cell would refuse this id
@@ -631,11 +636,11 @@ class TestAttacks:
         status, out = run_cli("grade", str(named), "--source", str(source), "--no-sandbox")
         assert status == 0 and "2/3 points" in out  # answer fails, double passes
         assert ESC not in out and "\x07" not in out and "\u202e" not in out
-        assert "ValueError: cleared" in out and "# red\\u202e" in out  # sequences gone, controls escaped
+        # escape sequences are gone, other control characters escaped
+        assert "ValueError: cleared" in out and "# red\\u202e" in out
         result = grading.grade([named], source, sandbox=False)[0]
         texts = json.dumps(result.to_dict(), ensure_ascii=False)
         assert ESC not in texts and "\\n.ipynb" in result.submission
-
 
     def test_a_huge_print_costs_the_grader_no_memory(self, tmp_path):
         source, submission = tiny_course(tmp_path, "    return 42\n\nprint('x' * (32 << 20))")
@@ -643,25 +648,24 @@ class TestAttacks:
             "import json, resource, sys, course_grade\n"
             "import pandas, nbclient, jupyter_client, zmq\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-            f"result = course_grade.grade([{str(submission)!r}], {str(source)!r}, sandbox=False)[0]\n"
+            f"result = course_grade.grade([{str(submission)!r}], {str(source)!r},\n"
+            "                            sandbox=False)[0]\n"
             "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "print(json.dumps([result.score, (after - before) / 1024]))\n"
         )
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=120)
         score, growth_mib = json.loads(done.stdout.strip().splitlines()[-1])
         assert score == 3
         assert growth_mib < 16, f"the grader's peak memory grew by {growth_mib:.0f} MiB"
 
-
     def test_kernel_memory_is_capped_with_a_clear_note(self, tmp_path):
         source, submission = tiny_course(tmp_path, "    return 42\n\nhog = bytearray(8 << 30)")
-        result, tests, _ = grade_one(source, submission, cell_timeout=30, timeout=60, memory=1 << 30)
+        result, _, _ = grade_one(source, submission, cell_timeout=30, timeout=60, memory=1 << 30)
         assert result.score == 3  # the allocation fails in its own cell only
         assert any("code cell 'answer'" in issue and "MemoryError" in issue and "out of memory"
                    in issue and "1024 MiB" in issue for issue in result.issues), result.issues
-
 
     def test_a_folder_as_csv_is_refused_before_grading(self, tmp_path, capsys):
         source, submission = tiny_course(tmp_path)
@@ -691,8 +695,10 @@ class TestAttacks:
                                   str(csv_path), "--json", "--no-sandbox")
         assert process.returncode == 3, process.stderr
         results = {Path(r["submission"]).name: r for r in json.loads(process.stdout)}
-        logged = [json.loads(line) for line in (tmp_path / "out" / "grades.jsonl").read_text().splitlines()]
-        assert [r["submission"] for r in logged] == [r["submission"] for r in json.loads(process.stdout)]
+        log = (tmp_path / "out" / "grades.jsonl").read_text().splitlines()
+        printed = json.loads(process.stdout)
+        assert [json.loads(line)["submission"] for line in log] == [
+            r["submission"] for r in printed]
         assert len(results) == 4
         assert results["a_good_01_tiny.ipynb"]["score"] == 3
         assert "symbolic link" in results["b_link_01_tiny.ipynb"]["error"]
@@ -701,7 +707,6 @@ class TestAttacks:
         assert b"could not write the CSV" in process.stderr and b"grades.jsonl" in process.stderr
         assert b"\x1b" not in process.stdout + process.stderr
         assert b"\x1b" not in (tmp_path / "out" / "grades.jsonl").read_bytes()
-
 
     @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
     def test_a_signal_stops_the_run_and_keeps_what_was_graded(self, tmp_path, signum):
@@ -720,7 +725,7 @@ class TestAttacks:
              "--csv", str(csv_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         log = tmp_path / "grades.jsonl"
         deadline = time.monotonic() + 90
-        while not (log.exists() and log.read_text().count("\n") == 1) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (log.exists() and log.read_text().count("\n")):
             time.sleep(0.2)
         time.sleep(3)  # b's kernel is asleep in its first cell
         process.send_signal(signum)
