@@ -1,0 +1,276 @@
+"""The ``course-grade`` command.
+
+::
+
+    course-grade release [--source solutions] [--dest exercises] [--check]
+    course-grade release --student DIR [--source solutions] [--lessons DIR]
+    course-grade grade SUBMISSION_OR_FOLDER... [--source solutions] [--csv FILE] [--log FILE]
+                       [--json] [--cell-timeout S] [--timeout S] [--memory MIB] [--max-size MIB]
+                       [--sandbox | --no-sandbox]
+
+Exit status of ``grade``: 0 every submission was graded and every result written; 1 some
+submissions could not be graded; 2 bad arguments, malformed sources, or a sandbox that was asked
+for and cannot be used (nothing graded); 3 graded, but the results were only partly written
+(the CSV or the log failed: the message says where the results are); 130 (Ctrl-C) or 143
+(SIGTERM): stopped early, the submissions graded before the stop are written and the others are
+not graded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .execute import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT
+from .grade import grade
+from .notebook import DEFAULT_MAX_SIZE, GradingError, load_sources
+from .release import check_release, release, release_student
+from .report import Journal, print_result, print_summary, write_csv
+from .results import display_path
+from .sandbox import DEFAULT_MEMORY, SandboxError, choose_sandbox
+from .stop import GradingInterrupted, Stop
+
+EXIT_OK = 0  # every submission graded, every result written
+EXIT_NOT_GRADED = 1  # some submissions could not be graded (release --check: out of date)
+EXIT_USAGE = 2  # bad arguments or malformed sources: nothing graded
+EXIT_PARTLY_WRITTEN = 3  # graded, but the CSV or the log could not be (fully) written
+EXIT_SIGNAL_BASE = 128  # stopped by a signal: 128 + its number (130 Ctrl-C, 143 SIGTERM)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def _mebibytes(text: str) -> int:
+    """MiB on the command line, bytes inside (0 stays 0)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of MiB: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of MiB >= 0: {text!r}")
+    return int(value * 2**20)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="course-grade",
+        description="Release the course's graded notebooks and autograde submissions.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    rel = commands.add_parser(
+        "release", help="regenerate exercises/ from solutions/, or write the student bundle",
+        description="Write the learner's copy of every graded notebook (solutions -> exercises), "
+        "or with --student the whole bundle learners get.",
+    )
+    rel.add_argument("--source", default="solutions", help="source folder (default: solutions)")
+    rel.add_argument("--dest", default="exercises", help="output folder (default: exercises)")
+    rel.add_argument(
+        "--check", action="store_true",
+        help="write nothing; exit 1 if DEST is out of date with SOURCE",
+    )
+    rel.add_argument(
+        "--student", metavar="DIR",
+        help="write the learners' bundle to DIR (a new or empty folder): lessons, released "
+        "exercises, course_utils, pyproject.toml, README; no solutions, hidden tests or grader",
+    )
+    rel.add_argument(
+        "--lessons", metavar="DIR", default=None,
+        help="lesson folder for --student (default: notebooks/ next to SOURCE)",
+    )
+    grd = commands.add_parser(
+        "grade", help="grade submissions (notebooks or folders of them)",
+        description="Execute each submission with the source's tests and score it. Exit status "
+        "0: every submission graded and written; 1: some could not be graded; 2: bad arguments; "
+        "3: results only partly written; 130/143: stopped by Ctrl-C/SIGTERM (graded ones kept).",
+    )
+    grd.add_argument("paths", nargs="+", metavar="SUBMISSION_OR_FOLDER")
+    grd.add_argument("--source", default="solutions", help="source folder (default: solutions)")
+    grd.add_argument(
+        "--csv", metavar="FILE",
+        help="write one row per submission to FILE (atomically, at the end)",
+    )
+    grd.add_argument(
+        "--log", metavar="FILE",
+        help="append each result to FILE (JSON lines) as soon as it is graded "
+        "(default with --csv: the CSV's name with .jsonl)",
+    )
+    grd.add_argument("--json", action="store_true", help="print the results as JSON, no tables")
+    grd.add_argument(
+        "--cell-timeout", type=_positive_seconds, default=DEFAULT_CELL_TIMEOUT, metavar="S",
+        help=f"seconds per cell (default: {DEFAULT_CELL_TIMEOUT:g})",
+    )
+    grd.add_argument(
+        "--timeout", type=_positive_seconds, default=DEFAULT_TIMEOUT, metavar="S",
+        help=f"seconds per notebook, kernel start included (default: {DEFAULT_TIMEOUT:g})",
+    )
+    grd.add_argument(
+        "--memory", type=_mebibytes, default=DEFAULT_MEMORY, metavar="MIB",
+        help="address space a kernel may use, in MiB; 0: no limit "
+        f"(default: {DEFAULT_MEMORY // 2**20})",
+    )
+    grd.add_argument(
+        "--max-size", type=_mebibytes, default=DEFAULT_MAX_SIZE, metavar="MIB",
+        help=f"largest submission file read, in MiB (default: {DEFAULT_MAX_SIZE // 2**20})",
+    )
+    box = grd.add_mutually_exclusive_group()
+    box.add_argument(
+        "--sandbox", dest="sandbox", action="store_const", const=True, default=None,
+        help="require the bubblewrap sandbox (default: use it when it works)",
+    )
+    box.add_argument(
+        "--no-sandbox", dest="sandbox", action="store_const", const=False,
+        help="run learner code unsandboxed, as your user",
+    )
+    return parser
+
+
+def _release(args, out) -> int:
+    if args.student:
+        if args.check:
+            print("course-grade: error: --check and --student do not go together", file=sys.stderr)
+            return EXIT_USAGE
+        written = release_student(args.student, args.source, args.lessons)
+        where = display_path(args.student)
+        print(f"wrote the student bundle to {where} ({len(written)} files)", file=out)
+        return EXIT_OK
+    if args.check:
+        problems = check_release(args.source, args.dest)
+        for problem in problems:
+            print(problem, file=out)
+        if problems:
+            print(f"run `course-grade release --source {args.source} --dest {args.dest}`", file=out)
+            return EXIT_NOT_GRADED
+        print(f"{args.dest}/ is up to date with {args.source}/", file=out)
+        return EXIT_OK
+    written = release(args.source, args.dest)
+    for path in written:
+        print(f"wrote {display_path(path)}", file=out)
+    if not written:
+        print(f"{args.dest}/ is already up to date with {args.source}/", file=out)
+    for problem in check_release(args.source, args.dest):
+        print(f"warning: {problem}", file=out)
+    return EXIT_OK
+
+
+def _grade(args, out) -> int:
+    err = sys.stderr
+    csv_path = Path(args.csv) if args.csv else None
+    log_path = Path(args.log) if args.log else None
+    if log_path is None and csv_path is not None:
+        log_path = csv_path.with_suffix(".jsonl")
+    if csv_path is not None and log_path is not None and csv_path.resolve() == log_path.resolve():
+        log_path = csv_path.with_name(csv_path.name + ".jsonl")
+    for label, path in (("--csv", csv_path), ("--log", log_path)):
+        if path is not None and path.is_dir():
+            raise GradingError(f"{label} {display_path(path)} is a folder: give a file name")
+    load_sources(args.source)  # malformed sources: an error before anything else
+    written_to = [p for p in (csv_path, log_path) if p is not None]
+    sandbox, notice = choose_sandbox(args.sandbox, [args.source, *args.paths, *written_to])
+    print(notice, file=err, flush=True)
+    journal = Journal(log_path) if log_path is not None else None
+
+    results = []
+    printing = [not args.json]
+
+    def progress(result):
+        results.append(result)
+        if journal is not None:
+            journal.append(result)  # first: durable before anything else can fail
+        if printing[0]:
+            try:
+                print_result(result, out)
+            except (OSError, ValueError):  # a closed or broken stdout must not stop grading
+                printing[0] = False
+
+    stop = Stop()
+    interrupted = None
+    remaining = []
+    try:
+        with stop.handling_signals():
+            grade(
+                args.paths, args.source, cell_timeout=args.cell_timeout, timeout=args.timeout,
+                progress=progress, exclude=written_to, sandbox=sandbox if sandbox else False,
+                memory=args.memory, max_size=args.max_size, stop=stop,
+            )
+    except GradingInterrupted as stopped:
+        interrupted, remaining = stopped.signum, stopped.remaining
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping
+        interrupted = signal.SIGINT
+    finally:
+        if journal is not None:
+            journal.close()
+
+    problems = []
+    if journal is not None and journal.error:
+        problems.append(
+            f"the log {display_path(log_path)} holds only the first {journal.written} results "
+            f"({journal.error})"
+        )
+    csv_written = False
+    if csv_path is not None:
+        try:
+            write_csv(results, csv_path)
+            csv_written = True
+        except OSError as error:
+            where = (f"; every result is in {display_path(log_path)}"
+                     if journal is not None and not journal.error else "")
+            why = error.strerror or error
+            problems.append(f"could not write the CSV {display_path(csv_path)}: {why}{where}")
+    if args.json:
+        json.dump([result.to_dict() for result in results], out, indent=1)
+        print(file=out, flush=True)
+    else:
+        print_summary(results, out)
+        if csv_written:
+            print(f"wrote {display_path(csv_path)}", file=out, flush=True)
+    for problem in problems:
+        print(f"course-grade: error: {problem}", file=err, flush=True)
+    if interrupted is not None:
+        name = signal.Signals(interrupted).name
+        print(
+            f"course-grade: stopped by {name}: graded and kept: {len(results)}; "
+            f"not graded: {len(remaining)}"
+            + (f" (from {display_path(remaining[0])} on)" if remaining else ""),
+            file=err, flush=True,
+        )
+        return EXIT_SIGNAL_BASE + interrupted
+    if problems:
+        return EXIT_PARTLY_WRITTEN
+    return EXIT_OK if all(result.graded for result in results) else EXIT_NOT_GRADED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``course-grade`` command; returns the exit status (see the module's docstring).
+
+    ``release``: 0 when written (or, with ``--check``, when up to date), 1 when ``--check``
+    finds exercises out of date, 2 for malformed sources or a bad ``--student`` folder.
+    ``grade``: 0, 1, 2, 3, or 128 + the signal number (130, 143). argparse exits with 2 on
+    bad options.
+    """
+    for stream in (sys.stdout, sys.stderr):  # any text prints, whatever the terminal's encoding
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    args = _parser().parse_args(argv)
+    out = sys.stdout
+    try:
+        if args.command == "release":
+            return _release(args, out)
+        return _grade(args, out)
+    except (GradingError, SandboxError, ValueError, OSError) as error:
+        print(f"course-grade: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # before grading started: nothing to keep
+        print("course-grade: interrupted before any submission was graded", file=sys.stderr)
+        return EXIT_SIGNAL_BASE + signal.SIGINT

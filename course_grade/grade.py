@@ -1,0 +1,232 @@
+"""Grading: find the submissions, grade each one, hand each result over as soon as it exists.
+
+A bad submission never stops the grading of the others and never raises: it comes back with
+``error`` set (not graded). Only malformed sources, bad arguments, an unusable sandbox that was
+asked for, and a stop request (Ctrl-C, SIGTERM) end a run early.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .assemble import assemble, check_same_exercise, describe, match_source
+from .execute import (
+    DEFAULT_CELL_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    PROBE_TIMEOUT,
+    CellRun,
+    Limits,
+    execute,
+)
+from .notebook import (
+    DEFAULT_MAX_SIZE,
+    GradingError,
+    SourceNotebook,
+    first_line,
+    is_protected,
+    load_sources,
+    read_submission,
+)
+from .results import SubmissionResult, TestResult, display_path
+from .sandbox import (
+    DEFAULT_MEMORY,
+    Sandbox,
+    choose_sandbox,
+    make_workdir,
+    remove_workdir,
+)
+from .stop import GradingInterrupted, Stop
+
+
+def _check_positive(name: str, value) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+
+
+def _resolve_sandbox(wanted: bool | None, hidden) -> Sandbox | None:
+    """:func:`choose_sandbox`, with a RuntimeWarning when the default falls back to no sandbox."""
+    sandbox, notice = choose_sandbox(wanted, hidden)
+    if sandbox is None and wanted is None:
+        warnings.warn(notice, RuntimeWarning, stacklevel=3)
+    return sandbox
+
+
+def grade_submission(
+    path: str | os.PathLike,
+    sources: dict[str, SourceNotebook],
+    *,
+    cell_timeout: float = DEFAULT_CELL_TIMEOUT,
+    timeout: float = DEFAULT_TIMEOUT,
+    sandbox: bool | None | Sandbox = None,
+    memory: int = DEFAULT_MEMORY,
+    max_size: int = DEFAULT_MAX_SIZE,
+    probe_timeout: float = PROBE_TIMEOUT,
+    stop: Stop | None = None,
+) -> SubmissionResult:
+    """Grade one submission file against ``sources`` (from :func:`course_grade.load_sources`).
+
+    ``cell_timeout`` and ``timeout`` (the notebook, kernel start included) are seconds;
+    ``memory`` is the kernel's address-space limit in bytes (0: none); ``max_size`` the largest
+    file read, in bytes; ``probe_timeout`` the seconds an interrupted kernel gets to answer;
+    ``sandbox`` as in :func:`grade`. Never raises for a bad submission: a file that is a
+    symbolic link, too large, not a notebook, of another exercise, or whose kernel cannot start
+    comes back with ``error`` set and no points; deleted, moved or edited cells, errors in the
+    learner's cells (out of memory included), time-outs and a stopped kernel are listed in
+    ``issues``. Raises ValueError for a bad limit, SandboxError if a sandbox is required but
+    cannot be used, GradingInterrupted if ``stop`` is requested meanwhile.
+    """
+    _check_positive("cell_timeout", cell_timeout)
+    _check_positive("timeout", timeout)
+    _check_positive("probe_timeout", probe_timeout)
+    path = Path(path)
+    if not isinstance(sandbox, Sandbox):
+        folders = {str(src.path.parent) for src in sources.values()}
+        sandbox = _resolve_sandbox(sandbox, [*folders, path.parent])
+    result = SubmissionResult(submission=display_path(path))
+    started = time.monotonic()
+    runs: list[CellRun | None] = []
+    try:
+        if path.suffix != ".ipynb" and not path.is_symlink():
+            if not path.exists():
+                raise GradingError("no such file")
+            raise GradingError(f"not a notebook (a .ipynb file), but {path.suffix or 'no suffix'}")
+        submission = read_submission(path, max_size)
+        source = match_source(path, submission, sources)
+        result.source = source.name
+        check_same_exercise(source, submission, sources)
+        nb, index_of, result.issues = assemble(source, submission)
+        protected = {index_of[cell.id] for cell in source.nb.cells if is_protected(cell)}
+        limits = Limits(float(cell_timeout), float(timeout), int(memory), float(probe_timeout))
+        workdir = make_workdir()
+        try:
+            # the learner's throwaway copy (plain JSON: nbformat's validator would log learner text)
+            (workdir / "home" / source.name).write_text(json.dumps(nb, indent=1), encoding="utf-8")
+            runs, notes = execute(nb, protected, limits, sandbox, workdir, stop)
+            result.issues += notes
+        except GradingInterrupted:
+            raise
+        except Exception as error:  # the kernel could not start, or the connection broke
+            why = f"{type(error).__name__}: {first_line(str(error))}"
+            raise GradingError(f"could not execute it: {why}") from None
+        finally:
+            remove_workdir(workdir)
+    except GradingError as error:
+        result.error = str(error)
+    except GradingInterrupted:
+        raise
+    except Exception as error:  # a submission must never stop the grading of the others
+        result.error = f"could not grade it: {type(error).__name__}: {first_line(str(error))}"
+    result.seconds = time.monotonic() - started
+    if result.error is not None:
+        result.issues = []
+        return result.cleaned()
+
+    test_index = {index_of[test.cell_id] for test in source.tests}
+    for index, run in enumerate(runs):
+        if run is not None and run.status in ("error", "timeout") and index not in test_index:
+            result.issues.append(f"{describe(nb.cells[index])}: {run.message}")
+    for test in source.tests:
+        run = runs[index_of[test.cell_id]] or CellRun("not run", "not run")
+        passed = run.status == "ok"
+        result.tests.append(
+            TestResult(
+                grade_id=test.grade_id,
+                points=test.points if passed else 0.0,
+                max_points=test.points,
+                status="pass" if passed else ("not run" if run.status == "not run" else "fail"),
+                message=run.message,
+            )
+        )
+    return result.cleaned()
+
+
+def find_submissions(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand ``paths`` into submission files: a file stays, a folder gives all its files.
+
+    Folders are searched recursively, in sorted order, skipping hidden files and folders and
+    ``.ipynb_checkpoints``. Symbolic links inside a folder are listed but never followed (they
+    are reported as not graded); a folder given by name is searched even if it is a link. A path
+    that does not exist is kept (it is reported as not graded).
+    """
+    found: list[Path] = []
+
+    def walk(folder: Path) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+        except OSError:
+            found.append(folder)  # unreadable folder: reported when graded
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            item = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                walk(item)
+            else:
+                found.append(item)
+
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            walk(path)
+        else:
+            found.append(path)
+    return found
+
+
+def grade(
+    paths: Iterable[str | os.PathLike],
+    source: str | os.PathLike = "solutions",
+    *,
+    cell_timeout: float = DEFAULT_CELL_TIMEOUT,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Callable[[SubmissionResult], None] | None = None,
+    exclude: Iterable[str | os.PathLike] = (),
+    sandbox: bool | None | Sandbox = None,
+    memory: int = DEFAULT_MEMORY,
+    max_size: int = DEFAULT_MAX_SIZE,
+    stop: Stop | None = None,
+) -> list[SubmissionResult]:
+    """Grade every submission in ``paths`` (files or folders) against the notebooks in ``source``.
+
+    ``progress``, if given, is called with each SubmissionResult as soon as it is ready (write it
+    somewhere durable there); files in ``exclude`` (e.g. the CSV being written) are skipped.
+    ``sandbox``: a Sandbox, True (required), False (never) or None (where bubblewrap works; see
+    :func:`course_grade.sandbox.choose_sandbox`); ``memory`` (bytes) and ``max_size`` (bytes) as
+    in :func:`grade_submission`. Raises GradingError if the sources are malformed (see
+    :func:`course_grade.load_sources`) or ``paths`` names no file, ValueError for a bad time
+    limit, SandboxError if a sandbox is required but cannot be used, GradingInterrupted (with
+    the results so far) when ``stop`` is requested; a bad submission never raises.
+    """
+    _check_positive("cell_timeout", cell_timeout)
+    _check_positive("timeout", timeout)
+    sources = load_sources(source)
+    paths = list(paths)
+    skip = {Path(path).resolve() for path in exclude}
+    files = [path for path in find_submissions(paths) if path.resolve() not in skip]
+    if not files:
+        raise GradingError("no submissions: the paths given hold no file")
+    if not isinstance(sandbox, Sandbox):
+        sandbox = _resolve_sandbox(sandbox, [source, *paths, *exclude]) or False
+    results: list[SubmissionResult] = []
+    for number, path in enumerate(files):
+        try:
+            if stop is not None and stop.requested:
+                raise GradingInterrupted(stop.signum)
+            result = grade_submission(
+                path, sources, cell_timeout=cell_timeout, timeout=timeout, sandbox=sandbox,
+                memory=memory, max_size=max_size, stop=stop,
+            )
+        except GradingInterrupted as interrupted:
+            raise GradingInterrupted(interrupted.signum, results, files[number:]) from None
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return results
