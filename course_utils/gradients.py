@@ -44,26 +44,35 @@ class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gr
 
     Args:
         model: the module whose gradients to collect.
+        max_values: keep about this many elements in all (at most twice as many), every element
+            of every gradient tensor sampled at the same rate (a uniform sample of ``numel x
+            rate`` elements, seeded by ``seed``; the rate halves, and the kept samples are
+            thinned alike, whenever the total exceeds twice the budget). Fractions and histograms pooled over tensors of
+            different sizes stay unbiased, and memory stays bounded on large size profiles.
         max_per_tensor: keep at most this many elements of each gradient tensor, drawn
-            uniformly at random with replacement (seeded by ``seed``), so that fractions and
-            histograms stay unbiased while memory stays bounded on large size profiles.
-            ``None`` keeps every element.
+            uniformly at random with replacement. Each tensor's own statistics stay unbiased,
+            but pooled ones weight a small tensor like a large one: prefer ``max_values``.
+            ``None`` (both) keeps every element.
         seed: seed of the sampling generator.
 
     Returns (from ``__enter__``):
         a `GradientCapture` (fp32 tensors on the gradients' device), filled when the block ends.
 
     Raises:
-        ValueError: ``max_per_tensor`` < 1, or no gradients were recorded (no backward ran
-            inside the block).
+        ValueError: ``max_values`` or ``max_per_tensor`` < 1, or no gradients were recorded (no
+            backward ran inside the block).
     """
 
-    def __init__(self, model: torch.nn.Module, max_per_tensor: int | None = None, seed: int = 0):
-        if max_per_tensor is not None and (isinstance(max_per_tensor, bool) or max_per_tensor < 1):
-            raise ValueError(f"max_per_tensor must be a positive integer or None, got "
-                             f"{max_per_tensor!r}.")
+    def __init__(self, model: torch.nn.Module, max_per_tensor: int | None = None, seed: int = 0,
+                 max_values: int | None = None):
+        for name, v in (("max_per_tensor", max_per_tensor), ("max_values", max_values)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {v!r}.")
         self.model = model
         self.max_per_tensor = max_per_tensor
+        self.max_values = max_values
+        self.rate = 1.0  # the probability with which each element is kept (max_values)
+        self._kept = 0
         self._gen: dict = {}
         self.seed = seed
         self.result = GradientCapture()
@@ -81,15 +90,39 @@ class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gr
                 out.register_hook(lambda g, _n=name: self._grads.__setitem__(_n, self._keep(g)))
         return hook
 
+    def _generator(self, dev) -> torch.Generator:
+        if dev not in self._gen:
+            self._gen[dev] = torch.Generator(device=dev).manual_seed(self.seed)
+        return self._gen[dev]
+
+    def _sample(self, flat: torch.Tensor, p: float) -> torch.Tensor:
+        """A uniform random sample of ``flat`` whose size is ``numel x p`` in expectation
+        (stochastically rounded, so that small tensors are not dropped), drawn with replacement:
+        cheaper than a mask over every element, and just as unbiased for pooled fractions."""
+        if p >= 1.0:
+            return flat
+        gen = self._generator(flat.device)
+        expected = flat.numel() * p
+        k = int(expected) + int(torch.rand(1, generator=gen, device=flat.device).item()
+                                < expected - int(expected))
+        idx = torch.randint(0, flat.numel(), (k,), device=flat.device, generator=gen)
+        return flat[idx]
+
     def _keep(self, g: torch.Tensor) -> torch.Tensor:
         flat = g.detach().flatten()
         if self.max_per_tensor is not None and flat.numel() > self.max_per_tensor:
-            dev = flat.device
-            if dev not in self._gen:
-                self._gen[dev] = torch.Generator(device=dev).manual_seed(self.seed)
-            idx = torch.randint(0, flat.numel(), (self.max_per_tensor,), device=dev,
-                                generator=self._gen[dev])
+            idx = torch.randint(0, flat.numel(), (self.max_per_tensor,), device=flat.device,
+                                generator=self._generator(flat.device))
             flat = flat[idx]
+        if self.max_values is not None:
+            flat = self._sample(flat, self.rate)
+            self._kept += flat.numel()
+            while self._kept > 2 * self.max_values:  # halve the rate, thin what is kept alike
+                self.rate /= 2
+                for name, kept in self._grads.items():
+                    self._grads[name] = self._sample(kept, 0.5)
+                flat = self._sample(flat, 0.5)
+                self._kept = flat.numel() + sum(v.numel() for v in self._grads.values())
         return flat.float()
 
     def __enter__(self) -> GradientCapture:
@@ -105,7 +138,11 @@ class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gr
         self._alive.clear()
         if exc_type is not None:
             return False
-        params = [self._keep(p.grad) for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        budget, self.max_values = self.max_values, None     # parameters: one rate of their own
+        rate = 1.0 if budget is None else min(1.0, budget / max(1, sum(g.numel() for g in grads)))
+        params = [self._sample(self._keep(g), rate) for g in grads]
+        self.max_values = budget
         if not params and not self._grads:
             raise ValueError("capture_gradients recorded no gradients: run the forward and "
                              "loss.backward() inside the with-block.")

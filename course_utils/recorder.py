@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from .formats import short_dtype
 
-__all__ = ["VIEW_OPS", "OpRecord", "OpDtypeRecorder"]
+__all__ = ["VIEW_OPS", "OpRecord", "OpDtypeRecorder", "POLICY_PROBES", "autocast_policy"]
 
 VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "split",
                       "detach", "expand", "squeeze", "unsqueeze", "slice", "select", "alias",
@@ -142,3 +142,86 @@ class OpDtypeRecorder(TorchDispatchMode):
         df = pd.DataFrame.from_dict(counts, orient="index").fillna(0).astype(int)
         df.index.name = "op"
         return df
+
+    def ops_by_dtype(self, module: str | None = None) -> dict:
+        """``{output dtype: [op, ...]}``: the ops (views and casts hidden, each op once, in the
+        order first seen) by the dtype of their first output, for sentences generated from a
+        recording. ``module``: only ops whose module name starts with this prefix."""
+        out: dict = {}
+        for r in self.records:
+            if r.op in VIEW_OPS or r.op == "_to_copy" or not r.outputs:
+                continue
+            if module is not None and not r.module.startswith(module):
+                continue
+            ops = out.setdefault(r.outputs[0], [])
+            if r.op not in ops:
+                ops.append(r.op)
+        return out
+
+
+def _probe_calls(d: int, device) -> dict:
+    """The calls `autocast_policy` tries: name -> function of one (2, 4, d) input."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(d, d, generator=g).to(device), torch.randn(d, generator=g).to(device)
+    ln_w, ln_b = torch.ones(d, device=device), torch.zeros(d, device=device)
+    target = torch.zeros(8, dtype=torch.long, device=device)
+    return {
+        "linear (matmul)": lambda x: F.linear(x, w, b),
+        "scaled_dot_product_attention": lambda x: F.scaled_dot_product_attention(
+            x, x, x, is_causal=True),
+        "layer_norm": lambda x: F.layer_norm(x, (d,), ln_w, ln_b),
+        "softmax": lambda x: x.softmax(-1),
+        "gelu": F.gelu,
+        "sum": lambda x: x.sum(),
+        "cross_entropy": lambda x: F.cross_entropy(x.reshape(-1, d), target),
+    }
+
+
+#: The calls `autocast_policy` probes, in its table's order.
+POLICY_PROBES = ("linear (matmul)", "scaled_dot_product_attention", "layer_norm", "softmax",
+                 "gelu", "sum", "cross_entropy")
+
+
+def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> pd.DataFrame:
+    """What ``torch.autocast(device, dtype)`` does to a few ops **on this device**, measured:
+    each call of `POLICY_PROBES` runs under autocast once on an fp32 input and once on an input
+    already in ``dtype``, and the output dtypes are read.
+
+    CPU and CUDA autocast follow different op lists (``torch.amp`` docs, "CUDA Ops that can
+    autocast to float32" vs the CPU lists): on CUDA ``layer_norm`` and ``softmax`` run in fp32
+    whatever their input; on a CPU a low-precision input stays low precision. This table says
+    which holds here, instead of stating one device's list for another.
+
+    Returns:
+        One row per call: ``fp32 input`` and ``<dtype> input`` (output dtypes, short names) and
+        ``autocast here``: ``"runs in <dtype>"`` (an fp32 input is cast down), ``"runs in fp32"``
+        (a low-precision input is cast up), ``"follows its input"`` or ``"other"``.
+
+    Raises:
+        ValueError: a device this machine lacks, or a dtype that is not fp16 or bf16.
+    """
+    from .hardware import require_device
+    require_device(device)
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"autocast_policy takes torch.float16 or torch.bfloat16, got {dtype}.")
+    low, kind = short_dtype(dtype), torch.device(device).type
+    rows = {}
+    for name, fn in _probe_calls(16, device).items():
+        outs = []
+        for in_dtype in (torch.float32, dtype):
+            x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1)).to(device, in_dtype)
+            with torch.autocast(kind, dtype=dtype):
+                outs.append(short_dtype(fn(x).dtype))
+        if outs == [low, low]:
+            rule = f"runs in {low}"
+        elif outs == ["fp32", "fp32"]:
+            rule = "runs in fp32"
+        elif outs == ["fp32", low]:
+            rule = "follows its input"
+        else:
+            rule = "other"
+        rows[name] = {"fp32 input": outs[0], f"{low} input": outs[1], "autocast here": rule}
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = f"autocast({kind}, {low})"
+    return df

@@ -327,3 +327,36 @@ def test_memory_breakdown_and_loss_charts():
         plots.loss_curves_chart({"a": ([0, 1], [5.0])})
     with pytest.raises(ValueError):
         plots.loss_curves_chart({})
+
+
+def test_capture_gradients_max_values_pools_without_bias():
+    """Every element kept with one probability: a small tensor is not weighted like a large one
+    (max_per_tensor's flaw), so pooled fractions match the full capture's."""
+    torch.manual_seed(0)
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.small, self.big = torch.nn.Linear(8, 8), torch.nn.Linear(8, 512)
+
+        def forward(self, x):  # output gradients: 3.0 for small's 64 x 8, 1.0 for big's 64 x 512
+            return self.small(x).sum(-1) * 3.0 + self.big(x).sum(-1)
+
+    m, x = Two(), torch.randn(64, 8)
+
+    def capture(**kw):
+        m.zero_grad(set_to_none=True)
+        with capture_gradients(m, **kw) as g:
+            m(x).sum().backward()
+        return g
+
+    full = capture()
+    share = (full.activations == 3.0).float().mean().item()       # the small module's share
+    sampled = capture(max_values=4096, seed=1)
+    assert 4096 // 4 <= sampled.activations.numel() <= 2 * 4096
+    assert (sampled.activations == 3.0).float().mean().item() == pytest.approx(share, abs=0.03)
+    capped = capture(max_per_tensor=64)                          # the biased alternative
+    assert (capped.activations == 3.0).float().mean().item() > share + 0.2
+    assert sampled.parameters.numel() <= 4096 + 200
+    with pytest.raises(ValueError, match="max_values"):
+        capture_gradients(m, max_values=0)

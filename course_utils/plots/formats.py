@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from ._style import FORMAT_COLORS, new_figure, with_size
+from ._style import FORMAT_COLORS, SERIES, new_figure, with_size
 
 
 def format_range_chart(table, title: str = "what each format can represent"):
@@ -160,47 +160,74 @@ def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = "",
 
 
 def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation loss (nats/byte)",
-                      size: str | None = None):
-    """Validation loss against optimizer step, one line per run, plus a zoom on the second half.
+                      size: str | None = None, flushed: bool = False):
+    """Validation loss against optimizer step, one line per run, and beside it either a zoom on
+    the second half or, with ``flushed=True``, the share of gradients flushed to zero per step.
 
     Args:
         curves: ``{label: history}`` where a history is a `course_utils.training.TrainHistory`
-            (its ``val_steps`` and ``val_loss`` are drawn) or a ``(steps, losses)`` pair.
+            (its ``val_steps`` and ``val_loss`` are drawn) or a ``(steps, losses)`` pair; with
+            ``flushed=True``, a `course_utils.accuracy.ArmHistory` (its ``flushed``, a share
+            0..1 per step, is drawn too).
         title: the figure's title; ylabel: the loss's name and unit;
-        size: the size profile, appended as "size '...'".
+        size: the size profile of the model trained, appended as "size '...'".
+        flushed: draw the flushed share (%) on the right instead of the zoom, so that harm and
+            its cause are read side by side.
 
     Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot: the whole run on the left, the
-        second half (where the runs differ) on the right; the legend gives each final loss.
+        A ``matplotlib.figure.Figure`` made without pyplot; the legend gives each final loss
+        (and, with ``flushed``, each run's mean flushed share).
 
     Raises:
-        ValueError: no curves, or a curve whose steps and losses differ in length.
+        ValueError: no curves, a curve whose steps and losses differ in length, or, with
+            ``flushed``, a history without flushed shares.
     """
     if not curves:
         raise ValueError("loss_curves_chart needs at least one curve.")
-    data = {}
+    data, shares = {}, {}
     for label, h in curves.items():
         steps, losses = ((h.val_steps, h.val_loss) if hasattr(h, "val_loss") else h)
         steps, losses = list(steps), [float(v) for v in losses]
         if len(steps) != len(losses) or not steps:
             raise ValueError(f"curve {label!r}: {len(steps)} steps but {len(losses)} losses.")
         data[label] = (steps, losses)
+        if flushed:
+            if not getattr(h, "flushed", None):
+                raise ValueError(f"curve {label!r} has no flushed shares (an ArmHistory of "
+                                 "course_utils.accuracy.train_arms has).")
+            shares[label] = (list(h.steps) or list(range(1, len(h.flushed) + 1)),
+                             [100 * float(f) for f in h.flushed])
     fig = new_figure(figsize=(11, 4))
     axes = fig.subplots(1, 2)
     styles = ["-", "--", "-.", ":"]
     last = max(s[-1] for s, _ in data.values())
-    for ax, zoom in zip(axes, (False, True)):
-        for i, (label, (steps, losses)) in enumerate(data.items()):
-            keep = [j for j, s in enumerate(steps) if not zoom or s >= last / 2]
-            ax.plot([steps[j] for j in keep], [losses[j] for j in keep], styles[i % len(styles)],
-                    marker="o", ms=3, lw=1.6, label=f"{label}: {losses[-1]:.3f}")
+    for i, (label, (steps, losses)) in enumerate(data.items()):
+        style, color = styles[i % len(styles)], SERIES[i % len(SERIES)]
+        text = f"{label}: {losses[-1]:.3f}"
+        if flushed:
+            text += f", flushed {sum(shares[label][1]) / len(shares[label][1]):.2g}%"
+        axes[0].plot(steps, losses, style, color=color, marker="o", ms=3, lw=1.6, label=text)
+        if flushed:
+            axes[1].plot(*shares[label], style, color=color, lw=1.6)
+        else:
+            keep = [j for j, s in enumerate(steps) if s >= last / 2]
+            axes[1].plot([steps[j] for j in keep], [losses[j] for j in keep], style, color=color,
+                         marker="o", ms=3, lw=1.6)
+    for ax in axes:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set_ylabel(ylabel)
-    axes[0].set_title("whole run", fontsize=10)
-    axes[1].set_title("zoom: second half", fontsize=10)
-    axes[1].legend(fontsize=8, title="run: final loss", title_fontsize=8, loc="upper left",
-                   bbox_to_anchor=(1.01, 1.0), frameon=False)
+    axes[0].set_title("whole run" if not flushed else "validation loss", fontsize=10)
+    if flushed:
+        axes[1].set_title("gradients flushed to zero", fontsize=10)
+        axes[1].set_ylabel("weight-gradient entries = 0 (%)")
+        axes[1].set_ylim(bottom=0)
+    else:
+        axes[1].set_title("zoom: second half", fontsize=10)
+    fig.legend(loc="outside lower center", ncol=min(len(data), 2), fontsize=8, frameon=False,
+               title="run: final loss" + (", mean flushed share" if flushed else ""),
+               title_fontsize=8)
     if with_size(title, size):
         fig.suptitle(with_size(title, size), fontsize=11)
     return fig

@@ -1,0 +1,222 @@
+"""Does a precision hurt training? Short runs of the course's model, one per *arm*, with the
+share of weight gradients that came out exactly zero measured at every step (lesson 01 §7).
+
+Every arm runs the course's one step, `course_utils.training.train_step`:
+
+* "fp16 without a scaler" is that step with ``torch.amp.GradScaler(enabled=False)``, which makes
+  ``scale``, ``unscale_`` and ``update`` no-ops and ``step`` a plain ``optimizer.step()``;
+* a ``loss_factor`` multiplies the loss before ``backward`` (inside the step, through a thin
+  wrapper of the model). A power of two moves every gradient by exactly that factor (lesson 01
+  §3), so the histogram keeps its shape and slides toward fp16's underflow: it stands in for the
+  smaller gradients of deeper networks, larger batches and confident models, which a model small
+  enough to train in seconds does not have.
+
+**Flushed share.** After each step's backward, the share of the entries of the matmul weights'
+gradients (the blocks' and the head's 2-D weights; embeddings excluded, whose rows for bytes
+absent from a batch are exactly zero in any precision) that are exactly 0. In fp32 it is 0; in
+fp16 a zero entry is a gradient that underflowed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .config import RunConfig
+from .training import TrainHistory, evaluate, setup, train_step
+
+__all__ = [
+    "HARM",
+    "Arm",
+    "ArmHistory",
+    "relative_gap",
+    "results_table",
+    "shows_harm",
+    "train_arm",
+    "train_arms",
+]
+
+#: A final validation loss more than this fraction above the reference's counts as harm: the
+#: same threshold as claim C13's rule (`course_utils.claims`), so the lesson and the verdict agree.
+HARM = 0.02
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One training run of an accuracy comparison.
+
+    Attributes:
+        label: its name in tables and charts.
+        precision: ``fp32``, ``bf16`` or ``fp16``.
+        scaler: whether GradScaler is enabled (it only ever is for fp16, as in `train_step`).
+        loss_factor: the loss is multiplied by this before ``backward`` (a power of two keeps
+            the gradients exact); 1 means the plain loss.
+
+    Raises:
+        ValueError: an unknown precision or a loss factor that is not a positive number.
+    """
+
+    label: str
+    precision: str
+    scaler: bool = True
+    loss_factor: float = 1.0
+
+    def __post_init__(self):
+        from .config import autocast_dtype
+        autocast_dtype(self.precision)
+        if not (isinstance(self.loss_factor, (int, float)) and self.loss_factor > 0):
+            raise ValueError(f"loss_factor must be a positive number, got {self.loss_factor!r}.")
+
+
+@dataclass
+class ArmHistory(TrainHistory):
+    """A `TrainHistory` (validation losses are of the plain loss, whatever the loss factor)
+    plus ``flushed`` (per step, the flushed share of the module docstring, 0 to 1), the
+    ``arm`` and its wall time in ``seconds``."""
+
+    flushed: list = field(default_factory=list)
+    arm: Arm | None = None
+    seconds: float = 0.0
+
+
+class _ScaledLoss:
+    """What `train_step` calls as its model: the model, with the loss multiplied by ``factor``."""
+
+    def __init__(self, model, factor: float):
+        self.model, self.factor = model, factor
+
+    def __call__(self, x, y):
+        logits, loss = self.model(x, y)
+        return logits, loss * self.factor
+
+    def parameters(self):
+        return self.model.parameters()
+
+
+def _weights(module: torch.nn.Module) -> list:
+    return [p for name, p in module.named_parameters()
+            if p.dim() == 2 and "emb" not in name and p.requires_grad]
+
+
+def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_batches: int = 2,
+              progress=None) -> ArmHistory:
+    """Train ``config``'s model (its precision replaced by the arm's) for ``steps`` steps of
+    `train_step`, with the arm's scaler and loss factor; validation loss at step 0, every
+    ``eval_every`` steps and at the end.
+
+    Args:
+        progress: a tqdm bar to advance by one per step (or None).
+
+    Raises:
+        ValueError: ``steps`` or ``eval_every`` < 1.
+    """
+    for name, v in (("steps", steps), ("eval_every", eval_every), ("eval_batches", eval_batches)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+    cfg = config.replace(precision=arm.precision)
+    t0 = time.perf_counter()
+    state = setup(cfg)
+    scaler = torch.amp.GradScaler(cfg.device_type, enabled=arm.precision == "fp16" and arm.scaler)
+    model = state.model if arm.loss_factor == 1 else _ScaledLoss(state.model, arm.loss_factor)
+    counts = [0, 0]
+
+    def count(p):
+        counts[0] += int((p.grad == 0).sum())
+        counts[1] += p.grad.numel()
+
+    handles = [p.register_post_accumulate_grad_hook(count) for p in _weights(state.module)]
+    hist = ArmHistory(cfg, arm=arm)
+    hist.val_steps.append(0)
+    hist.val_loss.append(evaluate(state, eval_batches))
+    try:
+        for i in range(1, steps + 1):
+            counts[:] = [0, 0]
+            before = scaler.get_scale() if scaler.is_enabled() else None
+            loss = train_step(model, state.optimizer, scaler, state.next_micro_batches(),
+                              cfg.dtype, state.max_grad_norm)
+            hist.steps.append(i)
+            hist.train_loss.append(loss.float().item() / arm.loss_factor)
+            hist.flushed.append(counts[0] / counts[1] if counts[1] else 0.0)
+            if scaler.is_enabled():
+                hist.scales.append(scaler.get_scale())
+                if hist.scales[-1] < before:
+                    hist.skipped.append(i)
+            if i % eval_every == 0 or i == steps:
+                hist.val_steps.append(i)
+                hist.val_loss.append(evaluate(state, eval_batches))
+            if progress is not None:
+                progress.update(1)
+    finally:
+        for h in handles:
+            h.remove()
+    hist.seconds = time.perf_counter() - t0
+    return hist
+
+
+def train_arms(config: RunConfig, arms, steps: int, eval_every: int | None = None,
+               eval_batches: int = 2, progress: bool = True,
+               force: bool = False) -> dict[str, ArmHistory]:
+    """`train_arm` for each arm in turn, from the same seed, data and AdamW settings; one tqdm
+    bar over all steps. ``eval_every`` defaults to a fifth of ``steps``.
+
+    Returns:
+        ``{arm.label: ArmHistory}`` in the arms' order.
+
+    Raises:
+        ValueError: no arms, repeated labels, bad counts, or an arm's configuration that
+            `course_utils.hardware.check_feasible` refuses (fp16 above a tiny size on a CPU
+            without fp16 instructions), unless ``force``: all before anything runs.
+    """
+    from .hardware import check_feasible
+    arms = list(arms)
+    if not arms:
+        raise ValueError("train_arms needs at least one Arm.")
+    labels = [a.label for a in arms]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"arm labels must differ, got {labels}.")
+    for a in arms:
+        check_feasible(config.replace(precision=a.precision), force=force)
+    eval_every = eval_every or max(1, steps // 5)
+    bar = tqdm(total=len(arms) * steps, desc="training", disable=not progress, leave=False)
+    try:
+        return {a.label: train_arm(config, a, steps, eval_every, eval_batches, bar) for a in arms}
+    finally:
+        bar.close()
+
+
+def relative_gap(histories: dict, label: str, reference: str) -> float:
+    """(final validation loss of ``label`` - the reference's) / the reference's."""
+    ref = histories[reference].val_loss[-1]
+    return (histories[label].val_loss[-1] - ref) / ref
+
+
+def shows_harm(histories: dict, label: str, reference: str) -> bool:
+    """Whether ``label`` ended more than `HARM` (relative) above ``reference``'s validation loss."""
+    return relative_gap(histories, label, reference) > HARM
+
+
+def results_table(histories: dict, reference: str) -> pd.DataFrame:
+    """One row per arm: final validation loss, its gap to ``reference`` (%), the flushed share
+    (mean over steps and last step, %), GradScaler's skipped steps, seconds.
+
+    Raises:
+        ValueError: ``reference`` is not one of the arms.
+    """
+    if reference not in histories:
+        raise ValueError(f"reference {reference!r} is not one of {list(histories)}.")
+    rows = {}
+    for label, h in histories.items():
+        rows[label] = {
+            "final val loss": h.val_loss[-1],
+            f"vs {reference} %": 100 * relative_gap(histories, label, reference),
+            "flushed % (mean)": 100 * sum(h.flushed) / max(1, len(h.flushed)),
+            "flushed % (last step)": 100 * (h.flushed[-1] if h.flushed else 0.0),
+            "skipped steps": len(h.skipped),
+            "seconds": h.seconds,
+        }
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = "run"
+    return df

@@ -1,0 +1,79 @@
+"""GradScaler read from what it does (lesson 01 §4-§5): the rule a scale trace shows (claim C12),
+and the size of a parameter update (claim C18: clipping before ``unscale_``).
+
+PyTorch's rule (``torch.amp.GradScaler`` docs): ``step`` skips ``optimizer.step()`` when a
+gradient is inf/NaN; ``update`` then multiplies the scale by ``backoff_factor``; after
+``growth_interval`` clean steps in a row it multiplies it by ``growth_factor``.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["read_scaler_trace", "snapshot", "update_norm"]
+
+
+def _rows(trace) -> list[dict]:
+    if hasattr(trace, "to_dict"):  # a DataFrame
+        return trace.to_dict("records")
+    return [dict(r) for r in trace]
+
+
+def read_scaler_trace(trace, scaler, init_scale: float) -> dict:
+    """What a GradScaler trace shows about its rule, as the inputs of claim C12's verdict.
+
+    Args:
+        trace: rows (a DataFrame or dicts), one per step in order, with ``injected`` (an inf/NaN
+            was put into a gradient at that step), ``scale`` (the scale after ``update()``) and
+            ``stepped`` (the optimizer changed the parameters).
+        scaler: the ``torch.amp.GradScaler`` that made the trace (its factors and interval are
+            read from it).
+        init_scale: the scale before the first step.
+
+    Returns:
+        ``{"backoffs_ok": [...], "growth_after": [...], "growth_interval": int,
+        "clean_taken": bool}``: for each injected step, whether it was skipped and the scale
+        multiplied by ``backoff_factor``; the number of clean steps before each growth; the
+        scaler's ``growth_interval``; whether every clean step was taken.
+
+    Raises:
+        ValueError: an empty trace, or rows without the three keys.
+    """
+    rows = _rows(trace)
+    need = {"injected", "scale", "stepped"}
+    if not rows or any(need - set(r) for r in rows):
+        raise ValueError(f"read_scaler_trace needs rows with {sorted(need)}.")
+    grow, back = scaler.get_growth_factor(), scaler.get_backoff_factor()
+    prev, clean, backoffs_ok, growth_after = float(init_scale), 0, [], []
+    for r in rows:
+        scale = float(r["scale"])
+        if r["injected"]:
+            backoffs_ok.append(not r["stepped"] and scale == prev * back)
+            clean = 0
+        else:
+            clean += 1
+            if scale == prev * grow:
+                growth_after.append(clean)
+                clean = 0
+        prev = scale
+    clean_taken = all(bool(r["stepped"]) for r in rows if not r["injected"])
+    return {"backoffs_ok": backoffs_ok, "growth_after": growth_after,
+            "growth_interval": scaler.get_growth_interval(), "clean_taken": clean_taken}
+
+
+def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Detached copies of ``model``'s parameters (to measure an update against)."""
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def update_norm(model: torch.nn.Module, before: list[torch.Tensor]) -> float:
+    """The L2 norm of the change of all parameters since ``before`` (`snapshot`), in fp64:
+    the size of the update the optimizer actually made.
+
+    Raises:
+        ValueError: ``before`` does not match ``model``'s parameters.
+    """
+    params = list(model.parameters())
+    if len(params) != len(before) or any(p.shape != b.shape for p, b in zip(params, before)):
+        raise ValueError("update_norm: `before` is not a snapshot of this model's parameters.")
+    sq = sum(float((p.detach().double() - b.double()).pow(2).sum()) for p, b in zip(params, before))
+    return sq ** 0.5
