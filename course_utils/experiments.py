@@ -14,9 +14,9 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .config import SIZE_PROFILES, MiB, RunConfig, size_profile
-from .measure import MEMORY_FIELDS, Measurement, OutOfMemory, memory_step, warm_up
+from .measure import EMULATED_TIMING, MEMORY_FIELDS, Measurement, OutOfMemory, memory_step, warm_up
 from .memory_model import estimate
-from .timing import default_budget_s, interleaved, time_ratio, time_step
+from .timing import default_budget_s, interleaved, time_ratio
 from .training import setup, train_step
 
 __all__ = ["ladder", "compare", "summary", "size_of", "time_cell"]
@@ -111,11 +111,13 @@ def compare(configs: list[RunConfig], *, budget_s: float | None = None,
         try:
             st = setup(m.config, step_fn=step_fn)
             warm_up(st, 1, tiny=m.emulated and hws[m.config.device].device == "cpu")
-            for k, v in memory_step(st).items():
+            mem = memory_step(st)
+            profiled_s = mem.pop("step_s")
+            for k, v in mem.items():
                 setattr(m, k, v)
-            if timed and m.emulated and steps is None:
-                m.add_times([time_step(st.step, m.config.device)])
-                m.timing = "1 step (emulated here: not the speed of real hardware)"
+            if timed and m.emulated and steps is None:  # the fewest steps: the profiled one
+                m.add_times([profiled_s])
+                m.timing = EMULATED_TIMING
             elif timed:
                 states[i] = st
         except OutOfMemory as e:

@@ -47,8 +47,9 @@ class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gr
         max_values: keep about this many elements in all (at most twice as many), every element
             of every gradient tensor sampled at the same rate (a uniform sample of ``numel x
             rate`` elements, seeded by ``seed``; the rate halves, and the kept samples are
-            thinned alike, whenever the total exceeds twice the budget). Fractions and histograms pooled over tensors of
-            different sizes stay unbiased, and memory stays bounded on large size profiles.
+            thinned alike, whenever the total exceeds twice the budget). Fractions and
+            histograms pooled over tensors of different sizes stay unbiased, and memory stays
+            bounded on large size profiles.
         max_per_tensor: keep at most this many elements of each gradient tensor, drawn
             uniformly at random with replacement. Each tensor's own statistics stay unbiased,
             but pooled ones weight a small tensor like a large one: prefer ``max_values``.

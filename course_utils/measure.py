@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import gc
 import statistics
+import time
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -43,12 +44,16 @@ from .timeline import peak_during
 from .timing import default_budget_s, spread, steps_for_budget, time_step
 from .training import setup, train_step
 
-__all__ = ["MEMORY_FIELDS", "Measurement", "SavedTensorMeter", "measure", "measure_saved",
+__all__ = ["MEMORY_FIELDS", "EMULATED_TIMING", "Measurement", "SavedTensorMeter", "measure", "measure_saved",
            "saved_bytes", "saved_by_module", "storage_bytes", "OutOfMemory"]
 
 #: Memory fields (bytes) shared by `Measurement` and `MemoryEstimate`.
 MEMORY_FIELDS = ("parameters", "gradients", "optimizer_state", "activations",
                  "autocast_weight_copies", "logits", "peak_allocated")
+
+#: How the time of an emulated precision is taken, in words (`measure`, `compare`).
+EMULATED_TIMING = ("1 step, the one profiled for memory: this precision is emulated here, so its "
+                   "time is not the speed of real hardware")
 
 #: The exception type of an accelerator out-of-memory error in this torch.
 OutOfMemory = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
@@ -369,7 +374,8 @@ def memory_step(state) -> dict:
     forward, the gradient bytes, the optimizer state and the peak (see the module docstring).
 
     Returns:
-        ``{field: bytes}`` for `MEMORY_FIELDS`, plus ``peak_reserved`` and ``peak_method``.
+        ``{field: bytes}`` for `MEMORY_FIELDS`, plus ``peak_reserved``, ``peak_method`` and
+        ``step_s`` (seconds of that step, profiler overhead included on a CPU).
     """
     cfg = state.config
     kind = cfg.device_type
@@ -404,20 +410,21 @@ def memory_step(state) -> dict:
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
             base, base_res = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
-            state.step()
-            torch.cuda.synchronize(dev)
+            out["step_s"] = time_step(state.step, cfg.device)
             out["peak_allocated"] = params + opt_state + int(
                 torch.cuda.max_memory_allocated(dev) - base)
             out["peak_reserved"] = int(torch.cuda.max_memory_reserved(dev) - base_res)
             out["peak_method"] = ("CUDA allocator: parameters + optimizer state + "
                                   "max_memory_allocated above the step's start")
         elif kind == "cpu":
+            t0 = time.perf_counter()
             peak, _ = peak_during(state.step, "cpu")
+            out["step_s"] = time.perf_counter() - t0
             out["peak_allocated"] = params + opt_state + peak
             out["peak_method"] = ("CPU: parameters + optimizer state + torch.profiler "
                                   "memory-event peak over one step")
         else:
-            state.step()
+            out["step_s"] = time_step(state.step, cfg.device)
             out["peak_allocated"] = None
             out["peak_method"] = "not available: MPS has no peak-memory counter"
     finally:
@@ -478,14 +485,15 @@ def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | No
     try:
         state = setup(config, step_fn=step_fn)
         warm_up(state, warmup, tiny=emulated and hw.device == "cpu")
-        for k, v in memory_step(state).items():
+        mem = memory_step(state)
+        profiled_s = mem.pop("step_s")
+        for k, v in mem.items():
             setattr(m, k, v)
         if timed:
-            if steps is None and emulated:
-                steps = 1
-                m.timing = ("1 step: this precision is emulated here, so its time is not the "
-                            "speed of real hardware")
-            if steps is None:
+            if steps is None and emulated:  # the fewest steps that give a number: none more
+                m.add_times([profiled_s])
+                m.timing = EMULATED_TIMING
+            elif steps is None:
                 budget = budget_s or default_budget_s(size_profile())
                 first = time_step(state.step, config.device)
                 n = steps_for_budget(first, budget) - 1
@@ -493,7 +501,7 @@ def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | No
                 m.timing = f"{n + 1} steps (a budget of {budget:g} s)"
             else:
                 m.add_times(time_step(state.step, config.device) for _ in range(steps))
-                m.timing = m.timing or f"{steps} step{'s' * (steps != 1)}"
+                m.timing = f"{steps} step{'s' * (steps != 1)}"
     except OutOfMemory as e:
         m.oom = True
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
