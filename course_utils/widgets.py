@@ -373,6 +373,7 @@ class Dashboard:
         try:
             if not problems and self._calibrate(configs):
                 problems, notes = self.assess(config)
+                self.update_preview()  # now with the predicted seconds
             if problems and not force:
                 self._stage(0, "not run")
                 self.message.value = box("error", [f"<b>not run:</b> {html.escape(p)}"
