@@ -443,6 +443,7 @@ class Dashboard:
         self.chart.value = buf.getvalue()
         self.chart.layout.display = ""
 
+
 def dashboard(size: str | None = None, **kwargs) -> Dashboard:
     """Show the live dashboard (the one line of lesson 03's dashboard cell).
 
