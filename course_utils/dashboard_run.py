@@ -9,9 +9,9 @@ alternation, round after round, so that their ratio has a noise band (an emulate
 one step, labelled).
 
 **How long it takes** (`plan_run`), before it starts: the step time of each configuration from
-a `StepClock` (measured by an earlier Run, or scaled by FLOPs from a calibration: one short
-step of this configuration, or of a smaller batch of it) times the steps the Run really
-performs: per configuration one warm-up step (a tiny batch where the precision is emulated on
+a `StepClock` (measured by an earlier Run, or scaled by FLOPs from a calibration no more than
+2x away: one short step of this configuration, or of a smaller batch of it) times the steps the
+Run really performs: per configuration one warm-up step (a tiny batch where the precision is emulated on
 a CPU), one profiled memory step, then one timed step (emulated) or the rounds of alternation
 that fit the timing budget (`course_utils.timing.steps_for_budget`: at least 3).
 
@@ -35,8 +35,8 @@ from .measure import SavedTensorMeter, memory_step, warm_up
 from .timing import steps_for_budget, time_step
 from .training import setup, train_step
 
-__all__ = ("COMPILE_ALLOWANCE_S", "RESCALE_LIMIT", "RunPlan", "StepClock", "StepHook", "Stopped", "baseline_of",
-           "calibration_config", "effective_flops", "plan_run", "run_configs")
+__all__ = ("COMPILE_ALLOWANCE_S", "RESCALE_LIMIT", "RunPlan", "StepClock", "StepHook", "Stopped",
+           "baseline_of", "calibration_config", "effective_flops", "plan_run", "run_configs")
 
 #: A step time is scaled by FLOPs from a measurement at most this many times smaller or larger
 #: (where a calibration can come closer).
@@ -95,8 +95,8 @@ class StepHook:
     Before each step it raises `Stopped` once ``stop`` is set; after each step it calls
     ``on_step(count)``. The first step of each model runs inside a `SavedTensorMeter`, and
     ``dtypes[config]`` gets the saved floating-point activations' bytes by dtype (models are
-    matched to
-    ``configs`` in the order they first step, by autocast dtype; compiled ones are skipped).
+    matched to ``configs`` in the order they first step, by autocast dtype; compiled ones are
+    skipped).
     """
 
     def __init__(self, step_fn: Callable = train_step, stop: threading.Event | None = None,
@@ -150,8 +150,9 @@ class StepClock:
 
     `step_s` answers from the latest measurement of the same configuration, else scales the
     nearest measurement (in FLOPs) of the same device and precision by `effective_flops`,
-    within `RESCALE_LIMIT` (compiled configurations use the uncompiled step time). `calibrate` measures one short
-    step; on a device's first calibration also the fixed costs of a Run (`factor`).
+    within `RESCALE_LIMIT` (compiled configurations use the uncompiled step time).
+    `calibrate` measures one short step; on a device's first calibration also the fixed costs
+    of a Run (`factor`).
     """
 
     def __init__(self):
