@@ -17,8 +17,8 @@ from .experiments import summary
 from .hardware import HardwareInfo, recommend_precision
 from .memory_model import estimate
 
-__all__ = ("box", "dtype_text", "first_line", "history_table", "oom_suggestions",
-           "result_message", "table_html", "time_words")
+__all__ = ("box", "dtype_text", "first_line", "header_html", "history_table", "oom_suggestions",
+           "preview_message", "result_message", "table_html", "time_words")
 
 _STYLE = ("<style>.course-history th, .course-history td {text-align: right; padding: 1px 6px;"
           " line-height: 1.3; white-space: nowrap;} .course-history td:nth-child(2), "
@@ -174,3 +174,40 @@ def result_message(configs, rows: list[dict], hw: HardwareInfo, size: str, notes
         lines.append(f"This Run took {took_s:.1f} s" + (f" (predicted {predicted_s:.1f} s)."
                                                         if predicted_s else "."))
     return box(kind, lines)
+
+
+def header_html(hw: HardwareInfo, size: str, base: RunConfig, recipe, budget_s: float) -> str:
+    """The dashboard's first line: the hardware, the size, the recipe and what a Run does."""
+    scaler = " + GradScaler" if recipe.grad_scaler else ""
+    return (f"<b>{html.escape(hw.name)}</b> ({hw.device}), size profile <code>{size}</code>: "
+            f"d_model {base.d_model}, {base.n_heads} heads. Recipe here: <b>{recipe.precision}"
+            f"</b>{scaler}. Each Run compares your configuration with its baseline, <b>"
+            f"{recipe.precision}</b> without checkpointing at the same size, timed in "
+            f"alternation for about {budget_s:g} s.")
+
+
+def preview_message(cfg: RunConfig, configs, plan, problems, notes, force: bool,
+                    slow_limit_s: float) -> str:
+    """What the controls set up, before Run: the configuration and its analytic estimate, its
+    baseline, the predicted duration (`course_utils.dashboard_run.RunPlan`), refusals, notes."""
+    est = estimate(cfg)
+    lines = [(f"<b>{html.escape(cfg.label)}</b>: {cfg.n_layers} layers x d_model {cfg.d_model}, "
+              f"batch {cfg.batch_size} x sequence {cfg.seq_len} x accumulation "
+              f"{cfg.grad_accum_steps} = {cfg.tokens_per_step:,} tokens per step; estimated peak "
+              f"{est.peak_allocated / MiB:,.1f} MiB, saved tensors {est.saved_total / MiB:,.1f} "
+              "MiB (analytic model)."),
+             f"Baseline: <b>{configs[0].label}</b> (the recipe here, no checkpointing)"
+             + (": this configuration is the baseline itself." if len(configs) == 1 else
+                ", same size, timed in alternation with it.")]
+    if plan.seconds is None:
+        todo = ", ".join(sorted({c.precision for c in plan.uncalibrated}))
+        lines.append(f"This Run: {plan.describe()}: Run first calibrates {todo} with one short "
+                     f"step, then refuses the Run if it would take more than {slow_limit_s:.0f} s.")
+    else:
+        lines.append(f"This Run: {plan.describe()}.")
+    lines += [f"<b>{'runs anyway' if force else 'refused'}:</b> {html.escape(p)}"
+              for p in problems]
+    if problems and not force:
+        lines.append("Change the settings, or tick <i>run anyway</i>.")
+    lines += [f"note: {html.escape(n)}" for n in notes]
+    return box("warn" if problems else "info", lines)

@@ -30,13 +30,15 @@ import ipywidgets as widgets
 import pandas as pd
 
 from .checkpointing import MODES
-from .config import GiB, MiB, RunConfig, config_for, size_profile
+from .config import GiB, RunConfig, config_for, size_profile
 from .dashboard_report import (
     box,
     dtype_text,
     first_line,
+    header_html,
     history_table,
     oom_suggestions,
+    preview_message,
     result_message,
     table_html,
 )
@@ -156,14 +158,8 @@ class Dashboard:
         self.table = widgets.HTML(value="<i>No runs yet: press Run.</i>")
         self.chart = widgets.Image(format="png", layout=widgets.Layout(display="none",
                                                                        max_width="100%"))
-        b = self.base
-        header = widgets.HTML(
-            f"<b>{html.escape(self.hw.name)}</b> ({self.hw.device}), size profile "
-            f"<code>{self.size}</code>: d_model {b.d_model}, {b.n_heads} heads. Recipe here: "
-            f"<b>{self.recipe.precision}</b>{' + GradScaler' if self.recipe.grad_scaler else ''}."
-            f" Each Run compares your configuration with its baseline, <b>"
-            f"{self.recipe.precision}</b> without checkpointing at the same size, timed in "
-            f"alternation for about {self.budget_s:g} s.")
+        header = widgets.HTML(header_html(self.hw, self.size, self.base, self.recipe,
+                                          self.budget_s))
         self.widget = widgets.VBox([
             header, widgets.HBox([self.precision, self.checkpoint, self.compile]),
             widgets.HBox([self.batch_size, self.seq_len, self.n_layers, self.grad_accum_steps]),
@@ -254,32 +250,10 @@ class Dashboard:
         except ValueError as e:
             self.preview.value = box("error", [f"<b>invalid settings:</b> {html.escape(str(e))}"])
             return
-        est = estimate(cfg)
-        configs = run_configs(cfg, self.hw)
-        lines = [(f"<b>{html.escape(cfg.label)}</b>: {cfg.n_layers} layers x d_model "
-                  f"{cfg.d_model}, batch {cfg.batch_size} x sequence {cfg.seq_len} x accumulation "
-                  f"{cfg.grad_accum_steps} = {cfg.tokens_per_step:,} tokens per step; estimated "
-                  f"peak {est.peak_allocated / MiB:,.1f} MiB, saved tensors "
-                  f"{est.saved_total / MiB:,.1f} MiB (analytic model)."),
-                 f"Baseline: <b>{configs[0].label}</b> (the recipe here, no checkpointing)"
-                 + (": this configuration is the baseline itself." if len(configs) == 1 else
-                    ", same size, timed in alternation with it.")]
-        plan = self.plan(cfg)
-        if plan.seconds is None:
-            lines.append(f"This Run: {plan.describe()}: Run first calibrates "
-                         f"{', '.join(sorted({c.precision for c in plan.uncalibrated}))} with one "
-                         f"short step, then refuses the Run if it would take more than "
-                         f"{self.slow_limit_s:.0f} s.")
-        else:
-            lines.append(f"This Run: {plan.describe()}.")
         problems, notes = self.assess(cfg)
-        for p in problems:
-            lines.append(f"<b>{'runs anyway' if self.force.value else 'refused'}:</b> "
-                         f"{html.escape(p)}")
-        if problems and not self.force.value:
-            lines.append("Change the settings, or tick <i>run anyway</i>.")
-        lines += [f"note: {html.escape(n)}" for n in notes]
-        self.preview.value = box("warn" if problems else "info", lines)
+        self.preview.value = preview_message(cfg, run_configs(cfg, self.hw), self.plan(cfg),
+                                             problems, notes, bool(self.force.value),
+                                             self.slow_limit_s)
 
     def clear(self) -> None:
         """Forget all runs (the calibrated step times are kept)."""
