@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup course test bench bench-lessons release clean
+.PHONY: setup course test test-ipywidgets7 bench bench-lessons release clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,21 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 course: setup
 	$(BIN)/jupyter lab notebooks/ $(ROOT_FLAG)
 
+# The widget unit tests again under ipywidgets 7.7 (Colab's): ipywidgets 7.7 and its one extra
+# dependency in a folder put in front of the venv on PYTHONPATH; torch, traitlets and IPython
+# are the venv's (no second torch). The 50-Run memory test does not depend on ipywidgets.
+IPYW7 := $(VENV)/ipywidgets7
+
+$(IPYW7)/.installed: | $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --no-deps --target $(IPYW7) "ipywidgets==7.7.*" "ipython_genutils==0.2.*"
+	touch $@
+
+test-ipywidgets7: $(IPYW7)/.installed
+	PYTHONPATH=$(abspath $(IPYW7))$(if $(PYTHONPATH),:$(PYTHONPATH)) COURSE_IPYWIDGETS=7.7 COURSE_SIZE=smoke OMP_NUM_THREADS=1 \
+		$(BIN)/python -m pytest -n 2 --dist load tests/test_widgets.py -k "not memory_stays_flat"
+
 # Notebooks run at the 'smoke' size; two workers, one notebook (or test module) each.
-test: setup
+test: setup test-ipywidgets7
 	COURSE_SIZE=smoke OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope
 
 bench: setup

@@ -125,13 +125,21 @@ def compare(configs: list[RunConfig], *, budget_s: float | None = None,
     if states:
         order = list(states)
         bar = tqdm(total=len(order), desc="step time", disable=not progress, leave=False)
-        times = interleaved([states[i].step for i in order],
-                            budget if steps is None else None, rounds=steps, progress=bar,
-                            device=configs[0].device)
-        bar.close()
+        try:
+            times = interleaved([states[i].step for i in order],
+                                budget if steps is None else None, rounds=steps, progress=bar,
+                                device=configs[0].device)
+        except OutOfMemory as e:  # all models alive at once did not fit: memory stays measured
+            times = [[] for _ in order]
+            for i in order:
+                ms[i].error = (f"out of memory while timing the configurations together: "
+                               f"{str(e).strip().splitlines()[0]}; compare fewer at a time")
+        finally:
+            bar.close()
         for i, t in zip(order, times):
             ms[i].add_times(t)
-            ms[i].timing = f"{len(t)} steps in alternation with the other rows"
+            ms[i].timing = (f"{len(t)} steps in alternation with the other rows" if t
+                            else "not timed")
     states.clear()
     return _table(ms, size)
 

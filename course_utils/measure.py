@@ -44,7 +44,8 @@ from .timeline import peak_during
 from .timing import default_budget_s, spread, steps_for_budget, time_step
 from .training import setup, train_step
 
-__all__ = ["MEMORY_FIELDS", "EMULATED_TIMING", "Measurement", "SavedTensorMeter", "measure", "measure_saved",
+__all__ = ["MEMORY_FIELDS", "EMULATED_TIMING", "Measurement", "warm_up", "memory_step",
+           "SavedTensorMeter", "measure", "measure_saved",
            "saved_bytes", "saved_by_module", "storage_bytes", "OutOfMemory"]
 
 #: Memory fields (bytes) shared by `Measurement` and `MemoryEstimate`.

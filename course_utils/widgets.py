@@ -1,289 +1,195 @@
 """The live dashboard of lesson 03: pick a precision, a checkpoint policy and a size, press Run.
 
-``dashboard()`` shows the controls; each Run measures the chosen configuration with
-`course_utils.measure.measure` (short timing budget: a few steps), appends it to a history
-table and redraws a chart of step time and memory breakdown against the fp32 baseline of the
-same size (measured automatically the first time a size is run). Invalid or very slow
-combinations get a clear message instead of a traceback, and an out-of-memory error is shown
-with suggestions while the dashboard keeps working.
+Each Run compares the chosen configuration with its baseline (the recipe precision of this
+machine, no checkpointing, same size: `course_utils.dashboard_run`) through
+`course_utils.experiments.compare`: memory from one step each, step time in alternation so the
+ratio has a noise band; a ratio is printed only outside the noise. Before a Run, its duration
+is predicted from calibrated step times and the steps it really performs; a Run predicted above
+``slow_limit_s`` is refused unless "run anyway" is ticked. The Run happens on a worker thread,
+so the progress bar moves step by step and Stop ends it between two steps.
 
-Everything a callback produces lands in widget values (``HTML.value``, ``Image.value``), so
-tests can click ``Run`` and read the results without a kernel::
+Everything a Run produces lands in widget values (``HTML.value``, ``Image.value``), so tests
+run it synchronously without a kernel and read the results::
 
-    d = Dashboard(size="smoke")
+    d = Dashboard(size="smoke", background=False)
     d.precision.value = "bf16"
     d.run_button.click()
-    d.history          # one row per measurement, pandas
+    d.history          # one row per measured configuration (baselines included), pandas
     d.message.value    # what the learner reads
+
+Works with ipywidgets 7.7 (Colab's) and 8.x.
 """
 from __future__ import annotations
 
 import html
 import io
-import os
+import threading
 import time
 
 import ipywidgets as widgets
 import pandas as pd
 
 from .checkpointing import MODES
-from .config import GiB, MiB, RunConfig, config_for, size_profile, step_flops
+from .config import GiB, RunConfig, config_for, size_profile
+from .dashboard_report import (
+    box,
+    dtype_text,
+    first_line,
+    header_html,
+    history_table,
+    oom_suggestions,
+    preview_message,
+    result_message,
+    table_html,
+)
+from .dashboard_run import StepClock, StepHook, Stopped, plan_run, run_configs
+from .experiments import compare
 from .hardware import HardwareInfo, check_feasible, detect, recommend_precision
-from .measure import MEMORY_FIELDS, Measurement, measure
+from .measure import OutOfMemory
 from .memory_model import estimate
+from .plots import dashboard_chart
+from .timing import default_budget_s
+from .training import train_step
 
-__all__ = ["Dashboard", "dashboard", "baseline_config", "policy_options", "history_table",
-           "oom_suggestions", "DEFAULT_STEPS", "DEFAULT_WARMUP", "SLOW_LIMIT_S"]
+__all__ = ("SLOW_LIMIT_S", "Dashboard", "dashboard", "history_table", "oom_suggestions",
+           "policy_options")
 
-
-#: Timed steps per Run (median of these), and warm-up steps before them: a short budget so
-#: that a Run click answers in seconds at the `cpu` size profile.
-DEFAULT_STEPS = 3
-DEFAULT_WARMUP = 1
-
-#: A Run predicted to take longer than this many seconds (from the speed of an earlier run)
-#: is refused unless "run anyway" is ticked.
+#: A Run predicted to take longer than this many seconds is refused unless "run anyway".
 SLOW_LIMIT_S = 60.0
 
-#: On a CPU (no out-of-memory error to catch: the kernel would be killed), refuse a run whose
-#: estimated peak exceeds this fraction of the machine's RAM.
-_CPU_RAM_FRACTION = 0.7
+# Columns every history has (a Run that failed as a whole has no measured ones).
+_COLUMNS = ("run", "click", "label", "baseline", "baseline_run", "status", "precision",
+            "checkpoint", "batch_size", "seq_len", "n_layers", "grad_accum_steps", "step_time_s",
+            "tokens_per_s", "time_ratio", "time_verdict", "emulated", "parameters", "gradients",
+            "optimizer_state", "activations", "autocast_weight_copies", "logits",
+            "peak_allocated", "est_peak_allocated", "peak_ratio", "saved_total",
+            "est_saved_total", "saved_ratio", "saved_dtypes", "oom", "error")
 
-#: Steps of a `measure()` call in units of one training step: setup forward, gradient pass,
-#: profiled step (about 3) + warm-up + timed steps. Used to predict a run's duration.
-_FIXED_STEP_EQUIVALENTS = 3
-
-#: The columns of `Dashboard.history`, in order.
-HISTORY_COLUMNS = (["run", "label", "baseline", "status", "precision", "checkpoint", "compile",
-                    "batch_size", "seq_len", "n_layers", "d_model", "grad_accum_steps", "device",
-                    "step_time_s", "tokens_per_s"] + list(MEMORY_FIELDS)
-                   + ["saved_total", "est_peak_allocated", "time_ratio", "peak_ratio",
-                      "saved_ratio", "baseline_run", "error", "notes"])
-
-
-def baseline_config(config: RunConfig) -> RunConfig:
-    """The fp32 baseline of ``config``: same size, device and accumulation, fp32, no
-    checkpointing, no compile."""
-    return config.replace(precision="fp32", checkpoint="none", compile=False)
 
 
 def policy_options(n_layers: int) -> list[str]:
     """Checkpoint policies that fit a model of ``n_layers`` blocks, for the policy box."""
-    opts = ["none", "full", "selective"]
-    for k in (2, 3, 4):
-        if k <= n_layers:
-            opts.append(f"every-{k}")
-    for n in sorted({2, max(1, round(n_layers ** 0.5))}):
-        if 1 < n <= n_layers:
-            opts.append(f"segments:{n}")
-    return opts
-
-
-def oom_suggestions(config: RunConfig, hw: HardwareInfo | None = None, limit: int = 3) -> list[str]:
-    """Smaller variants of ``config`` with their estimated peak memory, smallest first.
-
-    Each entry reads like ``"bf16 + checkpoint 'full': estimated peak 310 MiB (now 1210 MiB)"``.
-    The estimates come from `course_utils.memory_model.estimate`. With ``hw`` on CUDA, the low
-    precision is the one `recommend_precision` picks (fp16 on a T4, bf16 on an A100).
-    """
-    low = "bf16"
-    if hw is not None:
-        rec = recommend_precision(hw).precision
-        low = rec if rec != "fp32" else ("fp16" if hw.device == "cuda" else "bf16")
-    now = estimate(config).peak_allocated
-    candidates = {
-        f"{low} autocast": config.replace(precision=low),
-        "checkpoint 'full'": config.replace(checkpoint="full"),
-        f"{low} + checkpoint 'full'": config.replace(precision=low, checkpoint="full"),
-    }
-    if config.batch_size > 1:
-        half = max(1, config.batch_size // 2)
-        accum = config.grad_accum_steps * 2
-        candidates[f"batch {half} x accumulation {accum} (same effective batch)"] = \
-            config.replace(batch_size=half, grad_accum_steps=accum)
-    if config.seq_len > 16:
-        candidates[f"sequence {config.seq_len // 2}"] = config.replace(seq_len=config.seq_len // 2)
-    rows, seen = [], {config}
-    for name, cfg in candidates.items():
-        if cfg in seen:
-            continue
-        seen.add(cfg)
-        peak = estimate(cfg).peak_allocated
-        if peak < now:
-            rows.append((peak, f"{name}: estimated peak {peak / MiB:,.0f} MiB "
-                               f"(now {now / MiB:,.0f} MiB)"))
-    rows.sort()
-    return [text for _, text in rows[:limit]]
-
-
-def _fmt(v, scale=1.0, digits=1):
-    if v is None or (isinstance(v, float) and pd.isna(v)):
-        return None
-    return round(v / scale, digits)
-
-
-def history_table(df: pd.DataFrame) -> pd.DataFrame:
-    """A readable view of `Dashboard.history`: milliseconds, MiB and ratios to the fp32 baseline.
-
-    ``time x`` and ``peak x`` are each run's value divided by its fp32 baseline's (same size).
-    """
-    out = pd.DataFrame({"run": df["run"], "config": df["label"] + df["baseline"].map(
-        {True: " (baseline)", False: ""})})
-    out["batch"] = df["batch_size"]
-    out["seq"] = df["seq_len"]
-    out["layers"] = df["n_layers"]
-    out["accum"] = df["grad_accum_steps"]
-    out["step ms"] = [_fmt(v, 1e-3) for v in df["step_time_s"]]
-    out["time x"] = [_fmt(v, 1, 2) for v in df["time_ratio"]]
-    out["tokens/s"] = [None if v is None or pd.isna(v) else int(v) for v in df["tokens_per_s"]]
-    out["peak MiB"] = [_fmt(v, MiB) for v in df["peak_allocated"]]
-    out["peak x"] = [_fmt(v, 1, 2) for v in df["peak_ratio"]]
-    out["est. peak MiB"] = [_fmt(v, MiB) for v in df["est_peak_allocated"]]
-    out["saved MiB"] = [_fmt(v, MiB) for v in df["saved_total"]]
-    out["saved x"] = [_fmt(v, 1, 2) for v in df["saved_ratio"]]
-    out["status"] = df["status"]
-    return out
-
-
-def _physical_memory_bytes() -> int | None:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):  # not a POSIX system
-        return None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else 'no message'}"
-
-
-_TABLE_STYLE = ("<style>.course-history th, .course-history td {text-align: right; "
-                "padding: 1px 6px; line-height: 1.3;} .course-history td {white-space: nowrap;} "
-                ".course-history td:nth-child(2), .course-history th:nth-child(2) "
-                "{text-align: left;}</style>")
-
-
-def _box(kind: str, lines: list[str]) -> str:
-    colors = {"ok": ("#1b5e20", "#e8f5e9"), "info": ("#0d47a1", "#e3f2fd"),
-              "warn": ("#7a4f01", "#fff8e1"), "error": ("#b71c1c", "#ffebee")}
-    fg, bg = colors[kind]
-    body = "<br>".join(lines)
-    return (f'<div class="course-msg course-msg-{kind}" style="color:{fg};background:{bg};'
-            f'padding:6px 10px;border-radius:4px;line-height:1.4">{body}</div>')
+    opts = ["none", "full", "selective"] + [f"every-{k}" for k in (2, 3, 4) if k <= n_layers]
+    return opts + [f"segments:{n}" for n in sorted({2, max(1, round(n_layers ** 0.5))})
+                   if 1 < n <= n_layers]
 
 
 class Dashboard:
-    """The live dashboard: controls, a Run button with progress, a history table and a chart.
+    """The live dashboard: controls, Run and Stop buttons, a progress bar, a history table and
+    a chart.
 
     Args:
-        size: size profile for the defaults (``smoke``, ``cpu``, ``t4``, ``a100``, ``h100``);
-            default `course_utils.config.size_profile()` (``$COURSE_SIZE`` or the hardware).
+        size: size profile of the defaults (``smoke``, ``cpu``, ``t4``, ``a100``, ``h100``);
+            default `course_utils.config.size_profile()`.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (default: this machine's best).
-        hw: the `HardwareInfo` used for recommendations and feasibility checks (default:
-            detected for the device; tests pass a fake T4 here).
-        steps: timed steps per measurement (median of them).
-        warmup: warm-up optimizer steps before timing.
-        slow_limit_s: refuse runs predicted to take longer (seconds) unless "run anyway".
-        measure_fn: the measuring function (default `course_utils.measure.measure`).
+        hw: the `HardwareInfo` behind the recipe, the baseline and the refusals (default:
+            detected; tests pass a fake one).
+        budget_s: seconds of alternating timed steps per Run (default
+            `course_utils.timing.default_budget_s` of the size).
+        slow_limit_s: refuse Runs predicted to take longer (seconds) unless "run anyway".
+        step_fn: the training step (default `course_utils.training.train_step`).
+        compare_fn: the comparison (default `course_utils.experiments.compare`).
+        background: Run on a worker thread (Stop and the progress bar then work in a kernel);
+            False runs a click synchronously (tests).
+        clock: a `course_utils.dashboard_run.StepClock` (default: a new one, calibrated by the
+            first Run of each precision).
 
-    Attributes (widgets): ``precision``, ``checkpoint``, ``batch_size``, ``seq_len``,
-    ``n_layers``, ``compile``, ``grad_accum_steps``, ``force``, ``run_button``,
+    Widgets: ``precision``, ``checkpoint``, ``batch_size``, ``seq_len``, ``n_layers``,
+    ``grad_accum_steps``, ``compile``, ``force``, ``run_button``, ``stop_button``,
     ``clear_button``, ``progress``, ``progress_label``, ``preview``, ``message``, ``table``,
-    ``chart``, and ``widget`` (the whole layout). Results: ``records`` (list of dicts),
-    ``history`` (DataFrame), ``measurements`` (`Measurement` objects), ``last_run_s``.
+    ``chart``, ``widget`` (the layout). Results: ``history``, ``measurements``, ``last_plan``,
+    ``last_run_s`` (seconds of the last Run after calibration), ``last_hook``.
 
     Raises:
-        ValueError: an unknown size profile or a device this machine lacks.
+        ValueError: an unknown size profile, a device this machine lacks, a non-positive budget.
     """
 
     def __init__(self, size: str | None = None, *, device: str | None = None,
-                 hw: HardwareInfo | None = None, steps: int = DEFAULT_STEPS,
-                 warmup: int = DEFAULT_WARMUP, slow_limit_s: float = SLOW_LIMIT_S,
-                 measure_fn=None):
-        if steps < 1 or warmup < 0:
-            raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, "
-                             f"warmup={warmup}.")
+                 hw: HardwareInfo | None = None, budget_s: float | None = None,
+                 slow_limit_s: float = SLOW_LIMIT_S, step_fn=train_step, compare_fn=compare,
+                 background: bool = True, clock: StepClock | None = None):
+        if budget_s is not None and not budget_s > 0:
+            raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
         self.size = size or size_profile()
         self.base = config_for(self.size, **({"device": device} if device else {}))
         self.hw = hw or detect(self.base.device)
-        self.steps, self.warmup, self.slow_limit_s = steps, warmup, slow_limit_s
-        self.measure_fn = measure_fn
-        self.records: list[dict] = []
-        self.measurements: list[Measurement] = []
-        self.last_run_s: float | None = None
-        self._t0 = time.perf_counter()
-        rec = recommend_precision(self.hw)
+        self.recipe = recommend_precision(self.hw)
+        self.budget_s = budget_s or default_budget_s(self.size)
+        self.slow_limit_s, self.step_fn, self.compare_fn = slow_limit_s, step_fn, compare_fn
+        self.background, self.clock = background, clock or StepClock()
+        self.measurements: list = []
+        self._rows: list[dict] = []
+        self._stop, self._thread = threading.Event(), None
+        self.last_plan = self.last_run_s = self.last_hook = None
+        self._build()
+        self.update_preview()
 
-        style = {"description_width": "initial"}
-        box = widgets.Layout(width="190px")
+    def _build(self) -> None:
+        style, box = {"description_width": "initial"}, widgets.Layout(width="190px")
+
+        def number(value, hi, name):
+            return widgets.BoundedIntText(value=value, min=1, max=hi, description=name,
+                                          style=style, layout=box)
         self.precision = widgets.Dropdown(
             options=[("fp32", "fp32"), ("bf16 autocast", "bf16"),
-                     ("fp16 autocast + GradScaler", "fp16")],
-            value=rec.precision, description="precision", style=style,
-            layout=widgets.Layout(width="290px"))
+                     ("fp16 autocast + GradScaler", "fp16")], value=self.recipe.precision,
+            description="precision", style=style, layout=widgets.Layout(width="290px"))
         self.checkpoint = widgets.Combobox(
             value="none", options=policy_options(self.base.n_layers), ensure_option=False,
             description="checkpoint", placeholder=", ".join(MODES), style=style,
             layout=widgets.Layout(width="260px"))
-        self.batch_size = widgets.BoundedIntText(value=self.base.batch_size, min=1, max=65536,
-                                                 description="batch", style=style, layout=box)
-        self.seq_len = widgets.BoundedIntText(value=self.base.seq_len, min=1, max=1 << 20,
-                                              description="sequence", style=style, layout=box)
-        self.n_layers = widgets.BoundedIntText(value=self.base.n_layers, min=1, max=1024,
-                                               description="layers", style=style, layout=box)
-        self.grad_accum_steps = widgets.BoundedIntText(value=self.base.grad_accum_steps, min=1,
-                                                       max=1024, description="accumulation",
-                                                       style=style, layout=box)
+        self.batch_size = number(self.base.batch_size, 65536, "batch")
+        self.seq_len = number(self.base.seq_len, 1 << 20, "sequence")
+        self.n_layers = number(self.base.n_layers, 1024, "layers")
+        self.grad_accum_steps = number(self.base.grad_accum_steps, 1024, "accumulation")
         self.compile = widgets.Checkbox(value=False, description="torch.compile", indent=False,
                                         layout=widgets.Layout(width="140px"))
         self.force = widgets.Checkbox(value=False, description="run anyway (slow or refused)",
                                       indent=False, layout=widgets.Layout(width="230px"))
         self.run_button = widgets.Button(description="Run", button_style="primary", icon="play",
-                                         tooltip="measure this configuration (and its fp32 "
-                                                 "baseline if the history has none)")
+                                         tooltip="measure this configuration and its baseline")
+        self.stop_button = widgets.Button(description="Stop", icon="stop", disabled=True,
+                                          tooltip="stop the Run after the current step")
         self.clear_button = widgets.Button(description="Clear history", icon="trash")
-        self.progress = widgets.IntProgress(value=0, min=0, max=1, bar_style="",
+        self.progress = widgets.IntProgress(value=0, min=0, max=1,
                                             layout=widgets.Layout(width="160px"))
         self.progress_label = widgets.Label(value="")
-        self.preview = widgets.HTML()
-        self.message = widgets.HTML()
+        self.preview, self.message = widgets.HTML(), widgets.HTML()
         self.table = widgets.HTML(value="<i>No runs yet: press Run.</i>")
         self.chart = widgets.Image(format="png", layout=widgets.Layout(display="none",
                                                                        max_width="100%"))
-        header = widgets.HTML(
-            f"<b>{html.escape(self.hw.name)}</b> ({self.hw.device}), size profile "
-            f"<code>{self.size}</code>: d_model {self.base.d_model}, {self.base.n_heads} heads. "
-            f"Recommended recipe here: <b>{rec.precision}</b>"
-            f"{' + GradScaler' if rec.grad_scaler else ''}. Each Run times {steps} steps "
-            f"after {warmup} warm-up step(s).")
+        header = widgets.HTML(header_html(self.hw, self.size, self.base, self.recipe,
+                                          self.budget_s))
         self.widget = widgets.VBox([
-            header,
-            widgets.HBox([self.precision, self.checkpoint, self.compile]),
+            header, widgets.HBox([self.precision, self.checkpoint, self.compile]),
             widgets.HBox([self.batch_size, self.seq_len, self.n_layers, self.grad_accum_steps]),
-            widgets.HBox([self.run_button, self.progress, self.progress_label, self.force,
-                          self.clear_button]),
-            self.preview, self.message, self.table, self.chart,
-        ])
+            widgets.HBox([self.run_button, self.stop_button, self.progress, self.progress_label,
+                          self.force, self.clear_button]),
+            self.preview, self.message, self.table, self.chart])
         self.widget.add_class("course-dashboard")
-
+        for name in ("precision", "checkpoint", "batch_size", "seq_len", "n_layers",
+                     "grad_accum_steps", "compile", "force", "run_button", "stop_button",
+                     "clear_button", "progress", "progress_label", "preview", "message", "table",
+                     "chart"):  # CSS hooks for the browser test: course-run-button, ...
+            getattr(self, name).add_class("course-" + name.replace("_", "-"))
         for w in (self.precision, self.checkpoint, self.batch_size, self.seq_len,
                   self.n_layers, self.grad_accum_steps, self.compile, self.force):
             w.observe(self._on_change, names="value")
-        self.run_button.on_click(lambda _: self.run())
+        self.run_button.on_click(lambda _: self.start())
+        self.stop_button.on_click(lambda _: self.stop())
         self.clear_button.on_click(lambda _: self.clear())
-        self.update_preview()
 
-    # ------------------------------------------------------------------ display
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _ipython_display_(self, **kwargs):
+        """Display the layout (works with ipywidgets 7, which has no ``_repr_mimebundle_``)."""
+        from IPython.display import display
+        display(self.widget)
 
     # ------------------------------------------------------------------ state
     def current_config(self) -> RunConfig:
         """The `RunConfig` the controls describe.
 
         Raises:
-            ValueError: an invalid combination (e.g. a checkpoint policy that does not fit the
-                number of layers), with RunConfig's message.
+            ValueError: an invalid combination, with RunConfig's message.
         """
         return self.base.replace(
             precision=self.precision.value, checkpoint=self.checkpoint.value.strip() or "none",
@@ -293,65 +199,42 @@ class Dashboard:
 
     @property
     def history(self) -> pd.DataFrame:
-        """One row per measurement (baselines included): config, status (``ok``, ``OOM``,
-        ``error``), measured bytes and seconds, the estimated peak, ratios to the fp32
-        baseline of the same size."""
-        return pd.DataFrame(self.records, columns=HISTORY_COLUMNS)
+        """One row per measured configuration, each Run's baseline first: `compare`'s columns
+        (bytes, seconds, ``time_ratio``/``time_verdict``/``peak_ratio``/``saved_ratio`` to that
+        Run's baseline) plus ``run`` (row number), ``click`` (Run number), ``baseline``,
+        ``baseline_run``, ``status`` (``ok``/``OOM``/``error``) and ``saved_dtypes``."""
+        df = pd.DataFrame(self._rows)
+        for col in _COLUMNS:
+            if col not in df.columns:
+                df[col] = None
+        return df
 
-    def _find_baseline(self, cfg: RunConfig) -> dict | None:
-        for row in reversed(self.records):
-            if row["config"] == cfg and row["status"] in ("ok", "OOM"):
-                return row
-        return None
-
-    def _predicted_seconds(self, config: RunConfig) -> float | None:
-        """Seconds one measurement of ``config`` should take, from the FLOP rate of the last
-        successful run with the same precision, compile setting and device (None if none)."""
-        for row in reversed(self.records):
-            cfg = row["config"]
-            if (row["status"] == "ok" and row["step_time_s"] and cfg.precision == config.precision
-                    and cfg.compile == config.compile and cfg.device == config.device):
-                rate = step_flops(cfg) / row["step_time_s"]
-                per_step = step_flops(config) / rate
-                return per_step * (self.steps + self.warmup + _FIXED_STEP_EQUIVALENTS)
-        return None
+    def plan(self, config: RunConfig | None = None):
+        """The `course_utils.dashboard_run.RunPlan` of a Run of ``config`` (default: the
+        controls'): configurations, steps and predicted seconds."""
+        config = config or self.current_config()
+        return plan_run(run_configs(config, self.hw), self.clock, self.hw, self.budget_s)
 
     def assess(self, config: RunConfig) -> tuple[list[str], list[str]]:
-        """Refusals and notes for ``config`` on this dashboard's hardware.
-
-        Returns:
-            ``(problems, notes)``: problems stop a Run unless "run anyway" is ticked (from
-            `check_feasible`, a run predicted to exceed ``slow_limit_s``, or an estimated peak
-            above 70% of a CPU machine's RAM); notes are shown with the result.
-        """
+        """``(problems, notes)`` of a Run of ``config``: problems refuse it unless "run anyway"
+        (`check_feasible`: emulated precisions that would take minutes, memory; a predicted
+        duration above ``slow_limit_s``), notes are shown with it."""
         problems, notes = [], []
-        try:
-            notes += check_feasible(config, self.hw)
-        except ValueError as e:
-            problems.append(str(e))
-            notes += [n for n in check_feasible(config, self.hw, force=True) if n not in str(e)]
-        est = estimate(config)
-        if self.hw.device == "cpu":
-            ram = _physical_memory_bytes()
-            if ram and est.peak_allocated > _CPU_RAM_FRACTION * ram:
-                problems.append(
-                    f"estimated peak {est.peak_allocated / GiB:.1f} GiB is more than "
-                    f"{_CPU_RAM_FRACTION:.0%} of this machine's {ram / GiB:.1f} GiB of RAM; a CPU "
-                    "run has no out-of-memory error to catch (the kernel would be killed). "
-                    "Lower batch, sequence or layers.")
-        elif self.hw.total_memory_bytes and est.peak_allocated > self.hw.total_memory_bytes:
-            notes.append(f"estimated peak {est.peak_allocated / GiB:.1f} GiB exceeds this GPU's "
-                         f"{self.hw.total_memory_bytes / GiB:.1f} GiB: expect an out-of-memory "
-                         "error.")
-        total = self._predicted_seconds(config)
-        base = baseline_config(config)
-        if total is not None and self._find_baseline(base) is None and base != config:
-            total += self._predicted_seconds(base) or 0.0
-        if total is not None and total > self.slow_limit_s:
-            problems.append(f"this Run would take about {total:,.0f} s (predicted from the speed "
-                            f"of your earlier runs), more than {self.slow_limit_s:.0f} s. Lower "
-                            "batch, sequence or layers.")
-        return problems, notes
+        for cfg in run_configs(config, self.hw):
+            try:
+                notes += check_feasible(cfg, self.hw)
+            except ValueError as e:
+                problems.append(str(e))
+        est = estimate(config).peak_allocated
+        if self.hw.device == "cuda" and self.hw.total_memory_bytes and \
+                est > self.hw.total_memory_bytes:
+            notes.append(f"estimated peak {est / GiB:.1f} GiB exceeds this GPU's "
+                         f"{self.hw.total_memory_bytes / GiB:.1f} GiB: expect an out-of-memory error.")
+        plan = self.plan(config)
+        if plan.seconds is not None and plan.seconds > self.slow_limit_s:
+            problems.append(f"this Run would take {plan.describe()}, more than "
+                            f"{self.slow_limit_s:.0f} s. Lower batch, sequence or layers.")
+        return problems, list(dict.fromkeys(notes))
 
     # ------------------------------------------------------------------ callbacks
     def _on_change(self, change=None) -> None:
@@ -360,216 +243,193 @@ class Dashboard:
         self.update_preview()
 
     def update_preview(self) -> None:
-        """Describe the configuration the controls show: size, tokens per step, estimated peak,
-        and any reason it would be refused (written to ``preview.value``)."""
+        """Describe the Run the controls set up (``preview.value``): the configuration, its
+        baseline, the predicted duration, and any reason it would be refused."""
         try:
             cfg = self.current_config()
         except ValueError as e:
-            self.preview.value = _box("error", [f"<b>invalid settings:</b> {html.escape(str(e))}"])
+            self.preview.value = box("error", [f"<b>invalid settings:</b> {html.escape(str(e))}"])
             return
-        est = estimate(cfg)
-        line = (f"<b>{html.escape(cfg.label)}</b>: {cfg.n_layers} layers x d_model {cfg.d_model}, "
-                f"batch {cfg.batch_size} x sequence {cfg.seq_len} x accumulation "
-                f"{cfg.grad_accum_steps} = {cfg.tokens_per_step:,} tokens per step; estimated peak "
-                f"{est.peak_allocated / MiB:,.1f} MiB, saved tensors {est.saved_total / MiB:,.1f} "
-                "MiB (analytic model).")
-        lines = [line]
-        base = baseline_config(cfg)
-        if base != cfg and self._find_baseline(base) is None:
-            lines.append("No fp32 baseline of this size yet: Run measures it first.")
         problems, notes = self.assess(cfg)
-        kind = "info"
-        if problems:
-            kind = "warn"
-            lines += [f"<b>{'runs anyway' if self.force.value else 'refused'}:</b> "
-                      f"{html.escape(p)}" for p in problems]
-            if not self.force.value:
-                lines.append("Change the settings, or tick <i>run anyway</i>.")
-        lines += [f"note: {html.escape(n)}" for n in notes]
-        self.preview.value = _box(kind, lines)
+        self.preview.value = preview_message(cfg, run_configs(cfg, self.hw), self.plan(cfg),
+                                             problems, notes, bool(self.force.value),
+                                             self.slow_limit_s)
 
     def clear(self) -> None:
-        """Forget all runs (the next Run measures its fp32 baseline again)."""
-        self.records.clear()
+        """Forget all runs (the calibrated step times are kept)."""
+        self._rows.clear()
         self.measurements.clear()
         self.table.value = "<i>No runs yet: press Run.</i>"
         self.chart.layout.display = "none"
         self.chart.value = b""
-        self.message.value = ""
+        self.message.value = self.progress_label.value = ""
         self.progress.value = 0
-        self.progress_label.value = ""
         self.update_preview()
 
-    def run(self) -> Measurement | None:
-        """The Run button: validate, measure the fp32 baseline if needed, measure, update the
-        history table, the chart and ``message.value``.
+    def start(self) -> None:
+        """The Run button: `run` on a worker thread (``background``), else here."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        if not self.background:
+            self.run()
+            return
+        self._thread = threading.Thread(target=self.run, name="course-dashboard-run", daemon=True)
+        self._thread.start()
 
-        Never raises: invalid settings, refused combinations, out-of-memory errors and failed
-        runs become messages, and the dashboard stays usable.
+    def stop(self) -> None:
+        """The Stop button: end the Run before its next training step."""
+        self._stop.set()
+        self.progress_label.value = "stopping after this step..."
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background Run; True when none is running any more."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    def _stage(self, value: int | None, text: str, style: str = "info") -> None:
+        if value is not None:
+            self.progress.value = min(value, self.progress.max)
+        self.progress.bar_style = style
+        self.progress_label.value = text
+
+    def run(self):
+        """One Run, here and now: validate, calibrate what is not yet, refuse what is too slow,
+        compare the configuration with its baseline, update history, table, chart and message.
+
+        Never raises: invalid settings, refusals, out-of-memory errors, failures and a Stop
+        become messages, and the dashboard stays usable.
 
         Returns:
             The `Measurement` of the chosen configuration, or None when nothing was measured.
         """
-        self._t0 = time.perf_counter()
-        self.run_button.disabled = True
+        self._stop.clear()
+        self.run_button.disabled, self.stop_button.disabled = True, False
+        self.message.value = ""
         try:
             return self._run()
-        except Exception as e:  # a callback must never leave a traceback in the dashboard
-            self._stage(None, "failed")
-            self.message.value = _box("error", [
-                f"<b>the run failed:</b> {html.escape(_first_line(e))}",
+        except Stopped:
+            self._stage(None, f"stopped after {self.last_hook.count if self.last_hook else 0} "
+                              "step(s)", "warning")
+            self.message.value = box("warn", [
+                ("<b>Stopped</b> between two steps: nothing was added to the history (a Run "
+                 "reports only comparisons it finished)."), "Change a setting and press Run."])
+        except Exception as e:  # noqa: BLE001 - a callback must never leave a traceback
+            self._stage(None, "failed", "danger")
+            self.message.value = box("error", [
+                f"<b>the run failed:</b> {html.escape(first_line(e))}",
                 "The dashboard still works: change a setting and press Run again."])
-            return None
         finally:
-            self.last_run_s = time.perf_counter() - self._t0
-            self.run_button.disabled = False
+            self.run_button.disabled, self.stop_button.disabled = False, True
             self.update_preview()
+        return None
 
-    def _stage(self, value: int | None, text: str) -> None:
-        if value is not None:
-            self.progress.value = value
-        self.progress.bar_style = {"done": "success", "failed": "danger"}.get(text, "info")
-        self.progress_label.value = text
+    def _hook(self, configs=()) -> StepHook:
+        def on_step(n):
+            if n >= self.progress.max > 1:  # more steps than planned: keep the bar moving
+                self.progress.max = n + 1
+            total = self.progress.max
+            self._stage(n, f"step {n} of ~{total}" if total > 1 else f"step {n}")
+        self.last_hook = StepHook(self.step_fn, self._stop, on_step, configs)
+        return self.last_hook
 
-    def _measure(self, config: RunConfig, force: bool) -> Measurement:
-        fn = self.measure_fn or measure
-        try:
-            return fn(config, steps=self.steps, warmup=self.warmup, force=force)
-        except ValueError:
-            raise
-        except MemoryError as e:
-            return Measurement(config=config, device_name=self.hw.name, oom=True,
-                               error=f"out of memory: {_first_line(e)}")
-        except Exception as e:  # e.g. torch.compile without a C++ compiler
-            text = _first_line(e)
-            oom = "out of memory" in text.lower() or "can't allocate memory" in text.lower()
-            return Measurement(config=config, device_name=self.hw.name, oom=oom, error=text)
-
-    def _append(self, m: Measurement, baseline: dict | None, is_baseline: bool) -> dict:
-        c = m.config
-        row = {k: None for k in HISTORY_COLUMNS}
-        row.update(m.as_row())
-        row.update(run=len(self.records) + 1, baseline=is_baseline,
-                   status="OOM" if m.oom else ("error" if m.error else "ok"),
-                   est_peak_allocated=estimate(c).peak_allocated, config=c,
-                   baseline_run=baseline["run"] if baseline else None)
-        if is_baseline and row["status"] == "ok":
-            baseline = row  # a baseline's ratios to itself: 1.0
-        if baseline is not None and baseline["status"] == "ok" and row["status"] == "ok":
-            for col, name in (("step_time_s", "time_ratio"), ("peak_allocated", "peak_ratio"),
-                              ("saved_total", "saved_ratio")):
-                if row[col] is not None and baseline[col]:
-                    row[name] = row[col] / baseline[col]
-        self.records.append(row)
-        self.measurements.append(m)
-        return row
-
-    def _run(self) -> Measurement | None:
-        self.message.value = ""
+    def _run(self):
         try:
             config = self.current_config()
         except ValueError as e:
             self._stage(0, "not run")
-            self.message.value = _box("error", [f"<b>invalid settings:</b> {html.escape(str(e))}"])
+            self.message.value = box("error", [f"<b>invalid settings:</b> {html.escape(str(e))}"])
             return None
+        configs, force = run_configs(config, self.hw), bool(self.force.value)
         problems, notes = self.assess(config)
-        force = bool(self.force.value)
-        if problems and not force:
-            self._stage(0, "not run")
-            self.message.value = _box("error", [f"<b>not run:</b> {html.escape(p)}"
-                                                for p in problems]
-                                      + ["Change the settings, or tick <i>run anyway</i>."])
-            return None
-
-        base_cfg = baseline_config(config)
-        baseline = self._find_baseline(base_cfg)
-        need_baseline = baseline is None
-        self.progress.max = 3 if need_baseline and base_cfg != config else 2
-        self.progress.value = 0
-        done = 0
-        if need_baseline:
-            self._stage(0, f"measuring the fp32 baseline ({base_cfg.batch_size} x "
-                           f"{base_cfg.seq_len}, {base_cfg.n_layers} layers)...")
-            bm = self._measure(base_cfg, force=False)
-            baseline = self._append(bm, None, is_baseline=True)
-            done += 1
-            if base_cfg == config:
-                m, row = bm, baseline
-        if not (need_baseline and base_cfg == config):
-            self._stage(done, f"measuring {config.label}...")
-            m = self._measure(config, force=force)
-            row = self._append(m, baseline, is_baseline=False)
-            done += 1
-        self._stage(done, "drawing...")
+        self.last_plan, self.last_run_s, df, error = None, None, None, None
+        t0 = time.perf_counter()
+        try:
+            if not problems and self._calibrate(configs):
+                problems, notes = self.assess(config)
+                self.update_preview()  # now with the predicted seconds
+            if problems and not force:
+                self._stage(0, "not run")
+                self.message.value = box("error", [f"<b>not run:</b> {html.escape(p)}"
+                                                    for p in problems]
+                                          + ["Change the settings, or tick <i>run anyway</i>."])
+                return None
+            plan = self.last_plan = self.plan(config)
+            self.progress.max = max(1, plan.steps)
+            self._stage(0, f"step 0 of ~{plan.steps}")
+            hook, t0 = self._hook(configs), time.perf_counter()
+            df = self.compare_fn(list(configs), budget_s=self.budget_s, step_fn=hook,
+                                 hw=self.hw, force=force, progress=False)
+        except Stopped:
+            raise
+        except Exception as e:  # noqa: BLE001 - OOM, or e.g. torch.compile without a compiler
+            text = first_line(e)
+            error = (isinstance(e, OutOfMemory) or "out of memory" in text.lower()
+                     or "can't allocate memory" in text.lower(), text)
+        rows = self._append(configs, df, self.last_hook, error)
+        t1 = time.perf_counter()
+        self._stage(None, "drawing...")
         self._render()
-        self._stage(self.progress.max, "done")
-        self.message.value = self._result_message(m, row, baseline, notes, problems,
-                                                  measured_baseline=need_baseline)
-        return m
+        self.clock.render_s = time.perf_counter() - t1
+        self.last_run_s = time.perf_counter() - t0
+        self._stage(self.progress.max, "done", "success")
+        self.message.value = result_message(
+            configs, rows, self.hw, self.size, notes, problems if force else [],
+            self.last_run_s, self.last_plan.seconds if self.last_plan else None)
+        return self.measurements[-1] if df is not None else None
+
+    def _calibrate(self, configs) -> bool:
+        """Calibrate the step time of each configuration the clock cannot predict yet."""
+        done = False
+        for cfg in configs:
+            if self.clock.step_s(cfg, self.hw) is None:
+                self.progress.max, done = 1, True
+                self._stage(0, f"calibrating {cfg.precision}: one short step...")
+                self.clock.calibrate(cfg, self.hw, self._hook())
+        return done
+
+    def _append(self, configs, df, hook: StepHook, error) -> list[dict]:
+        if df is not None:
+            self.measurements += df.attrs.get("measurements", [])
+            df.attrs = {}  # pandas deep-copies attrs on every row access: drop them first
+            records = df.to_dict("records")
+        else:
+            oom, text = error
+            records = [{"label": c.label, **{k: v for k, v in c.as_dict().items() if k != "seed"},
+                        "oom": oom, "error": text,
+                        "est_peak_allocated": estimate(c).peak_allocated} for c in configs]
+        first, click = len(self._rows) + 1, 1 + max([r["click"] for r in self._rows], default=0)
+        for i, (cfg, rec) in enumerate(zip(configs, records)):
+            status = "OOM" if rec.get("oom") else ("error" if rec.get("error") else "ok")
+            rec.update(run=first + i, click=click, baseline=i == 0, baseline_run=first,
+                       status=status, saved_dtypes=dtype_text(hook.dtypes.get(cfg) if hook
+                                                               else None))
+            self._rows.append(rec)
+            if status == "ok" and rec.get("step_time_s"):
+                self.clock.record(cfg, rec["step_time_s"])
+        return records
 
     def _render(self) -> None:
-        from .plots import dashboard_chart
         df = self.history
-        self.table.value = (_TABLE_STYLE + '<div style="overflow-x:auto">' + history_table(df)
-                            .to_html(index=False, na_rep="-", border=0, classes="course-history",
-                                     float_format=lambda v: f"{v:,.2f}") + "</div>")
-        fig = dashboard_chart(df)
+        self.table.value = table_html(df)
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=80)
+        dashboard_chart(df, size=self.size).savefig(buf, format="png", dpi=80)
         self.chart.value = buf.getvalue()
         self.chart.layout.display = ""
-
-    def _result_message(self, m: Measurement, row: dict, baseline: dict, notes: list[str],
-                        problems: list[str], measured_baseline: bool) -> str:
-        lines, kind = [], "ok"
-        if m.oom or m.error:
-            kind = "error"
-            what = "ran out of memory" if m.oom else "failed"
-            lines.append(f"<b>{html.escape(m.config.label)} {what}</b> (run #{row['run']}): "
-                         f"{html.escape(m.error or '')}")
-            if m.oom:
-                sugg = oom_suggestions(m.config, self.hw)
-                if sugg:
-                    lines.append("Smaller variants, by the analytic model: "
-                                 + "; ".join(html.escape(s) for s in sugg) + ".")
-            lines.append("The dashboard still works: change a setting and press Run again.")
-        else:
-            parts = [f"<b>{html.escape(m.config.label)}</b> (run #{row['run']}): step "
-                     f"{m.step_time_s * 1e3:,.1f} ms" if m.step_time_s else
-                     f"<b>{html.escape(m.config.label)}</b> (run #{row['run']})"]
-            if row["time_ratio"] is not None and row["run"] != baseline["run"]:
-                parts.append(f"{row['time_ratio']:.2f}x the fp32 baseline's time")
-            if m.peak_allocated is not None:
-                peak = f"peak {m.peak_allocated / MiB:,.1f} MiB"
-                if row["peak_ratio"] is not None and row["run"] != baseline["run"]:
-                    peak += f" ({row['peak_ratio']:.2f}x the baseline)"
-                parts.append(peak)
-            if m.saved_total is not None:
-                parts.append(f"saved tensors {m.saved_total / MiB:,.1f} MiB")
-            lines.append(", ".join(parts) + ".")
-            if baseline["status"] == "OOM" and row["run"] != baseline["run"]:
-                lines.append("The fp32 baseline of this size ran out of memory; this "
-                             "configuration fits.")
-        lines += [f"ran anyway: {html.escape(p)}" for p in problems]
-        lines += [f"note: {html.escape(n)}" for n in list(dict.fromkeys(notes + m.notes))]
-        took = time.perf_counter() - self._t0
-        lines.append(f"This Run took {took:.1f} s"
-                     + (" (fp32 baseline included)." if measured_baseline else "."))
-        return _box(kind, lines)
 
 
 def dashboard(size: str | None = None, **kwargs) -> Dashboard:
     """Show the live dashboard (the one line of lesson 03's dashboard cell).
 
     Args:
-        size: size profile for the default settings (default: ``$COURSE_SIZE`` or chosen from
+        size: size profile of the default settings (default: ``$COURSE_SIZE`` or chosen from
             the hardware, as everywhere in the course).
-        **kwargs: passed to `Dashboard` (``device``, ``steps``, ``warmup``, ...).
+        **kwargs: passed to `Dashboard` (``device``, ``budget_s``, ``slow_limit_s``, ...).
 
     Returns:
         The `Dashboard`; as the last expression of a cell it displays itself.
 
     Raises:
-        ValueError: an unknown size profile or a device this machine lacks.
+        ValueError: an unknown size profile, a device this machine lacks.
     """
     return Dashboard(size, **kwargs)

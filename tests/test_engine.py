@@ -342,3 +342,17 @@ def test_course_bench_refuses_bad_input_before_measuring(capsys, tmp_path, monke
             main(bad)
         err = capsys.readouterr().err
         assert "expected" in err or "unknown" in err, err
+
+
+def test_compare_survives_running_out_of_memory_while_timing(monkeypatch):
+    """On a GPU, every configuration's model is alive while they are timed in alternation; an
+    out-of-memory error there keeps the memory measured and says what to do."""
+    from course_utils import experiments
+
+    def boom(*args, **kwargs):
+        raise measure_mod.OutOfMemory("CUDA out of memory. Tried to allocate 1.00 GiB")
+    monkeypatch.setattr(experiments, "interleaved", boom)
+    df = compare([SMOKE, SMOKE.replace(checkpoint="full")], progress=False)
+    assert (df["peak_allocated"] > 0).all() and df["step_time_s"].isna().all()
+    assert df["error"].str.contains("compare fewer").all()
+    assert set(df["time_verdict"]) <= {"reference", "not timed"}

@@ -1,123 +1,355 @@
-"""The live dashboard (course_utils.widgets) without a kernel: set controls, click Run, read the
-history, the messages and the chart from widget values."""
-import pandas as pd
+"""The live dashboard (course_utils.widgets) without a kernel: set controls, click Run (run
+synchronously, or on its worker thread), read the history, the messages and the chart.
+
+Runs on ipywidgets 8 (the main venv) and 7.7 (Colab's; `make test` runs this file again with
+ipywidgets 7.7 in front of the venv's site-packages).
+"""
+import gc
+import io
+import os
+import re
+import time
+
+import ipywidgets
 import pytest
+import torch
+from matplotlib.figure import Figure
 
 from course_utils import widgets as W
-from course_utils.config import config_for, step_flops
-from course_utils.hardware import HardwareInfo, detect, recommend_precision
+from course_utils.config import config_for
+from course_utils.dashboard_run import StepClock, calibration_config, effective_flops, run_configs
+from course_utils.experiments import _table
+from course_utils.hardware import HardwareInfo, detect, is_emulated, recommend_precision
 from course_utils.measure import Measurement
 from course_utils.memory_model import estimate
 from course_utils.plots import dashboard_chart
-from course_utils.widgets import Dashboard, baseline_config, dashboard, oom_suggestions
+from course_utils.training import train_step
+from course_utils.widgets import Dashboard, dashboard, history_table, oom_suggestions
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-CPU = HardwareInfo(device="cpu", name="Test CPU", native_bf16=True, fp16_fast=False,
-                   cpu_features={"avx512_f": True, "avx512_bf16": True})
+# A laptop CPU with AVX2 only: recipe fp32, bf16 emulated (timed with one step, labelled).
+AVX2 = HardwareInfo(device="cpu", name="AVX2 laptop (test)", native_bf16=False, fp16_fast=False,
+                    cpu_features={"avx2": True}, bf16_emulated=True)
+# A CPU with AMX: recipe bf16, so the baseline is bf16, not fp32.
+AMX = HardwareInfo(device="cpu", name="AMX CPU (test)", native_bf16=True, fp16_fast=False,
+                   cpu_features={"avx512_f": True, "avx512_bf16": True, "amx_bf16": True})
 T4 = HardwareInfo(device="cuda", name="Tesla T4", compute_capability=(7, 5), native_bf16=False,
                   fp16_fast=True, total_memory_bytes=15 * 2**30, bf16_emulated=True)
+TIME_WORDS = re.compile(r"\b(faster|slower)\b")
 
 
-class FakeMeasure:
-    """Records calls; returns a Measurement whose bytes come from the analytic model and whose
-    step time is proportional to the step's FLOPs (1e10 FLOP/s), or OOM / an exception."""
-
-    def __init__(self, oom_if=lambda c: False, raise_if=lambda c: False):
-        self.calls, self.oom_if, self.raise_if = [], oom_if, raise_if
-
-    def __call__(self, config, steps=None, warmup=None, force=False, min_run_time=None):
-        self.calls.append((config, force))
-        if self.raise_if(config):
-            raise RuntimeError("boom from deep inside torch")
-        if self.oom_if(config):
-            return Measurement(config=config, device_name="Fake GPU", oom=True,
-                               error=f"out of memory on Fake GPU at batch {config.batch_size}. "
-                                     "Try a smaller batch.")
-        e = estimate(config)
-        t = step_flops(config) / 1e10
-        return Measurement(config=config, parameters=e.parameters, gradients=e.gradients,
-                           optimizer_state=e.optimizer_state, activations=e.activations,
-                           autocast_weight_copies=e.autocast_weight_copies, logits=e.logits,
-                           peak_allocated=e.peak_allocated, step_time_s=t,
-                           tokens_per_s=config.tokens_per_step / t, device_name="Fake")
+def text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 def body_rows(html_table: str) -> int:
     return html_table.split("<tbody>")[1].count("<tr") if "<tbody>" in html_table else 0
 
 
-def test_defaults_come_from_the_size_profile():
-    d = dashboard()  # COURSE_SIZE=smoke (tests/conftest.py)
+def seeded_clock(*configs, seconds=0.01) -> StepClock:
+    """A clock that knows the step time of ``configs`` (no calibration: fake hardware)."""
+    clock = StepClock()
+    for c in configs:
+        clock.record(c, seconds)
+    return clock
+
+
+class FakeCompare:
+    """`compare` for hardware we do not have: memory from the analytic model, step times per
+    round from ``times(config)``, and the real table builder (ratios, noise verdicts)."""
+
+    def __init__(self, times=lambda c: [0.01] * 5, oom_if=lambda c: False, size="smoke"):
+        self.times, self.oom_if, self.size, self.calls = times, oom_if, size, []
+
+    def __call__(self, configs, budget_s=None, step_fn=None, hw=None, force=False,
+                 progress=False):
+        self.calls.append([(c, force) for c in configs])
+        ms = []
+        for c in configs:
+            m = Measurement(config=c, device_name="fake", emulated=is_emulated(hw, c.precision))
+            if self.oom_if(c):
+                m.oom, m.error = True, f"out of memory on the fake GPU at batch {c.batch_size}"
+            else:
+                e = estimate(c)
+                for f in ("parameters", "gradients", "optimizer_state", "activations",
+                          "autocast_weight_copies", "logits", "peak_allocated"):
+                    setattr(m, f, getattr(e, f))
+                m.add_times(self.times(c))
+                m.timing = f"{len(m.step_times_s)} steps in alternation with the other rows"
+            ms.append(m)
+        return _table(ms, self.size)
+
+    @property
+    def labels(self):
+        return [[c.label for c, _ in call] for call in self.calls]
+
+
+class CostlyStep:
+    """The real training step, then a sleep proportional to parameters x tokens (so its cost
+    scales like FLOPs and dominates): a step whose cost the test controls."""
+
+    def __init__(self, seconds_per_param_token=1e-8):
+        self.k, self.calls = seconds_per_param_token, 0
+
+    def __call__(self, model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+        out = train_step(model, optimizer, scaler, micro_batches, dtype, max_grad_norm)
+        tokens = sum(x.numel() for x, _ in micro_batches)
+        time.sleep(self.k * tokens * sum(p.numel() for p in model.parameters()))
+        self.calls += 1
+        return out
+
+
+@pytest.fixture
+def quick_chart(monkeypatch):
+    """A tiny stand-in for the dashboard's chart, where a test is not about the chart (drawing
+    the real one takes seconds on a loaded 2-core machine)."""
+    calls = []
+
+    def chart(df, size=None):
+        calls.append(len(df))
+        fig = Figure(figsize=(1, 1))
+        fig.text(0.5, 0.5, str(len(df)))
+        return fig
+    monkeypatch.setattr(W, "dashboard_chart", chart)
+    return calls
+
+
+def png_of(d) -> bytes:
+    buf = io.BytesIO()
+    dashboard_chart(d.history, size=d.size).savefig(buf, format="png", dpi=80)
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------------------------ tests
+
+def test_defaults_come_from_the_size_profile_and_the_recipe(monkeypatch):
+    d = dashboard(background=False)  # COURSE_SIZE=smoke (tests/conftest.py)
     base = config_for()
     assert (d.batch_size.value, d.seq_len.value, d.n_layers.value) == \
         (base.batch_size, base.seq_len, base.n_layers)
     assert d.grad_accum_steps.value == 1 and d.compile.value is False
     assert d.precision.value == recommend_precision(detect()).precision
-    assert f"{base.batch_size * base.seq_len:,} tokens per step" in d.preview.value
-    assert "No fp32 baseline" in d.preview.value or d.precision.value == "fp32"
+    preview = text(d.preview.value)
+    assert f"{base.batch_size * base.seq_len:,} tokens per step" in preview
+    assert "Run first calibrates" in preview and "this configuration is the baseline" in preview
     assert d.history.empty and body_rows(d.table.value) == 0
-    bundle = d._repr_mimebundle_()
-    assert "application/vnd.jupyter.widget-view+json" in bundle
-    assert Dashboard(size="cpu", hw=CPU).batch_size.value == config_for("cpu").batch_size
+    assert d.stop_button.disabled and not d.run_button.disabled
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objs, **kw: shown.extend(objs))
+    d._ipython_display_()  # what IPython calls for a cell's last expression, on 7.x and 8.x
+    assert shown == [d.widget] and d.widget.model_id
+    assert Dashboard(size="cpu", hw=AVX2).batch_size.value == config_for("cpu").batch_size
 
 
-def test_run_measures_fp32_baseline_then_the_choice():
-    """Real measurements at the smoke size: the baseline appears automatically, is reused, and
-    full checkpointing saves fewer bytes than none."""
-    d = Dashboard(size="smoke", hw=CPU)
+def test_precision_and_policy_change_what_is_measured_and_the_chart_follows():
+    """Real measurements at the smoke size on an AVX2-like plan (recipe fp32, bf16 emulated):
+    the precision control changes the saved dtype and bytes, the policy control the saved bytes;
+    the chart is redrawn from the history after every Run."""
+    d = Dashboard(size="smoke", hw=AVX2, background=False)
     d.precision.value = "bf16"
     m = d.run()
-    assert m is not None and m.config.precision == "bf16" and not m.oom
     h = d.history
-    assert list(h["label"]) == ["fp32", "bf16"]
-    assert list(h["baseline"]) == [True, False]
-    assert list(h["status"]) == ["ok", "ok"]
-    assert h["time_ratio"][1] == pytest.approx(h["step_time_s"][1] / h["step_time_s"][0])
-    assert h["peak_ratio"][1] == pytest.approx(h["peak_allocated"][1] / h["peak_allocated"][0])
-    assert h["time_ratio"][0] == 1.0
-    assert body_rows(d.table.value) == 2
-    assert bytes(d.chart.value).startswith(PNG_MAGIC) and d.chart.layout.display != "none"
-    assert "run #2" in d.message.value and "fp32 baseline" in d.message.value
-    assert "course-msg-ok" in d.message.value
+    assert m is not None and m.config.precision == "bf16" and not m.oom
+    assert h["label"].tolist() == ["fp32", "bf16"] and h["baseline"].tolist() == [True, False]
+    assert h["status"].tolist() == ["ok", "ok"] and h["baseline_run"].tolist() == [1, 1]
+    assert h["saved_dtypes"][0] == "fp32 100%"
+    assert h["saved_dtypes"][1].startswith("bf16 ")  # most saved activation bytes are bf16 now
+    assert 0.45 < h["activations"][1] / h["activations"][0] < 0.7  # 2 bytes, not 4 (0.57 here)
+    assert h["autocast_weight_copies"][0] == 0 < h["autocast_weight_copies"][1]
+    assert h["time_verdict"][1] == "emulated"
+    msg = text(d.message.value)
+    assert "bf16 (#2) against its baseline fp32 (#1" in msg and "emulated here" in msg
+    assert not TIME_WORDS.search(msg) and "course-msg-ok" in d.message.value
+    assert body_rows(d.table.value) == 2 and "fp32 (baseline)" in d.table.value
+    first_png = bytes(d.chart.value)
+    assert first_png.startswith(PNG_MAGIC) and d.chart.layout.display != "none"
     assert d.progress.value == d.progress.max and d.progress.bar_style == "success"
-    assert not d.run_button.disabled
+    assert not d.run_button.disabled and d.stop_button.disabled
 
+    d.precision.value = "fp32"
     d.checkpoint.value = "full"
     d.run_button.click()
+    d.checkpoint.value = "selective"
+    d.run_button.click()
     h = d.history
-    assert list(h["label"]) == ["fp32", "bf16", "bf16+full"]  # no second baseline
-    assert h["saved_total"][2] < h["saved_total"][1]
-    assert h["baseline_run"][2] == 1
-    assert body_rows(d.table.value) == 3
+    assert h["label"].tolist() == ["fp32", "bf16", "fp32", "fp32+full", "fp32", "fp32+selective"]
+    full, selective = h["saved_ratio"][3], h["saved_ratio"][5]
+    assert full < 0.5 and selective < 0.9 and full < selective  # 0.21 and 0.74 at smoke
+    assert h["saved_dtypes"][3] == h["saved_dtypes"][5] == "fp32 100%"
+    assert "0.21x" in text(d.message.value) or f"({selective:.2f}x)" in text(d.message.value)
+    assert body_rows(d.table.value) == 6
+    png = bytes(d.chart.value)
+    assert png != first_png and png == png_of(d)  # the chart shows the whole history, redrawn
 
 
-def test_baseline_is_per_size_and_reused():
-    fake = FakeMeasure()
-    d = Dashboard(size="smoke", hw=CPU, measure_fn=fake)
-    d.precision.value = "bf16"
+def test_the_baseline_is_the_recipe_here_not_always_fp32(quick_chart):
+    fake = FakeCompare()
+    amx = run_configs(config_for("smoke"), AMX)[0]
+    d = Dashboard(size="smoke", hw=AMX, compare_fn=fake, background=False,
+                  clock=seeded_clock(amx, amx.replace(precision="fp32")))
+    assert d.precision.value == "bf16" and "Baseline: bf16" in text(d.preview.value)
+    d.checkpoint.value = "full"
     d.run_button.click()
-    assert [(c.label, c.batch_size) for c, _ in fake.calls] == [("fp32", 4), ("bf16", 4)]
-    d.run_button.click()
-    assert len(fake.calls) == 3  # baseline reused
-    d.batch_size.value = 8
-    assert "No fp32 baseline" in d.preview.value
-    d.run_button.click()
-    assert [(c.label, c.batch_size) for c, _ in fake.calls[3:]] == [("fp32", 8), ("bf16", 8)]
-    assert d.history["baseline_run"].tolist()[-1] == 4
     d.precision.value = "fp32"
-    d.run_button.click()  # the baseline itself, measured again, compared with the first one
-    assert fake.calls[-1][0] == baseline_config(fake.calls[-1][0]) and len(fake.calls) == 6
-    assert d.history["time_ratio"].iloc[-1] == pytest.approx(1.0)
-    d.clear()
-    assert d.history.empty and bytes(d.chart.value) == b"" and d.chart.layout.display == "none"
-    d.precision.value = "bf16"
+    d.checkpoint.value = "none"
     d.run_button.click()
-    assert [c.label for c, _ in fake.calls[6:]] == ["fp32", "bf16"]
+    assert fake.labels == [["bf16", "bf16+full"], ["bf16", "fp32"]]
+    assert "fp32 (#4) against its baseline bf16 (#3" in text(d.message.value)
+
+    t4 = config_for("t4", device="cuda")
+    fake = FakeCompare()
+    d = Dashboard(size="t4", device="cuda", hw=T4, compare_fn=fake, background=False,
+                  clock=seeded_clock(t4.replace(precision="fp16")))
+    assert d.precision.value == "fp16"  # the recipe for a T4
+    d.checkpoint.value = "selective"
+    d.run_button.click()
+    assert fake.labels == [["fp16", "fp16+selective"]]
 
 
-def test_policy_that_does_not_fit_is_a_message_not_a_traceback():
-    fake = FakeMeasure()
-    d = Dashboard(size="smoke", hw=CPU, measure_fn=fake)
+@pytest.mark.parametrize("size, times, shown, hidden", [
+    # the issue's case: at smoke, full checkpointing at 0.30x the baseline's time
+    ("smoke", [0.30, 0.31, 0.29, 0.30, 0.30], "inconclusive at this size", "0.30"),
+    # a ratio whose per-round spread includes 1
+    ("cpu", [0.40, 0.30, 1.20, 0.35, 1.50], "within noise", "0.40"),
+    # outside the noise: the ratio and its verdict
+    ("cpu", [1.31, 1.30, 1.33, 1.29, 1.32], "1.31x the baseline's, slower", None),
+])
+def test_a_time_ratio_is_shown_only_outside_the_noise(size, times, shown, hidden, quick_chart):
+    def fake_times(c):
+        return times if c.checkpoint == "full" else [1.0] * 5
+    base = config_for(size)
+    d = Dashboard(size=size, hw=AVX2, compare_fn=FakeCompare(fake_times, size=size),
+                  background=False, clock=seeded_clock(base))
+    d.checkpoint.value = "full"
+    d.run_button.click()
+    msg, table = text(d.message.value), text(d.table.value)
+    chart = " ".join(t.get_text() for t in dashboard_chart(d.history).axes[0].texts)
+    assert shown in msg
+    if hidden is None:
+        assert "1.31x slower" in table and "1.31x" in chart and "slower" in chart
+        return
+    assert hidden not in msg and hidden not in table and hidden not in chart
+    assert not TIME_WORDS.search(msg + table + chart)
+    assert shown.split()[0] in table and shown.split()[0] in chart
+
+
+def test_the_guard_predicts_a_run_within_bounds(quick_chart):
+    """A step whose cost the test controls (a sleep in proportion to parameters x tokens):
+    the predicted seconds of each Run, from a calibration and the steps a Run really takes,
+    are within 0.75-1.33x of its measured seconds (the first Run: 0.5-2x), and the step count
+    matches the plan."""
+    step = CostlyStep(1.2e-8)  # ~0.2 s per step at the smoke size
+    d = Dashboard(size="smoke", hw=AVX2, step_fn=step, background=False, budget_s=1.0)
+    d.precision.value = "bf16"  # emulated here: one timed step
+    checks = []
+    for batch in (4, 8, 2):
+        d.batch_size.value = batch
+        assert d.plan().describe() in text(d.preview.value)  # shown before the Run
+        d.run()
+        plan = d.last_plan
+        assert plan.seconds and d.last_run_s and "course-msg-ok" in d.message.value
+        assert f"predicted {plan.seconds:.1f} s" in text(d.message.value)
+        checks.append((batch, plan.seconds, d.last_run_s, d.last_hook.count, plan.steps))
+    for i, (_batch, predicted, took, count, steps) in enumerate(checks):
+        # the first Run pays the process's first-use costs and has no chart time measured yet
+        assert (0.5 if i == 0 else 0.75) <= predicted / took <= (2.0 if i == 0 else 1.33), checks
+        # the fixed steps are counted exactly; the rounds of alternation follow the budget
+        assert abs(count - steps) <= max(1, d.last_plan.rounds // 3), checks
+
+
+def test_a_run_predicted_too_slow_is_refused_until_forced(quick_chart):
+    fake = FakeCompare()
+    d = Dashboard(size="smoke", hw=AVX2, compare_fn=fake, background=False, slow_limit_s=5.0,
+                  clock=StepClock())
+    d.n_layers.value, d.batch_size.value, d.seq_len.value = 16, 64, 256
+    d.clock.record(d.current_config(), 1.0)  # as if calibrated: one second per step
+    d.update_preview()
+    plan = d.plan()
+    assert plan.seconds > 5.0
+    assert "refused" in text(d.preview.value) and plan.describe() in text(d.preview.value)
+    d.run_button.click()
+    msg = text(d.message.value)
+    assert "not run" in msg and f"would take {plan.describe()}" in msg and fake.calls == []
+    d.force.value = True
+    d.run_button.click()
+    assert fake.labels == [["fp32"]] and "ran anyway" in text(d.message.value)
+
+
+def test_stop_ends_a_run_between_steps(quick_chart):
+    d = Dashboard(size="smoke", hw=AVX2, background=False)
+    d.checkpoint.value = "full"
+    d.run()  # calibrated, one row pair in the history
+    rows = len(d.history)
+
+    def stop_on_third(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+        out = train_step(model, optimizer, scaler, micro_batches, dtype, max_grad_norm)
+        if d.last_hook.count == 2:  # this is the third step: Stop is pressed during it
+            d.stop_button.click()
+        return out
+    d.step_fn = stop_on_third
+    d.run_button.click()
+    assert d.last_hook.count == 3  # the third step finished, no fourth one started
+    assert "Stopped" in d.message.value and len(d.history) == rows
+    assert d.progress_label.value == "stopped after 3 step(s)"
+    assert not d.run_button.disabled and d.stop_button.disabled
+
+
+def test_the_progress_bar_moves_and_stop_works_from_another_thread(quick_chart):
+    """As in a kernel: the click returns at once, the Run goes on in a worker thread, the bar
+    moves step by step, and Stop (pressed on this thread) ends the Run between two steps."""
+    step = CostlyStep(1e-8)
+    d = Dashboard(size="smoke", hw=AVX2, step_fn=step, budget_s=30.0)
+    values = []
+    d.progress.observe(lambda ch: values.append(ch["new"]), names="value")
+    d.checkpoint.value = "full"
+    t0 = time.perf_counter()
+    d.run_button.click()
+    assert time.perf_counter() - t0 < 1.0 and d.run_button.disabled  # the click returned
+    deadline = time.monotonic() + 60
+    while d.progress.value < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert d.progress.value >= 6, "the progress bar did not move"
+    assert re.fullmatch(r"step \d+ of ~\d+", d.progress_label.value)
+    planned = d.last_plan.steps
+    d.stop_button.click()
+    assert d.wait(timeout=30)
+    assert "Stopped" in d.message.value and d.history.empty
+    assert d.last_hook.count <= values[-1] + 1 < planned  # no step after the one running
+    moving = [v for v in values if v > 0]
+    assert len(set(moving)) >= 6 and moving == sorted(moving)
+
+
+def test_memory_stays_flat_over_50_runs(quick_chart):
+    """Every Run builds two models and measures them; nothing of them may stay alive (the
+    saved-tensor meter once kept whole autograd graphs): live tensor bytes after 50 Runs equal
+    those after the first few."""
+    def live_tensor_bytes():
+        gc.collect()
+        seen = {}
+        for o in gc.get_objects():
+            if issubclass(type(o), torch.Tensor) and o.device.type == "cpu":
+                st = o.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+        return sum(seen.values())
+
+    d = Dashboard(size="smoke", hw=AVX2, background=False, budget_s=0.01)
+    d.n_layers.value, d.batch_size.value, d.seq_len.value = 1, 1, 8
+    d.checkpoint.value = "full"
+    model_bytes = estimate(d.current_config()).parameters
+    for _ in range(3):
+        d.run()
+    before = live_tensor_bytes()
+    for _ in range(47):
+        d.run()
+    after = live_tensor_bytes()
+    assert len(d.history) == 100 and (d.history["status"] == "ok").all()
+    assert after - before < model_bytes / 4, (before, after)
+
+
+def test_policy_that_does_not_fit_is_a_message_not_a_traceback(quick_chart):
+    fake = FakeCompare()
+    d = Dashboard(size="smoke", hw=AVX2, compare_fn=fake, background=False,
+                  clock=seeded_clock(config_for("smoke")))
     d.n_layers.value = 2
     d.checkpoint.value = "segments:9"
     assert "does not fit" in d.preview.value and "course-msg-error" in d.preview.value
@@ -131,17 +363,17 @@ def test_policy_that_does_not_fit_is_a_message_not_a_traceback():
     assert "every-4" in d.checkpoint.options and "segments:3" in d.checkpoint.options
     d.checkpoint.value = "every-4"
     d.n_layers.value = 3
-    assert "every-4" not in d.checkpoint.options
-    assert "does not fit" in d.preview.value
+    assert "every-4" not in d.checkpoint.options and "does not fit" in d.preview.value
     d.n_layers.value = 4
-    d.precision.value = "bf16"
     d.run_button.click()
-    assert d.history["label"].tolist() == ["fp32", "bf16+every-4"]
+    assert fake.labels == [["fp32", "fp32+every-4"]]
 
 
-def test_fp16_on_a_cpu_is_refused_at_the_cpu_size_until_forced():
-    fake = FakeMeasure()
-    d = Dashboard(size="cpu", hw=CPU, measure_fn=fake)
+def test_fp16_on_a_cpu_is_refused_at_the_cpu_size_until_forced(quick_chart):
+    fake = FakeCompare()
+    cpu = config_for("cpu")
+    d = Dashboard(size="cpu", hw=AVX2, compare_fn=fake, background=False,
+                  clock=seeded_clock(cpu, cpu.replace(precision="fp16")))
     d.precision.value = "fp16"
     assert "refused" in d.preview.value and "emulated" in d.preview.value
     d.run_button.click()
@@ -150,111 +382,92 @@ def test_fp16_on_a_cpu_is_refused_at_the_cpu_size_until_forced():
     assert fake.calls == [] and d.progress_label.value == "not run"
     d.force.value = True
     d.run_button.click()
-    assert [(c.precision, f) for c, f in fake.calls] == [("fp32", False), ("fp16", True)]
+    assert fake.calls == [[(cpu, True), (cpu.replace(precision="fp16"), True)]]
     assert "ran anyway" in d.message.value
 
 
-def test_bf16_on_a_t4_is_refused_and_fp16_recommended():
-    fake = FakeMeasure()
-    d = Dashboard(size="t4", device="cuda", hw=T4, measure_fn=fake)
-    assert d.precision.value == "fp16"  # the recipe for a T4
+def test_bf16_on_a_t4_is_refused_and_fp16_recommended(quick_chart):
+    fake = FakeCompare()
+    t4 = config_for("t4", device="cuda")
+    d = Dashboard(size="t4", device="cuda", hw=T4, compare_fn=fake, background=False,
+                  clock=seeded_clock(t4.replace(precision="fp16"), t4.replace(precision="bf16")))
     d.precision.value = "bf16"
     d.run_button.click()
-    assert "emulated" in d.message.value and "not run" in d.message.value
-    assert fake.calls == []
+    assert "emulated" in d.message.value and "not run" in d.message.value and fake.calls == []
     d.precision.value = "fp16"
     d.run_button.click()
-    assert [c.precision for c, _ in fake.calls] == ["fp32", "fp16"]
+    assert fake.labels == [["fp16"]]
 
 
-def test_oom_is_reported_with_suggestions_and_the_dashboard_keeps_working(monkeypatch):
-    """The dashboard's own measure function is patched: big batches run out of memory, small
-    ones are measured for real."""
-    real = W.measure
-    calls = []
-
-    def measure_or_oom(config, **kw):
-        calls.append(config)
-        if config.batch_size >= 64:
-            return Measurement(config=config, device_name="Fake GPU", oom=True,
-                               error=f"out of memory on Fake GPU at batch {config.batch_size}, "
-                                     "seq 32: CUDA out of memory. Try a smaller batch or "
-                                     "sequence, bf16/fp16, or a checkpoint policy such as 'full'.")
-        return real(config, **kw)
-
-    monkeypatch.setattr(W, "measure", measure_or_oom)
-    d = Dashboard(size="smoke", hw=CPU)
+def test_oom_is_reported_with_suggestions_and_the_dashboard_keeps_working(quick_chart):
+    """Big batches run out of memory (the step raises torch's OutOfMemoryError, as on a GPU);
+    small ones are measured for real."""
+    def step_or_oom(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+        if micro_batches[0][0].shape[0] >= 64:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return train_step(model, optimizer, scaler, micro_batches, dtype, max_grad_norm)
+    d = Dashboard(size="smoke", hw=AVX2, step_fn=step_or_oom, background=False)
     d.precision.value = "bf16"
-    d.batch_size.value = 64
-    assert d.run() is not None and d.measurements[-1].oom
+    d.batch_size.value = 64  # the first Run's calibration already runs out of memory
+    assert d.run() is None
     assert d.history["status"].tolist() == ["OOM", "OOM"]
-    msg = d.message.value
-    assert "ran out of memory" in msg and "course-msg-error" in msg
-    assert "Smaller variants" in msg and "estimated peak" in msg
-    assert "still works" in msg
-    assert bytes(d.chart.value).startswith(PNG_MAGIC)  # OOM rows are drawn as such
-    assert not d.run_button.disabled and d.progress.bar_style == "success"
+    msg = text(d.message.value)
+    assert "ran out of memory" in msg and "course-msg-error" in d.message.value
+    assert "Smaller variants" in msg and "estimated peak" in msg and "still works" in msg
+    assert not d.run_button.disabled and quick_chart == [2]  # OOM rows are drawn as such
 
-    d.batch_size.value = 64  # the OOM'd baseline is not measured again...
+    d.batch_size.value = 4
     d.run_button.click()
-    assert len(calls) == 3
-
-    d.batch_size.value = 4  # ...and a size that fits just works afterwards
+    assert d.history["status"].tolist()[-2:] == ["ok", "ok"]
+    d.batch_size.value = 64  # calibrated now: compare itself meets the out-of-memory error
     d.run_button.click()
-    h = d.history
-    assert h["status"].tolist() == ["OOM", "OOM", "OOM", "ok", "ok"]
-    assert h["time_ratio"].iloc[-1] == pytest.approx(h["step_time_s"].iloc[-1]
-                                                     / h["step_time_s"].iloc[-2])
-    assert "course-msg-ok" in d.message.value and body_rows(d.table.value) == 5
+    assert d.history["status"].tolist()[-2:] == ["OOM", "OOM"]
+    assert "ran out of memory" in text(d.message.value)
+    d.batch_size.value = 4
+    d.run_button.click()
+    assert d.history["status"].tolist()[-2:] == ["ok", "ok"]
+    assert "course-msg-ok" in d.message.value and body_rows(d.table.value) == 8
 
 
-def test_baseline_oom_but_the_choice_fits():
-    fake = FakeMeasure(oom_if=lambda c: c.precision == "fp32")
-    d = Dashboard(size="smoke", hw=CPU, measure_fn=fake)
-    d.precision.value = "bf16"
+def test_an_unexpected_error_becomes_a_message(quick_chart):
+    def boom_when_checkpointed(model, optimizer, scaler, micro_batches, dtype=None,
+                               max_grad_norm=1.0):
+        if any(type(m).__name__ == "Checkpointed" for m in model.modules()):
+            raise RuntimeError("boom from deep inside torch")
+        return train_step(model, optimizer, scaler, micro_batches, dtype, max_grad_norm)
+    d = Dashboard(size="smoke", hw=AVX2, step_fn=boom_when_checkpointed, background=False)
+    d.run_button.click()
     d.checkpoint.value = "full"
     d.run_button.click()
-    assert d.history["status"].tolist() == ["OOM", "ok"]
-    assert "baseline of this size ran out of memory; this configuration fits" in d.message.value
-    assert pd.isna(d.history["time_ratio"].iloc[-1])
-
-
-def test_an_unexpected_error_becomes_a_message():
-    fake = FakeMeasure(raise_if=lambda c: c.checkpoint == "full")
-    d = Dashboard(size="smoke", hw=CPU, measure_fn=fake)
-    d.checkpoint.value = "full"
-    d.run_button.click()
-    assert "RuntimeError: boom" in d.message.value and "still works" in d.message.value
-    assert d.history["status"].tolist() == ["ok", "error"]
+    assert "RuntimeError: boom" in text(d.message.value) and "still works" in d.message.value
+    assert d.history["status"].tolist() == ["ok", "error", "error"]
     d.checkpoint.value = "none"
     d.run_button.click()
     assert d.history["status"].tolist()[-1] == "ok" and "course-msg-ok" in d.message.value
 
 
-def test_a_very_slow_or_too_big_run_is_refused_until_forced():
-    fake = FakeMeasure()
-    d = Dashboard(size="smoke", hw=CPU, measure_fn=fake, slow_limit_s=5.0)
-    d.precision.value = "bf16"
-    d.run_button.click()  # speed known now: 1e10 FLOP/s in the fake, for fp32 and bf16
-    d.n_layers.value = 64
-    d.batch_size.value = 256
-    d.seq_len.value = 256
-    cfg = d.current_config()
-    predicted = step_flops(cfg) / 1e10 * (d.steps + d.warmup + W._FIXED_STEP_EQUIVALENTS)
-    predicted += step_flops(baseline_config(cfg)) / 1e10 * (d.steps + d.warmup
-                                                             + W._FIXED_STEP_EQUIVALENTS)
-    assert predicted > 5.0
-    n = len(fake.calls)
+def test_history_table_is_the_course_summary(quick_chart):
+    fake = FakeCompare()
+    d = Dashboard(size="smoke", hw=AVX2, compare_fn=fake, background=False,
+                  clock=seeded_clock(config_for("smoke")))
+    d.checkpoint.value = "full"
     d.run_button.click()
-    assert f"about {predicted:,.0f} s" in d.message.value and len(fake.calls) == n
-    d.force.value = True
-    d.run_button.click()
-    assert len(fake.calls) == n + 2
+    t = history_table(d.history)
+    assert t["config"].tolist() == ["fp32 (baseline)", "fp32+full"]
+    assert {"#", "size", "step ms", "time vs baseline", "peak MiB", "est peak", "saved x",
+            "saved dtypes"} <= set(t.columns)
+    assert t["time vs baseline"].tolist() == ["1.00x (reference)", "inconclusive at this size"]
+    assert t["size"].tolist() == ["b4 s32 L2"] * 2
 
-    d.force.value = False
-    d.n_layers.value, d.batch_size.value, d.seq_len.value = 1024, 65536, 4096
-    d.run_button.click()
-    assert "RAM" in d.message.value and len(fake.calls) == n + 2
+
+def test_calibration_is_capped_where_the_precision_is_emulated():
+    cpu = config_for("cpu")
+    assert calibration_config(cpu, AVX2) == cpu  # native fp32: the configuration itself
+    cal = calibration_config(cpu.replace(precision="bf16"), AVX2)
+    assert cal.batch_size < cpu.batch_size and effective_flops(cal) <= 6e9
+    fp16 = calibration_config(cpu.replace(precision="fp16"), AVX2)
+    assert effective_flops(fp16) <= 5e8
+    assert effective_flops(cpu.replace(checkpoint="full")) > effective_flops(cpu)
 
 
 def test_oom_suggestions_are_smaller_and_sorted():
@@ -269,7 +482,7 @@ def test_oom_suggestions_are_smaller_and_sorted():
 
 
 def test_dashboard_chart_needs_rows():
-    d = Dashboard(size="smoke", hw=CPU)
+    d = Dashboard(size="smoke", hw=AVX2)
     with pytest.raises(ValueError, match="at least one run"):
         dashboard_chart(d.history)
 
@@ -277,5 +490,14 @@ def test_dashboard_chart_needs_rows():
 def test_bad_constructor_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="size"):
         Dashboard(size="huge")
-    with pytest.raises(ValueError, match="steps"):
-        Dashboard(size="smoke", steps=0)
+    with pytest.raises(ValueError, match="budget_s"):
+        Dashboard(size="smoke", budget_s=0)
+
+
+def test_the_ipywidgets_line_under_test():
+    """`make test` runs this file twice: with the venv's ipywidgets 8 and with Colab's 7.7 put
+    in front of it (``COURSE_IPYWIDGETS`` names the line it expects)."""
+    expected = os.environ.get("COURSE_IPYWIDGETS")
+    assert int(ipywidgets.__version__.split(".")[0]) in (7, 8)
+    if expected:
+        assert ipywidgets.__version__.startswith(expected + "."), ipywidgets.__file__

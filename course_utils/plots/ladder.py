@@ -128,7 +128,7 @@ def comparison_chart(df, title: str = "", size: str | None = None):
 
 
 def _dashboard_references(df) -> list:
-    """For each history row, the position of its fp32 baseline row in ``df`` (None if absent)."""
+    """For each history row, the position of its baseline row in ``df`` (None if absent)."""
     runs = list(df["run"]) if "run" in df.columns else list(range(len(df)))
     pos = {r: i for i, r in enumerate(runs)}
     refs, last_base = [], None
@@ -145,20 +145,21 @@ def _dashboard_references(df) -> list:
 
 
 def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None):
-    """The live dashboard's chart (`course_utils.widgets`): its last ``last`` runs.
+    """The live dashboard's chart (`course_utils.widgets`): its last ``last`` rows.
 
-    ``df`` is `Dashboard.history`: one row per run with ``run``, ``label``, ``baseline``,
-    ``status`` (``ok``/``OOM``/``error``), ``batch_size``, ``seq_len``, ``n_layers``,
-    ``step_time_s`` (seconds), ``time_ratio`` and ``peak_ratio`` (to the fp32 baseline of the
-    same size), the memory fields in bytes and, where present, ``baseline_run``,
+    ``df`` is `Dashboard.history`: one row per measured configuration with ``run``, ``label``,
+    ``baseline`` (True for the baseline each Run compares with: the recipe precision, no
+    checkpointing), ``status`` (``ok``/``OOM``/``error``), ``batch_size``, ``seq_len``,
+    ``n_layers``, ``step_time_s`` (seconds), ``time_ratio`` and ``peak_ratio`` (to that
+    baseline), the memory fields in bytes and, where present, ``baseline_run``,
     ``time_verdict``, ``time_ratio_low``/``time_ratio_high`` and ``emulated``.
 
-    1. step time (ms) per run, fp32 baselines in grey, each bar annotated with its ratio to the
+    1. step time (ms) per row, baselines in grey, each bar annotated with its ratio to its
        baseline only outside the noise ("≈1x (within noise)", "inconclusive", "emulated here"
        otherwise; emulated bars hatched); 2. memory breakdown (MiB = 2^20 bytes) stacked:
        parameters, gradients, AdamW state, saved activations, autocast weight copies, logits;
        the measured peak as a black tick, annotated with its ratio to the baseline's peak.
-       Runs that ran out of memory or failed are marked.
+       Rows that ran out of memory or failed are marked.
 
     Returns:
         A ``matplotlib.figure.Figure`` made without pyplot (nothing is shown implicitly).
@@ -189,7 +190,7 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
                 ax.annotate(status, (xi, 0), xytext=(0, 3), textcoords="offset points",
                             ha="center", color=ALERT_COLOR, fontsize=9, fontweight="bold")
     ax_t.set_ylabel("step time (ms)")
-    ax_t.set_title("step time (ratio to the fp32 baseline, where outside the noise)", fontsize=10)
+    ax_t.set_title("step time (ratio to the baseline, where outside the noise)", fontsize=10)
     if any(nt.emulated for nt in notes):
         fig.legend(handles=[emulated_handle()], fontsize=7, loc="outside lower left", frameon=False)
 
@@ -206,7 +207,7 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
             ax_m.annotate(f"{ratio:.2f}x", (xi, max(pk, bottom[xi])), xytext=(0, 3),
                           textcoords="offset points", ha="center", fontsize=8)
     ax_m.set_ylabel("MiB")
-    ax_m.set_title("memory breakdown (peak ratio to the fp32 baseline)", fontsize=10)
+    ax_m.set_title("memory breakdown (peak ratio to the baseline)", fontsize=10)
     ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax_m.set_ylim(0, np.nanmax(np.append(np.append(peak, bottom), 1e-9)) * 1.18)
     for ax in (ax_t, ax_m):
