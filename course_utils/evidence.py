@@ -129,6 +129,8 @@ def step_gradients(step_fn, model: torch.nn.Module, micro_batches, dtype=None, s
     ctx = SavedTensorMeter(model) if meter else contextlib.nullcontext()
     with ctx as m:
         loss = step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)
+    if isinstance(loss, torch.Tensor):
+        loss = loss.detach()
     return {"grads": probe.grads, "loss": None if loss is None else float(loss),
             "steps": probe.steps, "zeroed": all(p.grad is None for p in model.parameters()),
             "saved": m.totals() if meter else None}
