@@ -1,5 +1,5 @@
 """The largest micro-batch of a configuration that fits a memory budget, found with few
-measurements (lesson 03, claim C20).
+measurements, and the race of the configurations at their largest batches (lesson 03, C20).
 
 `largest_batch` lets the analytic estimate (`course_utils.memory_model.estimate`) predict the
 answer, measures it (`course_utils.measure.measure`), and steers the next guess from the measured
@@ -7,20 +7,27 @@ peaks. On a CUDA GPU the budget is also enforced by the allocator
 (``torch.cuda.set_per_process_memory_fraction``): a batch that needs more raises an
 out-of-memory error, which `measure` catches, and counts as "does not fit". On a CPU nothing runs
 out of memory at these sizes, so the budget is applied to the measured peak (the profiler's).
+
+`race` then times the configurations at their largest batches in alternation
+(`course_utils.experiments.compare`) and compares their time *per token* round by round
+(`course_utils.timing.time_ratio`): whether checkpointing's larger batch outweighs its recompute
+is decided outside the noise or not at all.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+import pandas as pd
 import torch
 
 from .config import GiB, RunConfig, device_kind
 from .hardware import MemoryRefused
 from .measure import Measurement, measure
 from .memory_model import estimate
+from .timing import TimeRatio, time_ratio
 
-__all__ = ["Probe", "BatchSearch", "largest_batch", "memory_budget"]
+__all__ = ["BatchSearch", "Probe", "Race", "largest_batch", "memory_budget", "race"]
 
 @dataclass(frozen=True)
 class Probe:
@@ -251,3 +258,74 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
     return BatchSearch(config=config, budget_bytes=budget_bytes, batch_size=lo,
                        measurement=results.get(lo), probes=list(probes.values()), method=method,
                        estimated=curve)
+
+
+@dataclass
+class Race:
+    """`race`'s result: the configurations at their largest batches, timed in alternation.
+
+    Attributes:
+        table: `course_utils.experiments.compare`'s table of them (one row each, the plain
+            ones first), with a ``time_per_token_s`` column (seconds per token, median).
+        plain: the plain configuration (no checkpointing) with the most tokens/s.
+        checkpointed: the checkpointed configuration with the most tokens/s.
+        per_token: seconds per token of ``checkpointed`` / ``plain``, paired round by round
+            (< 1 and outside the noise: checkpointing's larger batch paid for its recompute).
+        budget_bytes: the budget the batches were searched under.
+    """
+
+    table: pd.DataFrame
+    plain: RunConfig
+    checkpointed: RunConfig
+    per_token: TimeRatio
+    budget_bytes: int
+
+    def describe(self) -> str:
+        """One sentence from the numbers: who won, at which batches, and how sure."""
+        p, c = self.plain, self.checkpointed
+        return (f"{c.label} at batch {c.batch_size} vs {p.label} at batch {p.batch_size} under "
+                f"{self.budget_bytes / 2**20:,.1f} MiB: "
+                + self.per_token.describe("time per token"))
+
+
+def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int | None = None,
+         progress: bool = True, step_fn=None) -> Race:
+    """Time every configuration of ``searches`` at its largest batch, in alternation, and
+    compare the best checkpointed one with the best plain one per token (C20, C7).
+
+    The plain configurations (checkpoint ``none``) come first in the comparison. "Best" is the
+    most tokens/s (median) in the alternation. The per-token ratio pairs the two rows' steps
+    round by round, each step time divided by its tokens per step.
+
+    Raises:
+        ValueError: no fitting plain configuration or no fitting checkpointed one (each
+            search's ``batch_size`` is 0), or the budgets differ.
+    """
+    from .experiments import compare
+    from .training import train_step
+    fitting = [s for s in searches if s.measurement is not None and s.batch_size > 0]
+    plain = [s for s in fitting if s.config.checkpoint == "none"]
+    ckpt = [s for s in fitting if s.config.checkpoint != "none"]
+    if not plain or not ckpt:
+        raise ValueError("race needs a plain and a checkpointed configuration that fit the "
+                         f"budget; fitting: {[s.label for s in fitting] or 'none'}.")
+    if len({s.budget_bytes for s in searches}) != 1:
+        raise ValueError("race compares searches made under one budget; these differ: "
+                         f"{sorted({s.budget_bytes for s in searches})}.")
+    order = plain + ckpt
+    configs = [s.config.replace(batch_size=s.batch_size) for s in order]
+    df = compare(configs, budget_s=budget_s, steps=steps, progress=progress,
+                 step_fn=step_fn or train_step)
+    ms = df.attrs["measurements"]
+    df["time_per_token_s"] = [None if m.step_time_s is None else
+                              m.step_time_s / m.config.tokens_per_step for m in ms]
+
+    def best(rows):
+        return max(rows, key=lambda i: ms[i].tokens_per_s or 0.0)
+    i_plain = best(range(len(plain)))
+    i_ckpt = best(range(len(plain), len(order)))
+    a, b = ms[i_ckpt], ms[i_plain]
+    per_token = time_ratio([t / a.config.tokens_per_step for t in a.step_times_s],
+                           [t / b.config.tokens_per_step for t in b.step_times_s],
+                           size=df.attrs.get("size", ""), emulated=a.emulated or b.emulated)
+    return Race(df, b.config, a.config, per_token, searches[0].budget_bytes)

@@ -20,7 +20,7 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from course_utils import plots
+from course_utils import lora, plots
 
 MiB = 2**20
 RATIO = re.compile(r"\d+\.\d+x")
@@ -191,6 +191,7 @@ def charts():
         ("segments_chart", lambda: plots.segments_chart(seg, n_layers=8)),
         ("attention_memory_chart", lambda: plots.attention_memory_chart(att)),
         ("styled_claims", lambda: plots.styled_claims(claims)),
+        ("routes_chart", lambda: plots.routes_chart(lora.routes(), gpu_gib=24, size="cpu")),
     ]
 
 

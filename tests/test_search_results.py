@@ -200,3 +200,45 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     assert '<a href="#1.-The-ladder">03 §1</a>' in html
     assert "&lt;fp32&gt;" in html  # evidence text is escaped, links are not
     assert "#FFCDD2" in html  # failed red
+
+
+# ----------------------------------------------------------------- the race at the largest batches
+
+@pytest.fixture(scope="module")
+def race_inputs(fp32_search):
+    """fp32 and fp32 + full checkpointing searched under one budget."""
+    budget, plain = fp32_search
+    return budget, [plain, search.largest_batch(SMOKE.replace(checkpoint="full"), budget)]
+
+
+def test_race_times_each_at_its_largest_batch_per_token(race_inputs):
+    budget, searches = race_inputs
+    result = search.race(searches, steps=4, progress=False)
+    assert result.plain.label == "fp32" and result.checkpointed.label == "fp32+full"
+    assert result.plain.batch_size == searches[0].batch_size
+    assert result.checkpointed.batch_size == searches[1].batch_size > result.plain.batch_size
+    ms = result.table.attrs["measurements"]
+    assert [len(m.step_times_s) for m in ms] == [4, 4]  # timed in the same 4 rounds
+    per_token = [m.step_time_s / m.config.tokens_per_step for m in ms]
+    assert list(result.table["time_per_token_s"]) == pytest.approx(per_token)
+    # the ratio pairs the rounds: median of per-round ratios of seconds per token
+    a, b = ms[1], ms[0]
+    rounds = sorted((ta / a.config.tokens_per_step) / (tb / b.config.tokens_per_step)
+                    for ta, tb in zip(a.step_times_s, b.step_times_s))
+    assert result.per_token.ratio == pytest.approx((rounds[1] + rounds[2]) / 2)
+    assert result.per_token.verdict == "inconclusive at this size"  # smoke: never a verdict
+    assert result.budget_bytes == budget
+    assert "time per token" in result.describe() and f"batch {result.checkpointed.batch_size}" in result.describe()
+
+
+def test_race_needs_a_plain_and_a_checkpointed_configuration(race_inputs):
+    budget, (plain, ckpt) = race_inputs
+    with pytest.raises(ValueError, match="plain and a checkpointed"):
+        search.race([plain], steps=1, progress=False)
+    nothing = search.BatchSearch(config=SMOKE, budget_bytes=budget, batch_size=0, measurement=None)
+    with pytest.raises(ValueError, match="plain and a checkpointed"):
+        search.race([nothing, ckpt], steps=1, progress=False)
+    other = search.BatchSearch(config=ckpt.config, budget_bytes=budget + 1, batch_size=ckpt.batch_size,
+                               measurement=ckpt.measurement)
+    with pytest.raises(ValueError, match="one budget"):
+        search.race([plain, other], steps=1, progress=False)

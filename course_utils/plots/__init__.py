@@ -22,7 +22,7 @@ from .memory import (
                      saved_tensors_chart,
                      scale_chart,
 )
-from .tradeoffs import budget_chart, pareto_chart
+from .tradeoffs import budget_chart, pareto_chart, routes_chart
 
 __all__ = [
     "MiB",
@@ -43,4 +43,5 @@ __all__ = [
     "scaler_trace_chart",
     "segments_chart",
     "styled_claims",
+    "routes_chart",
 ]

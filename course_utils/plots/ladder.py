@@ -225,9 +225,12 @@ def adoption_chart(story, title: str = "", size: str | None = None):
     ``peak_allocated`` (bytes or NaN) and ``source`` (``measured``, ``estimate`` or another word
     for "not measured here"); optionally, for the step time against the previous step,
     ``time_verdict``, ``time_ratio_low``/``time_ratio_high``, ``step_time_iqr_s`` and
-    ``emulated``. Measured bars are solid, estimates hatched ``//``, emulated ones ``xx`` and
-    labelled "emulated here", missing values marked "not measured here". Each memory value is
-    annotated with its ratio to the previous step that has one; each time the same, but only
+    ``emulated``, and ``time_ratio`` (the ratio those describe; default: this step's time over
+    the previous step's); ``adopted`` (default True): False for a step shown but not adopted on
+    this hardware (an emulated precision), which later steps are not compared with.
+    Measured bars are solid, estimates hatched ``//``, emulated ones ``xx`` and labelled
+    "emulated here", missing values marked "not measured here". Each memory value is annotated
+    with its ratio to the previous adopted step that has one; each time the same, but only
     outside the noise (a story without a verdict or spread says "(noise unknown)").
 
     Raises:
@@ -239,11 +242,14 @@ def adoption_chart(story, title: str = "", size: str | None = None):
     axes = fig.subplots(1, 2)
     x = np.arange(len(story))
     t = np.array([nan(v) for v in story["step_time_s"]], dtype=float)
-    refs, ratios, prev = [], [], None  # the time of each step against the previous timed one
+    adopted = [bool(a) for a in story["adopted"]] if "adopted" in story.columns else [True] * len(t)
+    refs, ratios, prev = [], [], None  # the time of each step against the previous adopted one
     for i, v in enumerate(t):
         refs.append(prev)
         ratios.append(v / t[prev] if prev is not None else np.nan)
-        prev = i if np.isfinite(v) else prev
+        prev = i if np.isfinite(v) and adopted[i] else prev
+    if "time_ratio" in story.columns:
+        ratios = [nan(r) for r in story["time_ratio"]]
     notes = time_notes(story.assign(time_ratio=ratios), refs)
     for ax, col, scale, ylabel, color in (
             (axes[0], "step_time_s", 1e3, "step time (ms)", TIME_COLOR),
@@ -267,13 +273,77 @@ def adoption_chart(story, title: str = "", size: str | None = None):
             if note.strip():
                 ax.annotate(note.strip(), (xi, v), xytext=(0, 3), textcoords="offset points",
                             ha="center", fontsize=8)
-            prev = i
+            prev = i if adopted[i] else prev
         ax.set_ylabel(ylabel)
         ax.set_ylim(0, top * 1.3)
         ax.set_xticks(x)
         ax.set_xticklabels(story["step"], rotation=20, ha="right", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].set_title("step time; ratio to the previous step", fontsize=10)
-    axes[1].set_title("peak memory; ratio to the previous step", fontsize=10)
+    previous = "previous step" if all(adopted) else "previous adopted step"
+    axes[0].set_title(f"step time; ratio to the {previous}", fontsize=10)
+    axes[1].set_title(f"peak memory; ratio to the {previous}", fontsize=10)
     set_title(fig, title, size)
     return fig
+
+
+def adoption_story(df, steps, estimates=()):
+    """The table `adoption_chart` draws, read off a `course_utils.experiments.compare` table.
+
+    Args:
+        df: a `compare` table (its ``attrs["measurements"]`` hold the per-round step times).
+        steps: ``[(name, label)]`` in the order of adoption; ``label`` names a row of ``df``,
+            or is None for a step not measured here.
+        estimates: ``[(name, peak bytes)]``: estimated steps appended at the end (no time).
+
+    A step whose precision is emulated here is shown but not adopted (``adopted`` False): the
+    steps after it are compared with the step before it.
+
+    Returns:
+        One row per step: ``step``, ``step_time_s``, ``peak_allocated``, ``source``
+        (``measured``, ``not measured here`` or ``estimate``), ``adopted``, ``emulated`` and,
+        for the step time against the previous adopted step, ``time_ratio``,
+        ``time_verdict``, ``time_ratio_low``, ``time_ratio_high``
+        (`course_utils.timing.time_ratio` of the two rows' per-round times: a verdict only
+        outside the noise; "emulated" where either precision is).
+
+    Raises:
+        ValueError: no steps, or a label that is not a row of ``df``.
+    """
+    import pandas as pd
+
+    from ..timing import time_ratio
+    if not steps:
+        raise ValueError("adoption_story() needs at least one step.")
+    labels = list(df["label"])
+    ms = df.attrs.get("measurements")
+    empty = {"step_time_s": np.nan, "time_ratio": np.nan, "time_verdict": None,
+             "time_ratio_low": np.nan, "time_ratio_high": np.nan, "emulated": False}
+    rows, prev = [], None
+    for name, label in steps:
+        if label is None:
+            rows.append({**empty, "step": name, "peak_allocated": np.nan,
+                         "source": "not measured here", "adopted": True})
+            continue
+        if label not in labels:
+            raise ValueError(f"no row {label!r} in this table: its rows are {labels}.")
+        i = labels.index(label)
+        row = df.iloc[i]
+        emulated = bool(row["emulated"])
+        ratio, verdict, low, high = np.nan, "reference", np.nan, np.nan
+        if prev is not None and ms is not None:
+            a, b = ms[i], ms[prev]
+            r = time_ratio(a.step_times_s, b.step_times_s, size=df.attrs.get("size", ""),
+                           emulated=a.emulated or b.emulated)
+            ratio, verdict = (np.nan if r.ratio is None else r.ratio), r.verdict
+            low = np.nan if r.low is None else r.low
+            high = np.nan if r.high is None else r.high
+        rows.append({"step": name, "step_time_s": row["step_time_s"],
+                     "peak_allocated": row["peak_allocated"], "source": "measured",
+                     "adopted": not emulated, "emulated": emulated, "time_ratio": ratio,
+                     "time_verdict": verdict, "time_ratio_low": low, "time_ratio_high": high})
+        if not emulated and np.isfinite(nan(row["step_time_s"])):
+            prev = i
+    for name, peak in estimates:
+        rows.append({**empty, "step": name, "peak_allocated": peak, "source": "estimate",
+                     "adopted": True})
+    return pd.DataFrame(rows)

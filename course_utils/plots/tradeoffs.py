@@ -1,5 +1,6 @@
-"""What memory buys and what it costs: the Pareto front of step time against peak memory, and
-the largest micro-batch under a memory budget with its throughput.
+"""What memory buys and what it costs: the Pareto front of step time against peak memory, the
+largest micro-batch under a memory budget with its throughput, and the routes that fit a model's
+fine-tuning on one GPU.
 """
 from __future__ import annotations
 
@@ -7,7 +8,19 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from ..config import MiB
-from ._style import ALERT_COLOR, SERIES, TIME_COLOR, mib, nan, new_figure, place_point_labels, with_size
+from ._style import (
+    ALERT_COLOR,
+    COLORS,
+    HATCH,
+    SERIES,
+    TIME_COLOR,
+    mib,
+    nan,
+    new_figure,
+    place_point_labels,
+    set_title,
+    with_size,
+)
 from ._timing import time_notes
 
 
@@ -153,4 +166,57 @@ def budget_chart(searches, title: str = "", size: str | None = None):
                frameon=False)
     if with_size(title, size):
         fig.suptitle(with_size(title, size))
+    return fig
+
+
+def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | None = None):
+    """Fine-tuning routes for one model on one GPU (`course_utils.lora.routes`), estimated.
+
+    One horizontal bar per route, stacked: weights, gradients, optimizer state, activations
+    (saved + logits + one recomputed block); the estimated peak of a step as a black tick with
+    its value and "fits" / "does not fit"; the GPU's memory as a dashed red line, named above
+    the bars. All values are estimates (GiB = 2^30 bytes), hatched to say so.
+
+    Args:
+        routes: columns ``route``, ``weights``, ``gradients``, ``optimizer``, ``activations``,
+            ``peak`` (GiB) and ``fits``.
+        gpu_gib: the GPU's memory (GiB). title: the figure's title; size: the size profile.
+
+    Raises:
+        ValueError: no routes, or a non-positive ``gpu_gib``.
+    """
+    if len(routes) == 0:
+        raise ValueError("routes_chart() needs at least one route (course_utils.lora.routes()).")
+    if not gpu_gib > 0:
+        raise ValueError(f"gpu_gib must be > 0, got {gpu_gib!r}.")
+    n = len(routes)
+    fig = new_figure((11, 1.4 + 0.6 * n))
+    ax = fig.subplots()
+    y = np.arange(n)[::-1]
+    left = np.zeros(n)
+    parts = (("weights", "parameters"), ("gradients", "gradients"),
+             ("optimizer", "optimizer_state"), ("activations", "activations"))
+    for col, key in parts:
+        vals = routes[col].to_numpy(dtype=float)
+        ax.barh(y, vals, left=left, color="white", edgecolor=COLORS[key], hatch=HATCH,
+                label=col, height=0.6)
+        left = left + vals
+    peak = routes["peak"].to_numpy(dtype=float)
+    ax.scatter(peak, y, marker="|", s=400, color="black", linewidths=2, zorder=3,
+               label="estimated peak of a step")
+    for yi, pk, end, fits in zip(y, peak, left, routes["fits"]):
+        ax.annotate(f"peak {pk:,.1f} GiB: {'fits' if fits else 'does not fit'}",
+                    (max(pk, end), yi), xytext=(6, 0), textcoords="offset points",
+                    va="center", fontsize=8, color="black" if fits else ALERT_COLOR)
+    ax.axvline(gpu_gib, color=ALERT_COLOR, ls="--", lw=1)
+    ax.annotate(f"{gpu_gib:g} GiB GPU", (gpu_gib, n - 0.45), ha="center", va="bottom",
+                fontsize=8, color=ALERT_COLOR, annotation_clip=False)
+    ax.set_yticks(y)
+    ax.set_yticklabels(routes["route"], fontsize=9)
+    ax.set_xlim(0, max(peak.max(), left.max(), gpu_gib) * 1.35)
+    ax.set_ylim(-0.6, n - 0.1)
+    ax.set_xlabel("GiB (estimate, not measured)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.legend(loc="outside lower center", ncol=5, fontsize=8, frameon=False)
+    set_title(fig, title, size)
     return fig

@@ -1,0 +1,511 @@
+"""Small measurements behind the claims ledger: one function per measurement, each returning
+the inputs of its claim's rule in `course_utils.claims`, so that a ledger is one call per claim::
+
+    verdict("C6", where="02 §4", **evidence.sqrt_segments())
+
+Lessons 01 and 02 teach claims C6, C8, C11-C15 and C18 in depth; a kernel shares no variables
+with them, so lesson 03's ledger measures them again here, on a tiny model (``smoke``: well
+under a second each on a laptop CPU). `accumulation` (C17) measures the production step itself,
+and `time_between` / `memory_between` read the rule inputs of C1, C2, C4, C5 and C7 off a
+`course_utils.experiments.compare` table.
+
+`StepProbe` and `step_gradients` check a training step from the outside: the gradients its
+optimizer receives, whether it zeroed them, what it saved for backward (exercise 03 grades a
+learner's step with them).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import warnings
+
+import torch
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+from .config import RunConfig, config_for
+from .data import get_batch
+from .measure import SavedTensorMeter, measure_saved, saved_bytes
+from .models import build_model
+from .timeline import peak_during
+from .timing import TimeRatio, time_ratio
+
+__all__ = [
+    "StepProbe",
+    "accumulation",
+    "attention_growth",
+    "bf16_range",
+    "checkpoint_keeps",
+    "clip_order",
+    "fp16_underflow",
+    "memory_between",
+    "reentrant_pitfalls",
+    "relative_error",
+    "scaler_trace",
+    "small_config",
+    "sqrt_segments",
+    "step_gradients",
+    "time_between",
+    "training_state",
+]
+
+
+def small_config(device: str = "cpu", **overrides) -> RunConfig:
+    """The ``smoke`` profile's model (2 blocks, width 64, 32 tokens, batch 4) on ``device``,
+    fp32, no checkpointing, with ``overrides``: the size of every measurement here."""
+    return config_for("smoke", device=device, **overrides)
+
+
+def _batch(config: RunConfig, step: int = 0, batch_size: int | None = None):
+    return get_batch(batch_size or config.batch_size, config.seq_len, seed=config.seed,
+                     step=step, device=config.device)
+
+
+# --- checking a training step from the outside ------------------------------------------------
+
+class StepProbe(torch.optim.Optimizer):
+    """An optimizer that applies nothing and remembers what it was asked to apply.
+
+    ``step()`` stores a copy of every parameter's ``.grad`` (None where a parameter has none) in
+    ``grads`` (unless ``record`` is False: then it allocates nothing, for peak measurements)
+    and counts itself in ``steps``. A training step that clips, unscales and zeroes
+    as it should hands it the final gradients, so two steps can be compared by what their
+    optimizer received. GradScaler accepts it like any optimizer (it has ``param_groups`` and
+    ``state``).
+    """
+
+    def __init__(self, params, record: bool = True):
+        super().__init__(params, {})
+        self.record = record
+        self.grads: list | None = None
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self.record:
+            self.grads = [None if p.grad is None else p.grad.detach().clone()
+                          for g in self.param_groups for p in g["params"]]
+        self.steps += 1
+
+
+def relative_error(got: list, want: list) -> float:
+    """``max |got - want| / max |want|`` over lists of tensors (inf if a tensor is missing or
+    shapes differ)."""
+    if len(got) != len(want) or any(
+            (g is None) != (w is None) or (g is not None and g.shape != w.shape)
+            for g, w in zip(got, want)):
+        return math.inf
+    pairs = [(g.float(), w.float()) for g, w in zip(got, want) if w is not None]
+    if not pairs:
+        return math.inf
+    diff = max((g - w).abs().max().item() for g, w in pairs)
+    scale = max(w.abs().max().item() for _, w in pairs)
+    return diff / scale if scale else (0.0 if diff == 0 else math.inf)
+
+
+def step_gradients(step_fn, model: torch.nn.Module, micro_batches, dtype=None, scaler=None,
+                   max_grad_norm: float = math.inf, meter: bool = False,
+                   record: bool = True) -> dict:
+    """Run ``step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)`` once with a
+    `StepProbe` as the optimizer and report what happened.
+
+    Args:
+        step_fn: a step with `course_utils.training.train_step`'s signature.
+        model: the model (its parameters' ``.grad`` must be None before: a fresh model).
+        scaler: a ``torch.amp.GradScaler`` (default: a disabled one for the model's device).
+        max_grad_norm: the clipping threshold passed on (default: no clipping).
+        meter: also count the bytes saved for backward during the step (`SavedTensorMeter`,
+            parameters excluded).
+        record: keep copies of the gradients (False: allocate nothing, to measure a peak).
+
+    Returns:
+        ``{"grads": [tensor or None per parameter] the optimizer received (None if it never
+        stepped), "loss": float or None, "steps": optimizer steps taken, "zeroed": every
+        .grad is None afterwards, "saved": {bucket: bytes} or None}``.
+    """
+    device = next(model.parameters()).device
+    probe = StepProbe(model.parameters(), record=record)
+    scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
+    ctx = SavedTensorMeter(model) if meter else contextlib.nullcontext()
+    with ctx as m:
+        loss = step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)
+    if isinstance(loss, torch.Tensor):
+        loss = loss.detach()
+    return {"grads": probe.grads, "loss": None if loss is None else float(loss),
+            "steps": probe.steps, "zeroed": all(p.grad is None for p in model.parameters()),
+            "saved": m.totals() if meter else None}
+
+
+# --- lesson 02: activation checkpointing ------------------------------------------------------
+
+def sqrt_segments(config: RunConfig | None = None, n_layers: int = 4, ratio: int = 4) -> dict:
+    """C6: saved activation bytes of ``n_layers`` and ``ratio * n_layers`` blocks, plain and
+    with round(sqrt(N)) checkpointed segments (every segment checkpointed,
+    `course_utils.checkpointing` ``segments:N``), and the segment count with the lowest
+    measured peak of forward + backward at ``ratio * n_layers`` blocks (segment counts that
+    divide the blocks evenly).
+
+    Returns:
+        the inputs of ``verdict("C6", ...)``: ``plain_growth``, ``sqrt_growth``,
+        ``best_segments``, ``sqrt_segments``, ``n_layers_ratio``.
+    """
+    cfg = config or small_config()
+    x, y = _batch(cfg)
+
+    def acts(n, policy):
+        c = cfg.replace(n_layers=n, checkpoint=policy)
+        return measure_saved(build_model(c), x, y).totals()["activations"]
+
+    small, big = n_layers, ratio * n_layers
+    k_small, k_big = round(math.sqrt(small)), round(math.sqrt(big))
+    plain = acts(big, "none") / acts(small, "none")
+    sqrt_g = acts(big, f"segments:{k_big}") / acts(small, f"segments:{k_small}")
+
+    def peak(s):
+        model = build_model(cfg.replace(n_layers=big, checkpoint=f"segments:{s}"))
+
+        def fwd_bwd():
+            _, loss = model(x, y)
+            loss.backward()
+        return peak_during(fwd_bwd, cfg.device)[0]
+
+    peaks = {s: peak(s) for s in range(1, big + 1) if big % s == 0}
+    best = min(peaks, key=lambda s: (peaks[s], s))
+    return {"plain_growth": plain, "sqrt_growth": sqrt_g, "best_segments": best,
+            "sqrt_segments": k_big, "n_layers_ratio": ratio}
+
+
+def checkpoint_keeps(config: RunConfig | None = None) -> dict:
+    """C8: what full (per-block) checkpointing keeps after a forward: the saved activation bytes,
+    the block inputs + token ids + positions they should equal, and the parameter bytes.
+
+    Returns:
+        the inputs of ``verdict("C8", ...)``: ``kept_bytes``, ``expected_bytes``,
+        ``param_bytes``.
+    """
+    cfg = (config or small_config()).replace(checkpoint="full", precision="fp32")
+    model = build_model(cfg)
+    x, y = _batch(cfg)
+    kept = measure_saved(model, x, y).totals()["activations"]
+    B, T, d = cfg.batch_size, cfg.seq_len, cfg.d_model
+    expected = cfg.n_layers * B * T * d * 4 + 8 * B * T + 8 * T
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"kept_bytes": kept, "expected_bytes": expected, "param_bytes": params}
+
+
+def reentrant_pitfalls(config: RunConfig | None = None) -> dict:
+    """C14: one block checkpointed with ``use_reentrant=True`` and ``False``: does the reentrant
+    version lose the block's gradients when its input does not require grad (an embedding of
+    frozen layers), and which of ``torch.autograd.grad``, keyword arguments and ``context_fn``
+    (selective checkpointing) fail with it while the non-reentrant one handles them all?
+
+    Returns:
+        the inputs of ``verdict("C14", ...)``: ``reentrant_lost_grads``,
+        ``reentrant_failures`` (names), ``nonreentrant_ok``.
+    """
+    cfg = config or small_config()
+    block = build_model(cfg).layers[0]
+    shape = (2, cfg.seq_len, cfg.d_model)
+
+    def block_grads(reentrant):
+        block.zero_grad(set_to_none=True)
+        x = torch.randn(*shape, device=cfg.device)  # requires no grad
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # reentrant warns that no input requires grad
+            out = checkpoint(block, x, use_reentrant=reentrant)
+        if out.requires_grad:
+            out.sum().backward()
+        return any(p.grad is not None for p in block.parameters())
+
+    lost = not block_grads(True)
+    ok_plain = block_grads(False)
+    xg = torch.randn(*shape, device=cfg.device, requires_grad=True)
+    sac = functools.partial(create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+    tries = {
+        "torch.autograd.grad": lambda r: torch.autograd.grad(
+            checkpoint(block, xg, use_reentrant=r).sum(), xg),
+        "keyword arguments": lambda r: checkpoint(lambda inp, scale: block(inp) * scale, xg,
+                                                  scale=2.0, use_reentrant=r).sum().backward(),
+        "context_fn (selective checkpointing)": lambda r: checkpoint(
+            block, xg, use_reentrant=r, context_fn=sac).sum().backward(),
+    }
+
+    def works(attempt, reentrant):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                attempt(reentrant)
+            return True
+        except (RuntimeError, ValueError, TypeError):
+            return False
+
+    failures = tuple(name for name, attempt in tries.items() if not works(attempt, True))
+    nonreentrant = ok_plain and all(works(attempt, False) for attempt in tries.values())
+    return {"reentrant_lost_grads": lost, "reentrant_failures": failures,
+            "nonreentrant_ok": nonreentrant}
+
+
+def attention_growth(config: RunConfig | None = None, seq_lens: tuple = (64, 128)) -> dict:
+    """C15: saved bytes of one block when the sequence grows from ``seq_lens[0]`` to
+    ``seq_lens[1]``: log-log slope of SDPA's saved bytes, and of the extra bytes naive
+    attention (softmax(QK^T)V written out) saves on top of SDPA (the seq x seq matrices).
+
+    Returns:
+        the inputs of ``verdict("C15", ...)``: ``naive_extra_slope``, ``sdpa_slope``.
+    """
+    cfg = config or small_config()
+    saved = {}
+    for attention in ("sdpa", "naive"):
+        for T in seq_lens:
+            c = cfg.replace(seq_len=T, attention=attention, n_layers=1)
+            block = build_model(c).layers[0]
+            x = torch.randn(cfg.batch_size, T, cfg.d_model, device=cfg.device,
+                            requires_grad=True)
+            saved[attention, T] = saved_bytes(block, x, model=block)
+    a, b = seq_lens
+    span = math.log(b / a)
+    extra = [saved["naive", T] - saved["sdpa", T] for T in seq_lens]
+    return {"naive_extra_slope": math.log(extra[1] / extra[0]) / span,
+            "sdpa_slope": math.log(saved["sdpa", b] / saved["sdpa", a]) / span}
+
+
+# --- lesson 01: number formats and loss scaling -----------------------------------------------
+
+@functools.lru_cache(maxsize=4)
+def _gradients(config: RunConfig, loss_scale: float) -> torch.Tensor:
+    """All parameter gradients of one fp32 backward of ``config``'s model, the loss multiplied
+    by ``loss_scale`` (a small loss stands for the small gradients of deeper models)."""
+    model = build_model(config)
+    x, y = _batch(config, step=2)
+    _, loss = model(x, y)
+    (loss * loss_scale).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()]).cpu()
+
+
+def _flushed(g: torch.Tensor, dtype) -> float:
+    nonzero = g != 0
+    return ((g.to(dtype) == 0) & nonzero).sum().item() / max(1, nonzero.sum().item())
+
+
+def fp16_underflow(config: RunConfig | None = None, loss_scale: float = 1.0) -> dict:
+    """C11: the fraction of nonzero fp32 gradients (of a loss scaled by ``loss_scale``) that
+    become 0 when cast to fp16, unscaled and multiplied by GradScaler's default initial scale,
+    and the fraction that overflow to inf at that scale.
+
+    Returns:
+        the inputs of ``verdict("C11", ...)``: ``flushed_unscaled``, ``flushed_scaled``,
+        ``scale``, ``overflow_scaled``.
+    """
+    cfg = config or small_config()
+    g = _gradients(cfg, loss_scale)
+    scale = torch.amp.GradScaler("cpu").get_scale()  # the default init_scale
+    scaled = (g * scale).half()
+    return {"flushed_unscaled": _flushed(g, torch.float16),
+            "flushed_scaled": _flushed(g * scale, torch.float16), "scale": scale,
+            "overflow_scaled": torch.isinf(scaled).float().mean().item()}
+
+
+def bf16_range(config: RunConfig | None = None, loss_scale: float = 1.0) -> dict:
+    """C13: whether bf16's exponent range equals fp32's (smallest normal and largest value),
+    and the fraction of the same gradients as `fp16_underflow` that bf16 flushes to 0 unscaled.
+
+    Returns:
+        the inputs of ``verdict("C13", ...)``: ``same_range``, ``flushed_bf16``.
+    """
+    cfg = config or small_config()
+    b, f = torch.finfo(torch.bfloat16), torch.finfo(torch.float32)
+    same = b.tiny == f.tiny and b.max / f.max > 0.99
+    return {"same_range": bool(same),
+            "flushed_bf16": _flushed(_gradients(cfg, loss_scale), torch.bfloat16)}
+
+
+def scaler_trace(growth_interval: int = 2, clean_steps: int = 4) -> dict:
+    """C12: GradScaler on a linear layer, an inf injected into a gradient at the first step,
+    then ``clean_steps`` clean steps with ``growth_interval`` set small (default 2000).
+
+    Returns:
+        the inputs of ``verdict("C12", ...)``: ``backoffs_ok`` (per injected step: skipped and
+        the scale multiplied by ``backoff_factor``), ``growth_after`` (clean steps before each
+        growth), ``growth_interval``, ``clean_taken`` (every clean step changed the weights).
+    """
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=growth_interval)
+    backoffs, growth_after, taken = [], [], []
+    clean = 0
+    for i in range(1 + clean_steps):
+        bad = i == 0
+        before_scale, before_w = scaler.get_scale(), lin.weight.detach().clone()
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(lin(torch.ones(1, 4)).sum()).backward()
+        if bad:
+            lin.weight.grad[0, 0] = float("inf")  # what an fp16 overflow looks like
+        scaler.step(opt)
+        scaler.update()
+        stepped = not torch.equal(before_w, lin.weight.detach())
+        if bad:
+            backoffs.append(not stepped and scaler.get_scale() == before_scale
+                            * scaler.get_backoff_factor())
+            clean = 0
+        else:
+            taken.append(stepped)
+            clean += 1
+            if scaler.get_scale() == before_scale * scaler.get_growth_factor():
+                growth_after.append(clean)
+                clean = 0
+    return {"backoffs_ok": backoffs, "growth_after": growth_after,
+            "growth_interval": growth_interval, "clean_taken": all(taken)}
+
+
+def clip_order(config: RunConfig | None = None, max_grad_norm: float = 1.0) -> dict:
+    """C18: one GradScaler step of the small model (fp32 arithmetic: the order of the calls is
+    what matters), clipping after ``unscale_`` (right) and before it (wrong).
+
+    Returns:
+        the inputs of ``verdict("C18", ...)``: ``clip_saw_ratio`` (the norm clipping saw when
+        wrong / the true norm), ``scale``, ``sgd_update_ratio`` and ``adamw_update_ratio``
+        (update norm when wrong / when right).
+    """
+    cfg = config or small_config()
+    x, y = _batch(cfg, step=3)
+
+    def update(opt_cls, unscale_first):
+        model = build_model(cfg)
+        opt = opt_cls(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler(cfg.device_type)
+        _, loss = model(x, y)
+        scaler.scale(loss).backward()
+        if unscale_first:
+            scaler.unscale_(opt)
+        seen = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).item()
+        if not unscale_first:
+            scaler.unscale_(opt)
+        true = torch.linalg.vector_norm(torch.stack(
+            [p.grad.norm() for p in model.parameters()])).item()
+        before = [p.detach().clone() for p in model.parameters()]
+        scaler.step(opt)
+        moved = torch.linalg.vector_norm(torch.stack(
+            [(p.detach() - b).norm() for p, b in zip(model.parameters(), before)])).item()
+        return seen, true, moved, scaler.get_scale()
+
+    seen_bad, _, sgd_bad, scale = update(torch.optim.SGD, False)
+    seen_ok, _, sgd_ok, _ = update(torch.optim.SGD, True)
+    _, _, adam_bad, _ = update(torch.optim.AdamW, False)
+    _, _, adam_ok, _ = update(torch.optim.AdamW, True)
+    return {"clip_saw_ratio": seen_bad / seen_ok, "scale": scale,
+            "sgd_update_ratio": sgd_bad / sgd_ok, "adamw_update_ratio": adam_bad / adam_ok}
+
+
+# --- lesson 03: gradient accumulation with the production step --------------------------------
+
+def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
+    """C17: ``step_fn`` (default `course_utils.training.train_step`) on ``k`` micro-batches of
+    ``config.batch_size`` against one batch of ``k * config.batch_size`` sequences (fp32, no
+    clipping, a `StepProbe` as the optimizer): the gradients each hands the optimizer, the
+    gradient norm of the same loop without the division by ``k``, and the peak bytes of each
+    step above its start (`course_utils.timeline.peak_during`) next to one micro-batch's.
+
+    Returns:
+        the inputs of ``verdict("C17", ...)``: ``grad_rel_err``, ``undivided_ratio``, ``k``,
+        ``extra_peak_bytes`` (accumulated peak - one micro-batch's), ``grad_buffer_bytes``
+        (the ``.grad`` tensors: 4 bytes per parameter), ``peak_vs_big``.
+
+    Raises:
+        ValueError: ``k`` < 2.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise ValueError(f"accumulation needs k >= 2 micro-batches, got {k!r}.")
+    from .training import train_step
+    step_fn = step_fn or train_step
+    cfg = config.replace(precision="fp32", grad_accum_steps=1)
+    B = cfg.batch_size
+    x, y = _batch(cfg, step=1, batch_size=k * B)
+    micro = list(zip(x.split(B), y.split(B)))
+    model = build_model(cfg)
+
+    def peak(batches):  # the probe records nothing here: the peak is the step's own
+        return peak_during(lambda: step_gradients(step_fn, model, batches, record=False),
+                           cfg.device)[0]
+
+    big, acc = step_gradients(step_fn, model, [(x, y)]), step_gradients(step_fn, model, micro)
+    peak_big, peak_acc, peak_one = peak([(x, y)]), peak(micro), peak(micro[:1])
+    model.zero_grad(set_to_none=True)
+    for xm, ym in micro:  # the same loop, the loss not divided by k
+        _, loss = model(xm, ym)
+        loss.backward()
+    undivided = [p.grad.detach().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+
+    def norm(gs):
+        return torch.linalg.vector_norm(torch.stack([g.norm() for g in gs])).item()
+    grad_buffer = sum(p.numel() * 4 for p in model.parameters())
+    return {"grad_rel_err": relative_error(acc["grads"], big["grads"]),
+            "undivided_ratio": norm(undivided) / norm(big["grads"]), "k": k,
+            "extra_peak_bytes": peak_acc - peak_one, "grad_buffer_bytes": grad_buffer,
+            "peak_vs_big": peak_acc / peak_big}
+
+
+# --- reading a compare() table ----------------------------------------------------------------
+
+def _row(df, label: str):
+    labels = list(df["label"])
+    if label not in labels:
+        raise ValueError(f"no row {label!r} in this table: its rows are {labels}.")
+    return labels.index(label)
+
+
+def time_between(df, label: str, reference: str) -> TimeRatio:
+    """Step time of row ``label`` over row ``reference`` of a `compare` table, from the steps
+    the two were timed in the same rounds (`course_utils.timing.time_ratio`: "within noise"
+    when the spread of the per-round ratios contains 1; "emulated" when either precision is).
+
+    Raises:
+        ValueError: a label that is not in the table.
+    """
+    ms = df.attrs["measurements"]
+    a, b = ms[_row(df, label)], ms[_row(df, reference)]
+    return time_ratio(a.step_times_s, b.step_times_s, size=df.attrs.get("size", ""),
+                      emulated=a.emulated or b.emulated)
+
+
+def memory_between(df, label: str, reference: str) -> dict:
+    """Peak allocated and saved-tensor bytes of row ``label`` over row ``reference``, and of
+    the saved activations alone.
+
+    Returns:
+        ``{"peak_ratio", "saved_ratio", "activations_ratio"}`` (floats).
+
+    Raises:
+        ValueError: a label that is not in the table.
+    """
+    a, b = df.iloc[_row(df, label)], df.iloc[_row(df, reference)]
+    return {"peak_ratio": a["peak_allocated"] / b["peak_allocated"],
+            "saved_ratio": a["saved_total"] / b["saved_total"],
+            "activations_ratio": a["activations"] / b["activations"]}
+
+
+def training_state(df, label: str, settings: dict | None = None) -> dict:
+    """C9: bytes per parameter of weights + gradients + AdamW state measured on row ``label``
+    of a `compare` table (autocast keeps all three fp32), the autocast weight copies per
+    parameter, and for each estimated setting (``{name: RunConfig}``, e.g. a 7B model) how far
+    its estimated peak lies above 16 bytes per parameter.
+
+    Returns:
+        the inputs of ``verdict("C9", ...)``: ``bytes_per_param``, ``copies_per_param``,
+        ``overheads`` (``{name: estimated peak / (16 N) - 1}``).
+
+    Raises:
+        ValueError: a label that is not in the table.
+    """
+    from .memory_model import estimate
+    i = _row(df, label)
+    row = df.iloc[i]
+    n = df.attrs["measurements"][i].config.shape.n_parameters
+    state = row["parameters"] + row["gradients"] + row["optimizer_state"]
+    overheads = {}
+    for name, cfg in (settings or {}).items():
+        e = estimate(cfg)
+        overheads[name] = e.peak_allocated / (16 * e.n_parameters) - 1
+    return {"bytes_per_param": state / n, "copies_per_param": row["autocast_weight_copies"] / n,
+            "overheads": overheads}

@@ -1,0 +1,289 @@
+r"""LoRA on a frozen low-precision base: the adapter lesson 03 writes, and its memory arithmetic.
+
+LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXiv 2106.09685)
+freezes the pretrained weights ``W`` and trains a low-rank update beside each targeted Linear:
+``y = x W^T + (x A^T B^T) * alpha / r`` with ``A`` (r x in) and ``B`` (out x r), ``B = 0`` at
+the start so training starts from the base model. Here the whole base is cast to bf16 and
+frozen (no gradient, no optimizer state: 2 bytes per parameter), the adapters stay fp32 and
+train with AdamW (4 + 4 + 8 = 16 bytes per *adapter* parameter), and the forward runs under
+bf16 autocast with the course's `course_utils.training.train_step`, unchanged.
+
+`LoRALinear` and `add_lora` are the code the lesson shows. `setup` builds a `TrainState` of a
+LoRA model (so `course_utils.measure.memory_step` measures it like any configuration);
+`estimate` gives its bytes in closed form, with the same field names as
+`course_utils.memory_model.MemoryEstimate`; `routes` sets three ways of fine-tuning a model on
+one GPU side by side (full fine-tune, LoRA, and the next steps QLoRA and 8-bit AdamW, estimated).
+
+**Bytes of a LoRA step** (``N`` base parameters, ``n`` adapter parameters: ``r (in + out)`` per
+targeted Linear, ``16 r d`` per block of the course's model when all four Linears are targeted;
+``B`` micro-batch, ``T`` tokens, ``d`` width, ``V`` vocabulary, ``L`` blocks):
+
+* parameters: ``b N + 4 n`` (``b`` = 2 for a bf16 base, 4.127 / 8 for QLoRA's NF4 with double
+  quantisation on the blocks' Linears); gradients ``4 n``; AdamW ``8 n`` + 4 bytes per adapter
+  tensor (its step counter);
+* saved activations with per-block checkpointing: each block's bf16 input, ``2 L B T d``
+  (the residual stream is bf16: the frozen embeddings are; no token ids are saved, because the
+  frozen embeddings need no backward);
+* logits bucket: the final LayerNorm's input and statistics (bf16 on a CPU, ``2 d + 4``; fp32
+  under CUDA autocast, ``4 d + 8``), the fp32 log-softmax ``4 V``, the targets ``8``, per token,
+  + the loss's 4 bytes; the frozen head saves no input;
+* peak: parameters + AdamW state + the larger of (a) start of backward: saved tensors + the
+  bf16 logits and two fp32 ``B T V`` gradient buffers + one block recomputed (taken as
+  `course_utils.memory_model.block_bytes_per_token` in bf16, an upper estimate) + the adapter
+  gradients when micro-batches accumulate, and (b) the optimizer step: adapter gradients + one
+  fp32 temporary the size of the largest adapter tensor.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import nn
+
+from .config import GiB, RunConfig
+from .memory_model import SCALE_MODELS, block_bytes_per_token, parameter_count, scale_config
+from .memory_model import estimate as full_estimate
+
+__all__ = [
+    "ADAM8_BYTES",
+    "NF4_BITS",
+    "TARGETS",
+    "LoRALinear",
+    "LoraEstimate",
+    "adapter_count",
+    "add_lora",
+    "estimate",
+    "routes",
+    "setup",
+]
+
+#: The Linears of the course's block that get an adapter (all four, as QLoRA recommends).
+TARGETS = ("qkv", "proj", "fc1", "fc2")
+
+#: Bits per parameter of QLoRA's NF4 storage with double quantisation: 4 + 0.127 for the
+#: quantisation constants (Dettmers et al. 2023, "QLoRA", arXiv 2305.14314, Section 3).
+NF4_BITS = 4.127
+
+#: Bytes per parameter of 8-bit AdamW's two moments (Dettmers et al. 2022, "8-bit Optimizers via
+#: Block-wise Quantization", arXiv 2110.02861), block constants left out (well under 1%).
+ADAM8_BYTES = 2
+
+
+class LoRALinear(nn.Module):
+    """A frozen Linear plus a trainable low-rank update: y = base(x) + x A^T B^T * alpha / r."""
+
+    def __init__(self, base: nn.Linear, rank: int = 8, alpha: float = 16.0):
+        super().__init__()
+        self.base = base.requires_grad_(False)       # frozen: no gradient, no optimizer state
+        device = base.weight.device
+        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features, device=device))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=device))
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))   # as nn.Linear initialises
+        self.scale = alpha / rank                    # B = 0: training starts from the base
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+
+
+def add_lora(model, rank=8, alpha=16.0, targets=("qkv", "proj", "fc1", "fc2"),
+             base_dtype=torch.bfloat16):
+    """Freeze ``model`` in ``base_dtype`` and give each Linear named in ``targets`` an fp32
+    adapter of rank ``rank``; returns the model (changed in place)."""
+    model.requires_grad_(False).to(base_dtype)       # the whole base: frozen, 2 bytes/param
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if name in targets and isinstance(child, nn.Linear):
+                setattr(module, name, LoRALinear(child, rank, alpha))   # fp32 adapters
+    return model
+
+
+def _check_rank(rank) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"rank must be a positive integer, got {rank!r}.")
+
+
+def _linear_shapes(d: int) -> dict:
+    """(in, out) of each Linear of the course's block."""
+    return {"qkv": (d, 3 * d), "proj": (d, d), "fc1": (d, 4 * d), "fc2": (4 * d, d)}
+
+
+def _check_targets(targets) -> tuple:
+    targets = tuple(targets)
+    unknown = set(targets) - set(TARGETS)
+    if not targets or unknown:
+        raise ValueError(f"targets must be a non-empty subset of {TARGETS}, got {targets!r}.")
+    return targets
+
+
+def adapter_count(config: RunConfig, rank: int = 8, targets=TARGETS) -> int:
+    """Adapter parameters of ``config``'s model: ``r (in + out)`` per targeted Linear per block
+    (``16 r d`` per block with all four).
+
+    Raises:
+        ValueError: a rank below 1 or an unknown target.
+    """
+    _check_rank(rank)
+    shapes = _linear_shapes(config.d_model)
+    return config.n_layers * sum(rank * sum(shapes[t]) for t in _check_targets(targets))
+
+
+def setup(config: RunConfig, rank: int = 8, alpha: float = 16.0, targets=TARGETS,
+          lr: float = 1e-3, adapt=None):
+    """A `course_utils.training.TrainState` of ``config``'s model with `add_lora` applied: the
+    base frozen in bf16, fp32 adapters, AdamW over the adapters only, GradScaler disabled
+    (bf16 needs none), the config's checkpoint policy and data stream.
+
+    ``adapt``: the function that adds the adapters (default `add_lora`; a lesson passes the
+    one its cell defines, with the same signature).
+
+    ``config.precision`` must be ``bf16``: the frozen bf16 base runs under bf16 autocast.
+
+    Raises:
+        ValueError: another precision, a rank below 1, an unknown target, or a device this
+            machine lacks.
+    """
+    from .data import batches
+    from .models import build_model
+    from .training import DEFAULT_MAX_GRAD_NORM, TrainState, train_step
+    if config.precision != "bf16":
+        raise ValueError(f"a LoRA model here has a bf16 base and runs under bf16 autocast: pass "
+                         f"config.replace(precision='bf16'), not {config.precision!r}.")
+    _check_rank(rank)
+    targets = _check_targets(targets)
+    model = (adapt or add_lora)(build_model(config), rank, alpha, targets)
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(adapters, lr=lr, weight_decay=0.0)
+    scaler = torch.amp.GradScaler(config.device_type, enabled=False)
+    return TrainState(config, model, model, optimizer, scaler, batches(config), lr,
+                      DEFAULT_MAX_GRAD_NORM, train_step)
+
+
+@dataclass
+class LoraEstimate:
+    """Estimated bytes of one LoRA training step; field names as `MemoryEstimate`'s.
+
+    Attributes:
+        parameters: frozen base + fp32 adapters. gradients, optimizer_state: the adapters'.
+        activations, autocast_weight_copies, logits, peak_allocated, recompute: bytes (module
+            docstring). n_parameters: base parameters ``N``; n_adapter: adapter parameters.
+    """
+
+    config: RunConfig
+    rank: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    autocast_weight_copies: int
+    logits: int
+    peak_allocated: int
+    recompute: int
+    n_parameters: int
+    n_adapter: int
+
+    @property
+    def saved_total(self) -> int:
+        """All saved-tensor bytes: activations + autocast weight copies + logits."""
+        return self.activations + self.autocast_weight_copies + self.logits
+
+
+def estimate(config: RunConfig, rank: int = 8, targets=TARGETS,
+             base_bytes_per_param: float = 2.0) -> LoraEstimate:
+    """Bytes of one LoRA training step of ``config`` (module docstring), for per-block
+    checkpointing (``config.checkpoint == "full"``: the route that makes a large model fit).
+
+    Args:
+        base_bytes_per_param: storage of the frozen blocks' Linear weights (2: bf16; QLoRA's
+            NF4: ``NF4_BITS / 8``); the rest of the base stays bf16.
+
+    Raises:
+        ValueError: a policy other than ``full``, a rank below 1, an unknown target.
+    """
+    if config.checkpoint != "full":
+        raise ValueError("lora.estimate models per-block checkpointing (checkpoint='full'), the "
+                         f"LoRA route of lesson 03; got {config.checkpoint!r}.")
+    targets = _check_targets(targets)
+    B, T, d, V, L = (config.batch_size, config.seq_len, config.d_model, config.vocab_size,
+                     config.n_layers)
+    BT = B * T
+    N = parameter_count(config)
+    n = adapter_count(config, rank, targets)
+    linear_w = L * 12 * d * d                     # the blocks' Linear weights
+    base = 2 * (N - linear_w) + base_bytes_per_param * linear_w
+    n_tensors = 2 * L * len(targets)
+    parameters = math.ceil(base) + 4 * n
+    gradients = 4 * n
+    optimizer_state = 8 * n + 4 * n_tensors
+    activations = 2 * L * BT * d
+    final_ln = (4 * d + 8) if config.device_type == "cuda" else (2 * d + 4)
+    logits = BT * (final_ln + 4 * V + 8) + 4
+    recompute = int(block_bytes_per_token(config.replace(precision="bf16")) * BT)
+    largest = max(rank * i for t in targets for i in _linear_shapes(d)[t])
+    start_of_backward = (activations + logits + BT * V * (2 + 8) + recompute
+                         + (gradients if config.grad_accum_steps > 1 else 0))
+    optimizer_step = gradients + 4 * largest
+    peak = parameters + optimizer_state + max(start_of_backward, optimizer_step)
+    return LoraEstimate(config=config, rank=rank, parameters=parameters, gradients=gradients,
+                        optimizer_state=optimizer_state, activations=activations,
+                        autocast_weight_copies=0, logits=logits, peak_allocated=int(peak),
+                        recompute=recompute, n_parameters=N, n_adapter=n)
+
+
+def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_batch: int = 1,
+           accum: int = 16, seq_len: int | None = None) -> pd.DataFrame:
+    """Fine-tuning ``model`` (a key of `course_utils.memory_model.SCALE_MODELS`) on one GPU of
+    ``gpu_bytes``, four routes estimated side by side (nothing here is run):
+
+    1. full fine-tune, bf16 autocast + per-block checkpointing (`memory_model.estimate`): fp32
+       weights, gradients and AdamW, 16 bytes per parameter;
+    2. LoRA: frozen bf16 base, rank-``rank`` fp32 adapters on the four Linears of every block
+       with AdamW, per-block checkpointing (`estimate`);
+    3. next step, QLoRA: the same with the blocks' Linears stored in NF4 (`NF4_BITS`);
+    4. next step, 8-bit AdamW on the full fine-tune: AdamW's 8 bytes per parameter become
+       `ADAM8_BYTES`.
+
+    Every route runs micro-batches of ``micro_batch`` sequences and accumulates ``accum`` of
+    them per optimizer step (effective batch ``micro_batch * accum``; accumulation adds only
+    the ``.grad`` buffer, C17).
+
+    Returns:
+        One row per route: ``route``, ``trains`` (parameters trained), ``weights``,
+        ``gradients``, ``optimizer``, ``activations`` (saved + logits + one recomputed block),
+        ``peak`` (GiB = 2^30 bytes), ``fits`` (peak <= ``gpu_bytes``) and ``peak_bytes``.
+
+    Raises:
+        ValueError: an unknown model, a rank, micro-batch or accumulation below 1.
+    """
+    for name, v in (("micro_batch", micro_batch), ("accum", accum)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+    if model not in SCALE_MODELS:
+        raise ValueError(f"unknown model {model!r}: expected one of {', '.join(SCALE_MODELS)}.")
+    shape = {} if seq_len is None else {"seq_len": seq_len}
+    cfg = scale_config(model, micro_batch, "bf16", "full", **shape).replace(grad_accum_steps=accum)
+    full = full_estimate(cfg)
+    lora = estimate(cfg, rank)
+    qlora = estimate(cfg, rank, base_bytes_per_param=NF4_BITS / 8)
+    adam8_saved = full.optimizer_state - ADAM8_BYTES * full.n_parameters
+    rows = []
+
+    def row(route, trains, e, peak, optimizer=None):
+        acts = e.saved_total + e.recompute
+        rows.append({"route": route, "trains": trains, "weights": e.parameters / GiB,
+                     "gradients": e.gradients / GiB,
+                     "optimizer": (e.optimizer_state if optimizer is None else optimizer) / GiB,
+                     "activations": acts / GiB, "peak": peak / GiB,
+                     "fits": peak <= gpu_bytes, "peak_bytes": int(peak)})
+
+    N = full.n_parameters
+    row("full fine-tune (bf16 autocast + checkpointing)", f"{N / 1e9:.2f}B", full,
+        full.peak_allocated)
+    row(f"LoRA r={rank}, frozen bf16 base (+ checkpointing)", f"{lora.n_adapter / 1e6:.1f}M",
+        lora, lora.peak_allocated)
+    row(f"next: QLoRA r={rank}, NF4 base (+ checkpointing)", f"{qlora.n_adapter / 1e6:.1f}M",
+        qlora, qlora.peak_allocated)
+    row("next: 8-bit AdamW, full fine-tune", f"{N / 1e9:.2f}B", full,
+        full.peak_allocated - adam8_saved, optimizer=full.optimizer_state - adam8_saved)
+    return pd.DataFrame(rows)
