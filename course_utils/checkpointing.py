@@ -12,7 +12,7 @@ The policies form a closed set:
 ``full``               every block checkpointed on its own: only block inputs stay saved.
 ``every-K``            blocks 0, K, 2K, ... checkpointed one by one; the others run plain.
 ``segments:N``         the blocks split into N contiguous segments (`segment_bounds`), *every*
-                       segment checkpointed as one unit (unlike
+                       segment checkpointed as one unit (`checkpoint_every_segment`; unlike
                        ``torch.utils.checkpoint.checkpoint_sequential``, which always runs its
                        last segment plain).
 ``selective``          every block checkpointed with an op-level save list (selective
@@ -46,8 +46,8 @@ from torch.utils.checkpoint import (
 )
 
 __all__ = ["MODES", "Policy", "parse_policy", "segment_bounds", "apply_checkpointing",
-           "run_blocks", "Checkpointed", "CompiledUnderBudget", "SAVE",
-           "save_matmuls_and_attention", "RecordingPolicy", "recording_policies"]
+           "run_blocks", "checkpoint_every_segment", "Checkpointed", "CompiledUnderBudget",
+           "SAVE", "save_matmuls_and_attention", "RecordingPolicy", "recording_policies"]
 
 #: The policy names, as written in a config (K, N: integers from 1 to the number of blocks;
 #: B: a fraction from 0 to 1).
@@ -128,6 +128,14 @@ def run_blocks(blocks, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def checkpoint_every_segment(blocks, x: torch.Tensor, n_segments: int) -> torch.Tensor:
+    """Run ``x`` through ``blocks`` split into ``n_segments`` segments (`segment_bounds`), each
+    checkpointed as one unit: only the segment inputs stay saved (what ``segments:N`` does)."""
+    for start, stop in segment_bounds(len(blocks), n_segments):
+        x = checkpoint(run_blocks, blocks[start:stop], x, use_reentrant=False)
+    return x
+
+
 class Checkpointed(nn.Module):
     """Blocks run as one checkpointed region: only its input is saved for backward, and
     backward runs its forward again (non-reentrant ``torch.utils.checkpoint``).
@@ -150,18 +158,34 @@ class Checkpointed(nn.Module):
 class CompiledUnderBudget(nn.Module):
     """Blocks compiled with ``torch.compile``, the partitioner told to keep at most ``budget``
     (0 to 1) of their activations (``torch._functorch.config.activation_memory_budget``, read
-    at compile time: the setting is patched around every call, the first one compiles)."""
+    when the graph is partitioned, at the first call).
+
+    Each instance compiles with a backend object of its own, which patches the budget around
+    inductor's ``compile_fx``. Dynamo guards a compiled graph on its backend, so two instances
+    with different budgets never share a graph. (With one shared backend they did: dynamo's
+    cache holds the graph by code object, and the budget is not among its guards, so in one
+    process a second budget silently reused the first one's graph; measured on torch 2.13.)
+    """
 
     def __init__(self, blocks, budget: float):
         super().__init__()
         self.blocks = nn.Sequential(*blocks)
         self.budget = float(budget)
-        self.compiled = torch.compile(self.blocks)
+        self.compiled = torch.compile(self.blocks, backend=_budget_backend(self.budget))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.compiled(x)
+
+
+def _budget_backend(budget: float):
+    """A ``torch.compile`` backend (a new object per call): inductor, with the activation
+    memory budget patched while the graph is compiled and partitioned."""
+    def backend(gm, example_inputs):
         import torch._functorch.config as functorch_config
-        with functorch_config.patch(activation_memory_budget=self.budget):
-            return self.compiled(x)
+        from torch._inductor.compile_fx import compile_fx
+        with functorch_config.patch(activation_memory_budget=budget):
+            return compile_fx(gm, example_inputs)
+    return backend
 
 
 # --- selective checkpointing: the save list and policy that lesson 02 shows -----------------

@@ -1,7 +1,15 @@
 """Tests of what lesson 02 (activation checkpointing) adds to course_utils: the memory timeline,
-peak and kept-bytes helpers, per-module saved tensors, the lesson's charts, and the PyTorch /
-Hugging Face behaviours the lesson teaches (all on CPU)."""
+peak and kept-bytes helpers, per-module saved tensors, the lesson's charts, the PyTorch /
+Hugging Face behaviours the lesson teaches (all on CPU); that the lesson's checkpointing code is
+the library's, text for text; exercise 02's given helpers (course_utils.exercise02); and the
+lesson notebook's own rules (verdicts from the engine, charts as a cell's last expression)."""
+import ast
 import functools
+import inspect
+import json
+import sys
+import textwrap
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -13,14 +21,18 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from course_utils import plots, timeline
+import course_utils.checkpointing as ck
+from course_utils import exercise02, plots, timeline
 from course_utils.config import config_for
-from course_utils.measure import SavedTensorMeter, saved_by_module, saved_bytes
+from course_utils.data import get_batch
+from course_utils.measure import SavedTensorMeter, measure_saved, saved_by_module, saved_bytes
 from course_utils.memory_model import block_bytes_per_token
 from course_utils.models import build_model
 from course_utils.timeline import Phase, Timeline, allocated_after, memory_timeline, peak_bytes, phase
 
 MB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
+LESSON = ROOT / "notebooks" / "02_gradient_checkpointing.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -173,19 +185,8 @@ def test_checkpoint_sequential_leaves_its_last_segment_plain(cfg):
     unit = x.numel() * x.element_size()
     plain_block = block_bytes_per_token(cfg) * cfg.batch_size * cfg.seq_len
 
-    def run(segment, t):
-        for layer in segment:
-            t = layer(t)
-        return t
-
-    def every_segment(layers, x, n):
-        step = len(layers) // n
-        for i in range(0, len(layers), step):
-            x = checkpoint(run, layers[i:i + step], x, use_reentrant=False)
-        return x
-
     seq = saved_bytes(checkpoint_sequential, layers, 2, x, use_reentrant=False, model=layers)
-    mine = saved_bytes(every_segment, layers, x, 2, model=layers)
+    mine = saved_bytes(ck.checkpoint_every_segment, layers, x, 2, model=layers)
     assert mine == 2 * unit
     assert seq == unit + 2 * plain_block  # one checkpointed segment input + 2 plain blocks
 
@@ -296,7 +297,13 @@ def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
     seg = pd.DataFrame([dict(method=m, segments=s, saved_bytes=s * MB, peak_bytes=(s + 8 / s) * MB,
                              est_saved=s * MB, est_peak=(s + 8 / s) * MB)
                         for m in ("loop", "checkpoint_sequential") for s in (1, 2, 4, 8)])
-    assert len(plots.segments_chart(seg, n_layers=8).axes) == 2
+    fig = plots.segments_chart(seg, n_layers=8)
+    assert len(fig.axes) == 2
+    # equal peaks of two methods stay visible: a thin line with small markers over a thick one
+    thick, thin = [line for line in fig.axes[1].lines if "(measured)" in line.get_label()]
+    assert thick.get_linewidth() > 2 * thin.get_linewidth()
+    assert thick.get_markersize() > 2 * thin.get_markersize() and thin.get_zorder() > thick.get_zorder()
+    assert fig.legends and "loop (model)" in [t.get_text() for t in fig.legends[0].get_texts()]
     with pytest.raises(ValueError):
         plots.segments_chart(seg.iloc[:0], n_layers=8)
 
@@ -314,8 +321,215 @@ def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
     labels = [line.get_label() for line in plots.attention_memory_chart(att).axes[0].lines]
     assert any("slope 2.00" in label for label in labels)
     assert any("slope 1.00" in label for label in labels)
+    # an estimate equal to its measurement is drawn over it, not hidden under it
+    lines = {line.get_label(): line for line in
+             plots.attention_memory_chart(att.assign(est_bytes=att.saved_bytes), size="smoke").axes[0].lines}
+    assert lines["naive: estimate"].get_zorder() > lines["naive: measured (slope 2.00)"].get_zorder()
+    assert lines["naive: measured (slope 2.00)"].get_markerfacecolor() == "white"
 
     tl = memory_timeline(lambda: torch.ones(1000))
     assert len(plots.memory_timeline_chart({"a": tl, "b": tl}).axes) == 2
     with pytest.raises(ValueError):
         plots.memory_timeline_chart({})
+
+
+# ------------------------------------------------- the library is the lesson's code (issue 13)
+
+def _cell_source(cell_id: str, path: Path = LESSON) -> str:
+    nb = json.loads(path.read_text())
+    cells = [c for c in nb["cells"] if c.get("id") == cell_id]
+    assert len(cells) == 1, f"{path.name} should have exactly one cell with id {cell_id!r}"
+    return "".join(cells[0]["source"])
+
+
+def _definitions(source: str) -> dict:
+    """Top-level ``def`` and ``NAME = ...`` statements of ``source``: name -> their exact text."""
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = ast.get_source_segment(source, node)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = ast.get_source_segment(source, node)
+    return out
+
+
+LIBRARY = _definitions(inspect.getsource(ck))
+
+
+@pytest.mark.parametrize("cell_id, names", [
+    ("segments-loop", ["run_blocks", "checkpoint_every_segment"]),
+    ("sac-policy", ["aten", "SAVE", "save_matmuls_and_attention"]),
+])
+def test_lesson_cells_are_the_library_code_text_for_text(cell_id, names):
+    cell = _definitions(_cell_source(cell_id))
+    for name in names:
+        assert name in cell, f"lesson 02 cell {cell_id!r} no longer defines {name}"
+        assert cell[name] == LIBRARY[name], (
+            f"lesson 02 cell {cell_id!r} shows a {name} that differs from "
+            f"course_utils.checkpointing.{name}: make them the same text (the lesson shows the "
+            "library's code)")
+    if "checkpoint_every_segment" in names:
+        fn = ck.checkpoint_every_segment
+        assert textwrap.dedent(inspect.getsource(fn)).rstrip() == cell["checkpoint_every_segment"]
+        assert "segment_bounds(" in cell["checkpoint_every_segment"]  # the library's one rule
+
+
+def test_the_comparison_sees_a_drifted_cell():
+    # The comparison itself can fail: the drift lesson 02 once had (an extra baddbmm) is caught.
+    drifted = LIBRARY["SAVE"].replace("aten.bmm.default,", "aten.bmm.default, aten.baddbmm.default,")
+    assert _definitions(drifted)["SAVE"] != LIBRARY["SAVE"]
+    assert _definitions(LIBRARY["SAVE"])["SAVE"] == LIBRARY["SAVE"]
+
+
+def test_checkpoint_every_segment_splits_with_segment_bounds(cfg):
+    torch.manual_seed(0)
+    blocks = build_model(cfg.replace(n_layers=5)).layers
+    x = _x(cfg)
+    order = []
+    hooks = [b.register_forward_pre_hook(lambda *_, i=i: order.append(i)) for i, b in enumerate(blocks)]
+    try:
+        out = ck.checkpoint_every_segment(blocks, x, 2)
+        forward = list(order)
+        out.sum().backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    recomputed = order[len(forward):]
+    # segment_bounds(5, 2) == [(0, 3), (3, 5)]: backward recomputes the last segment (3, 4) first
+    assert forward == [0, 1, 2, 3, 4]
+    assert recomputed == [3, 4, 0, 1, 2], recomputed
+    unit = x.numel() * x.element_size()
+    assert saved_bytes(ck.checkpoint_every_segment, blocks, x, 2, model=blocks) == 2 * unit
+    # what policy 'segments:2' keeps in the model: the same two segment inputs (+ the token ids)
+    xb, yb = get_batch(cfg.batch_size, cfg.seq_len)
+    model = build_model(cfg.replace(n_layers=5, checkpoint="segments:2"))
+    ids = xb.numel() * xb.element_size() + cfg.seq_len * 8
+    assert measure_saved(model, xb, yb).totals()["activations"] == 2 * unit + ids
+    with pytest.raises(ValueError, match="n_segments"):
+        ck.checkpoint_every_segment(blocks, x, 6)
+
+
+def test_library_selective_policy_keeps_matmuls_and_recomputes_no_matmul(cfg):
+    from torch.utils.flop_counter import FlopCounterMode
+    torch.manual_seed(0)
+    layers = build_model(cfg.replace(n_layers=2)).layers
+    x = _x(cfg)
+    kept, flops = {}, {}
+    for name, fwd in (("none", exercise02.forward_plain), ("full", exercise02.forward_full),
+                      ("sac", lambda b, t: exercise02.forward_selective(b, t, ck.save_matmuls_and_attention))):
+        kept[name] = exercise02.kept_after_forward(fwd, layers, x)
+        with FlopCounterMode(display=False) as counter:
+            fwd(layers, x).sum().backward()
+        flops[name] = counter.get_total_flops()
+    assert kept["full"] < kept["sac"] < kept["none"]
+    assert flops["sac"] == flops["none"] < flops["full"]
+    recorder = ck.RecordingPolicy()  # the library's wrapper records what the policy kept, no globals
+    recorder.kept = []
+    exercise02.forward_selective(layers, x, recorder)
+    assert recorder.kept and all(nbytes > 0 for _, _, nbytes, _, _ in recorder.kept)
+    assert ck.RecordingPolicy().kept is None
+
+
+def test_memory_budget_modes_do_not_share_a_compiled_graph(cfg, monkeypatch):
+    # Two budgets in one process: each keeps its own graph (a shared dynamo cache entry made the
+    # second budget silently reuse the first one's graph). Inductor's code generation is swapped
+    # for AOT autograd with the same min-cut partitioner (the part that reads the budget), which
+    # keeps the test to seconds.
+    import torch._inductor.compile_fx as compile_fx_module
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def partition_only(gm, example_inputs, **_):
+        return aot_module_simplified(gm, example_inputs,
+                                     fw_compiler=lambda g, _: make_boxed_func(g.forward),
+                                     bw_compiler=lambda g, _: make_boxed_func(g.forward),
+                                     partition_fn=min_cut_rematerialization_partition)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", partition_only)
+    c = cfg.replace(n_layers=1)
+    xb, yb = get_batch(c.batch_size, c.seq_len)
+    keep_all = build_model(c.replace(checkpoint="memory-budget:1.0"))
+    keep_least = build_model(c.replace(checkpoint="memory-budget:0.0"))
+    saved_all = measure_saved(keep_all, xb, yb).totals()["activations"]
+    saved_least = measure_saved(keep_least, xb, yb).totals()["activations"]
+    plain = measure_saved(build_model(c), xb, yb).totals()["activations"]
+    assert saved_least < saved_all / 4, (saved_least, saved_all)
+    assert saved_all >= plain / 2
+    assert measure_saved(keep_all, xb, yb).totals()["activations"] == saved_all  # still its own
+    _, loss = keep_least(xb, yb)
+    loss.backward()  # the recomputing graph trains
+    assert all(p.grad is not None for p in keep_least.parameters())
+
+
+# ------------------------------------------------------------- exercise 02's given helpers
+
+def test_exercise02_helpers_count_calls_gradients_memory_and_flops(cfg):
+    torch.manual_seed(0)
+    blocks = build_model(cfg.replace(n_layers=3)).layers
+    x = _x(cfg)
+    assert exercise02.forward_calls(exercise02.forward_plain, blocks, x) == [1, 1, 1]
+    assert exercise02.forward_calls(exercise02.forward_full, blocks, x) == [2, 2, 2]
+    assert exercise02.forward_calls(exercise02.checkpoint_every_segment, blocks, x, 3) == [2, 2, 2]
+    plain = exercise02.gradients(exercise02.forward_plain, blocks, x)
+    full = exercise02.gradients(exercise02.forward_full, blocks, x)
+    assert len(plain) == len(list(blocks.parameters())) + 1 and plain[-1].shape == x.shape
+    for a, b in zip(plain, full):
+        torch.testing.assert_close(a, b)
+    assert exercise02.kept_after_forward(exercise02.forward_full, blocks, x) \
+        < exercise02.kept_after_forward(exercise02.forward_plain, blocks, x)
+    mm_plain = exercise02.matmul_flops(exercise02.forward_plain, blocks, x)
+    mm_full = exercise02.matmul_flops(exercise02.forward_full, blocks, x)
+    assert 0 < mm_plain < mm_full
+    with pytest.raises(ValueError, match="require grad"):
+        exercise02.gradients(exercise02.forward_plain, blocks, x.detach())
+    with pytest.raises(TypeError, match="nn.ModuleList"):
+        exercise02.forward_calls(exercise02.forward_plain, list(blocks), x)
+
+
+# ------------------------------------------------------------------ the lesson notebook's rules
+
+def _code_cells(path: Path = LESSON):
+    nb = json.loads(path.read_text())
+    return [(c["id"], "".join(c["source"])) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def test_lesson02_verdicts_come_from_the_engine_one_call_per_claim():
+    calls = {}
+    for cell_id, src in _code_cells():
+        assert "Verdict(" not in src, f"cell {cell_id!r} builds a Verdict by hand: call verdict()"
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "verdict":
+                claim = node.args[0].value
+                calls.setdefault(claim, []).append(cell_id)
+    assert sorted(calls) == sorted(["C4", "C5", "C6", "C7", "C8", "C14", "C15"]), calls
+    assert all(len(v) == 1 for v in calls.values()), calls
+
+
+def test_lesson02_chart_cells_end_with_the_chart_and_setup_plans_the_machine():
+    charts = 0
+    for cell_id, src in _code_cells():
+        body = ast.parse(src).body
+        for i, node in enumerate(body):
+            call = node.value if isinstance(node, ast.Expr) else None
+            func = getattr(call, "func", None)
+            if isinstance(func, ast.Attribute) and getattr(func.value, "id", None) == "plots":
+                charts += 1
+                assert i == len(body) - 1, f"cell {cell_id!r}: a chart must be the cell's last expression"
+                assert not src.rstrip().endswith(";"), f"cell {cell_id!r} hides its chart with ';'"
+                if func.attr != "styled_claims":
+                    assert any(k.arg == "size" for k in call.keywords), f"cell {cell_id!r}: pass size="
+    assert charts >= 8
+    setup = dict(_code_cells())["setup"]
+    assert setup.count("use_threads()") == 1
+    assert "precision=recipe.precision" in setup
+
+
+def test_hugging_face_cells_run_without_transformers(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    namespace = {"torch": torch}
+    for cell_id in ("hf", "hf-keeps", "hf-cache"):
+        exec(compile(_cell_source(cell_id), cell_id, "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "pip install transformers" in out and namespace["transformers"] is None
+    assert namespace["cache_bytes"](None) == 0

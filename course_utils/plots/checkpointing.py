@@ -21,7 +21,10 @@ def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
         n_layers: the stack's depth ``N``; a dotted line marks ``sqrt(N)`` segments.
         title: the figure's title; size: the size profile, appended as "size '...'".
 
-    Two panels (MiB = 2^20 bytes, log2 segment axis), one legend below them.
+    Two panels (MiB = 2^20 bytes, log2 segment axis), one legend below them. The first method is
+    a thick, pale line with large open markers and the others thin lines with small filled
+    markers drawn over it, so that where two methods measure the same bytes (the peaks of
+    ``checkpoint_sequential`` and of the every-segment loop often coincide) both stay visible.
 
     Raises:
         ValueError: missing columns or no rows.
@@ -38,9 +41,12 @@ def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
         for i, (method, d) in enumerate(df.groupby("method", sort=False)):
             d = d.sort_values("segments")
             c = colors[i % len(colors)]
-            ax.plot(d["segments"], mib(d[col]), "o-", color=c, label=f"{method} (measured)")
+            ax.plot(d["segments"], mib(d[col]), "-", color=c, lw=4.5 if i == 0 else 1.4,
+                    alpha=0.6 if i == 0 else 1.0, marker="os^D"[i % 4], ms=12 if i == 0 else 5,
+                    mfc="white" if i == 0 else c, mew=2.0, zorder=3 + i,
+                    label=f"{method} (measured)")
             if est in d.columns and d[est].notna().any():
-                ax.plot(d["segments"], mib(d[est]), "--", color=c, alpha=0.7,
+                ax.plot(d["segments"], mib(d[est]), "--", color=c, lw=1.4, alpha=0.9, zorder=10,
                         label=f"{method} (model)")
         ax.axvline(np.sqrt(n_layers), color="grey", linestyle=":", linewidth=1.2)
         ax.annotate(f"sqrt(N) = {np.sqrt(n_layers):.1f}", (np.sqrt(n_layers), 1.0),
@@ -71,7 +77,9 @@ def attention_memory_chart(df, title: str = "saved bytes of one block vs sequenc
             between its last two points (1: linear in the sequence, 2: quadratic).
         title: the axes title; size: the size profile, appended as "size '...'".
 
-    Log-log axes (tokens, MiB = 2^20 bytes); the legend sits right of the axes.
+    Log-log axes (tokens, MiB = 2^20 bytes); the legend sits right of the axes. Measurements are
+    open markers on a thin line, estimates dashed lines drawn over them, so that an estimate equal
+    to its measurement threads the markers instead of hiding under them.
 
     Raises:
         ValueError: missing columns or no rows.
@@ -88,9 +96,11 @@ def attention_memory_chart(df, title: str = "saved bytes of one block vs sequenc
         x, y = d["seq_len"].to_numpy(float), d["saved_bytes"].to_numpy(float)
         slope = (np.log(y[-1] / y[-2]) / np.log(x[-1] / x[-2])) if len(x) > 1 else np.nan
         c = colors.get(name) or next(others, None)
-        ax.plot(x, y / MiB, "o-", color=c, label=f"{name}: measured (slope {slope:.2f})")
+        ax.plot(x, y / MiB, "o-", color=c, lw=1.0, ms=8, mfc="white", mew=1.6, zorder=3,
+                label=f"{name}: measured (slope {slope:.2f})")
         if "est_bytes" in d.columns and d["est_bytes"].notna().any():
-            ax.plot(x, mib(d["est_bytes"]), "--", color=c, alpha=0.6, label=f"{name}: estimate")
+            ax.plot(x, mib(d["est_bytes"]), "--", color=c, lw=1.8, alpha=0.85, zorder=4,
+                    label=f"{name}: estimate")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
