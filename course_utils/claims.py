@@ -56,7 +56,8 @@ class Verdict:
         status: one of `STATUSES`.
         evidence: the numbers behind the status, in words (generated from them).
         where: the lesson and section that tests it (e.g. ``"01 §6"``).
-        basis: ``"measured"`` or ``"derived"`` (arithmetic, nothing run).
+        basis: ``"measured"``, ``"derived"`` (arithmetic, nothing run) or ``"none"`` (not
+            measured here).
 
     Raises:
         ValueError: an unknown claim ID, status or basis.
@@ -74,8 +75,8 @@ class Verdict:
         if self.status not in STATUSES:
             raise ValueError(f"unknown status {self.status!r}: expected one of "
                              f"{', '.join(STATUSES)}.")
-        if self.basis not in ("measured", "derived"):
-            raise ValueError(f"basis is 'measured' or 'derived', got {self.basis!r}.")
+        if self.basis not in ("measured", "derived", "none"):
+            raise ValueError(f"basis is 'measured', 'derived' or 'none', got {self.basis!r}.")
 
     def __str__(self) -> str:
         return f"{self.claim} {self.status} - {self.evidence}"
@@ -367,8 +368,9 @@ def verdict(claim: str, where: str = "", **measured) -> Verdict:
     if claim not in _RULES:
         raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
     status, evidence = _RULES[claim](**measured)
-    return Verdict(claim, status, evidence, where,
-                   "derived" if claim in _DERIVED else "measured")
+    basis = ("none" if status == "not measured here"
+             else "derived" if claim in _DERIVED else "measured")
+    return Verdict(claim, status, evidence, where, basis)
 
 
 def claims_table(verdicts) -> pd.DataFrame:

@@ -14,7 +14,7 @@ a `StepClock` (measured by an earlier Run, or scaled by FLOPs from a calibration
 Run really performs: per configuration one warm-up step (a tiny batch where the precision is
 emulated on a CPU) and one profiled memory step (which also times an emulated precision), then
 the rounds of alternation that fit the timing budget (`course_utils.timing.steps_for_budget`: at
-least 3).
+least `course_utils.timing.MIN_ROUNDS`).
 
 **Progress and Stop** (`StepHook`): the training step every Run and calibration runs is wrapped;
 the wrapper counts steps for the progress bar, raises `Stopped` before the next step once Stop
@@ -33,7 +33,7 @@ from .config import RunConfig, autocast_dtype, step_flops
 from .formats import short_dtype
 from .hardware import HardwareInfo, is_emulated, recommend_precision
 from .measure import SavedTensorMeter, memory_step, warm_up
-from .timing import steps_for_budget, time_step
+from .timing import MIN_ROUNDS, steps_for_budget, time_step
 from .training import setup, train_step
 
 __all__ = ("COMPILE_ALLOWANCE_S", "RESCALE_LIMIT", "RunPlan", "StepClock", "StepHook", "Stopped",
@@ -310,9 +310,9 @@ def plan_run(configs, clock: StepClock, hw: HardwareInfo, budget_s: float) -> Ru
     rounds = None
     if native:
         if None in native:
-            rounds = 3
+            rounds = MIN_ROUNDS
         else:
-            rounds = steps_for_budget(sum(native), budget_s)
+            rounds = steps_for_budget(sum(native), budget_s, lo=MIN_ROUNDS)
         steps += rounds * len(native)
     if None in step_s:
         return RunPlan(tuple(configs), emulated, step_s, rounds, steps, None)

@@ -58,8 +58,11 @@ keep plus the attention-projection and fc2 outputs it did (``2 a d``); as a unit
 its kept tensors are freed.
 So the peak is the largest of: the start of backward; each unit's level (everything kept below
 it, every gradient above it) plus its bump; and the optimizer step: parameters + AdamW state +
-gradients + two fp32 temporaries the size of the largest parameter tensor (measured:
-``torch.optim.AdamW``'s default step allocates far less than a full copy of the parameters).
+gradients + AdamW's temporaries: on a CPU, PyTorch's default single-tensor AdamW holds about two
+temporaries of the largest parameter tensor (measured on the course model); on CUDA its default
+``foreach`` implementation holds one temporary of every parameter, ``4 N`` bytes (measured with
+``foreach=True`` on a CPU: ``tests/test_memory_model.py``). With gradient accumulation, the
+micro-batches after the first run with every ``.grad`` buffer (``4 N``) alive.
 Where the peak falls moves with the policy: at the start of backward without checkpointing,
 late in backward for ``full`` and ``segments:N`` (the first units recompute when most gradients
 exist), in the middle for ``every-K``. Measured against the CPU profiler's peak: within 2% for
@@ -199,14 +202,25 @@ def peak_walk(config: RunConfig) -> list[tuple[str, float]]:
     logits = BT * (4 * d + 8 + a * d + 4 * V + 8) + 4
     head_copy = V * d * a if low else 0
     kept = embedding + sum(u[0] for u in units)
-    walk = [("start of backward", kept + logits + head_copy + BT * V * (a + 8))]
-    level = kept + 4 * (V * d + 2 * d) + 4 * d * BT  # head and ln_f gradients, flowing grad
-    for i in range(len(units) - 1, -1, -1):
-        kept_u, bump, n = units[i]
-        walk.append((f"backward of unit {i}", level + bump))
-        level += n * grad_block - kept_u
-    walk.append(("optimizer step", 4 * parameter_count(config)
-                 + 2 * 4 * largest_parameter_tensor(config)))
+    grads_all = 4 * parameter_count(config)
+    walk = []
+    # With accumulation, micro-batches after the first run with every .grad buffer alive.
+    for later in ((False, True) if config.grad_accum_steps > 1 else (False,)):
+        tag, held = (" (later micro-batch)", grads_all) if later else ("", 0)
+        walk.append(("start of backward" + tag,
+                     held + kept + logits + head_copy + BT * V * (a + 8)))
+        level = held + kept + 4 * d * BT + (0 if later else 4 * (V * d + 2 * d))
+        for i in range(len(units) - 1, -1, -1):
+            kept_u, bump, n = units[i]
+            if later:  # the unit's gradients exist already: no half-block allocated in its bump
+                bump -= grad_block / 2
+            walk.append((f"backward of unit {i}" + tag, level + bump))
+            level += (0 if later else n * grad_block) - kept_u
+    # AdamW's step: PyTorch's default is the foreach implementation on CUDA, which holds a
+    # temporary of every parameter (4 N bytes); on a CPU the single-tensor one, which holds about
+    # two temporaries of the largest parameter tensor (measured on the course model).
+    temp = grads_all if config.device_type == "cuda" else 2 * 4 * largest_parameter_tensor(config)
+    walk.append(("optimizer step", grads_all + temp))
     return walk
 
 

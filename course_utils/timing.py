@@ -23,14 +23,18 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["VERDICTS", "default_budget_s", "steps_for_budget", "time_step", "interleaved",
-           "TimeRatio", "time_ratio", "spread"]
+__all__ = ["VERDICTS", "MIN_ROUNDS", "default_budget_s", "steps_for_budget", "time_step",
+           "interleaved", "TimeRatio", "time_ratio", "spread"]
 
 #: The words a time comparison can end in.
 VERDICTS = ("faster", "slower", "within noise", "inconclusive at this size", "emulated",
             "not timed")
 
 _BUDGET_S = {"smoke": 0.3, "cpu": 3.0}
+
+#: Fewest rounds of alternation a comparison takes: with 3 the interquartile band of the
+#: per-round ratios is too narrow on a busy machine, and verdicts flipped between runs.
+MIN_ROUNDS = 5
 
 
 def default_budget_s(size: str) -> float:
@@ -77,7 +81,7 @@ def time_step(step: Callable[[], object], device: str | None = None) -> float:
 
 
 def interleaved(steps: Sequence[Callable[[], object]], budget_s: float | None = None, *,
-                rounds: int | None = None, min_rounds: int = 3, max_rounds: int = 50,
+                rounds: int | None = None, min_rounds: int = MIN_ROUNDS, max_rounds: int = 50,
                 progress=None, device: str | None = None) -> list[list[float]]:
     """Time each function of ``steps`` once per round, in turn: ``times[i][r]`` is step ``i``
     in round ``r`` (seconds).

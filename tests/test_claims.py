@@ -138,7 +138,7 @@ def test_hardware_claims_say_why_not_measured_here():
     assert verdict("C16", hw=CPU, recipe="fp32").status == "not measured here"
     assert verdict("C16", hw=A100).status == "not measured here"  # on CUDA, but not timed
     v = verdict("C19", hw=CPU, why_not="no FP8 tensor cores: this is a CPU")
-    assert v.status == "not measured here" and "FP8" in v.evidence
+    assert v.status == "not measured here" and "FP8" in v.evidence and v.basis == "none"
     with pytest.raises(ValueError, match="why not"):
         verdict("C19", hw=CPU)
     with pytest.raises(ValueError, match="why not"):

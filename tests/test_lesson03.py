@@ -60,7 +60,8 @@ def test_the_lora_cell_is_the_library_adapter(lesson):
 def test_the_ledger_is_one_engine_call_per_claim(lesson):
     src = cell(lesson, "ledger").source
     tree = ast.parse(src)
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "verdict"]
+    calls = [n for n in ast.walk(tree)
+             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "verdict"]
     claims = [c.args[0].value for c in calls]
     assert claims == list(CLAIMS), "each claim C1-C20 once, in order"
     everywhere = "\n".join(c.source for c in code_cells(lesson))

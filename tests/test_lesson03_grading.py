@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import grading
+import course_grade as grading
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "03_combined_stack.ipynb"

@@ -30,3 +30,33 @@ def test_the_peak_moves_with_the_policy():
     assert where(checkpoint="full", batch_size=8) == "backward of unit 0"
     assert where(checkpoint="every-2", batch_size=8) == "backward of unit 2"
     assert where(checkpoint="none", batch_size=1, seq_len=8) == "optimizer step"
+
+
+def test_accumulation_keeps_every_grad_buffer_alive_in_later_micro_batches():
+    cfg = config_for("cpu", device="cpu", checkpoint="full", batch_size=4, grad_accum_steps=2)
+    measured = measure(cfg, timed=False).peak_allocated
+    assert estimate(cfg).peak_allocated == pytest.approx(measured, rel=0.05)
+    assert estimate(cfg).peak_allocated > estimate(cfg.replace(grad_accum_steps=1)).peak_allocated
+
+
+def test_adamw_temporaries_cpu_default_and_cuda_foreach():
+    """The optimizer step's temporaries: PyTorch's default AdamW on a CPU (single-tensor) holds
+    about two copies of the largest parameter tensor; the foreach implementation, the default on
+    CUDA, about one copy of every parameter (4 N bytes). Measured here with foreach=True."""
+    import torch
+
+    from course_utils.memory_model import largest_parameter_tensor, parameter_count
+    from course_utils.models import build_model
+    from course_utils.timeline import peak_bytes
+
+    cfg = config_for("cpu", device="cpu")
+    for foreach, expected in ((False, 2 * 4 * largest_parameter_tensor(cfg)),
+                              (True, 4 * parameter_count(cfg))):
+        model = build_model(cfg)
+        opt = torch.optim.AdamW(model.parameters(), foreach=foreach)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()  # the state exists before the measured step
+        assert peak_bytes(opt.step, "cpu") == pytest.approx(expected, rel=0.1), foreach
+    walk = dict(peak_walk(cfg.replace(device="cuda")))
+    assert walk["optimizer step"] == 8 * parameter_count(cfg)  # gradients + the foreach copy

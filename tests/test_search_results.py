@@ -228,7 +228,8 @@ def test_race_times_each_at_its_largest_batch_per_token(race_inputs):
     assert result.per_token.ratio == pytest.approx((rounds[1] + rounds[2]) / 2)
     assert result.per_token.verdict == "inconclusive at this size"  # smoke: never a verdict
     assert result.budget_bytes == budget
-    assert "time per token" in result.describe() and f"batch {result.checkpointed.batch_size}" in result.describe()
+    described = result.describe()
+    assert "time per token" in described and f"batch {result.checkpointed.batch_size}" in described
 
 
 def test_race_needs_a_plain_and_a_checkpointed_configuration(race_inputs):
