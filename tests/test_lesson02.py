@@ -417,7 +417,8 @@ def test_library_selective_policy_keeps_matmuls_and_recomputes_no_matmul(cfg):
     x = _x(cfg)
     kept, flops = {}, {}
     for name, fwd in (("none", exercise02.forward_plain), ("full", exercise02.forward_full),
-                      ("sac", lambda b, t: exercise02.forward_selective(b, t, ck.save_matmuls_and_attention))):
+                      ("sac", lambda b, t: exercise02.forward_selective(
+                          b, t, ck.save_matmuls_and_attention))):
         kept[name] = exercise02.kept_after_forward(fwd, layers, x)
         with FlopCounterMode(display=False) as counter:
             fwd(layers, x).sum().backward()
