@@ -1,41 +1,71 @@
 # Two commands for a fresh machine (README.md):
-#   make course   set up .venv and open the course in JupyterLab
-#   make test     set up .venv and run the whole test suite (unit, notebooks, grading, browser)
+#   make course   set up .venv with the course's runtime and open JupyterLab on lesson 01
+#   make test     set up .venv with the test tools too and run the whole test suite
 # torch is installed first, pinned here only (the package itself never pins it, so Colab keeps
 # its own build). Override for another build, e.g. make course TORCH_SPEC="torch==2.13.0".
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
+# The learner's runtime (JupyterLab, the nbstripout filter, Hugging Face for lesson 02) and, for
+# `make test` and `make release`, the grader and the test tools on top.
+COURSE_EXTRAS ?= lab,hf
+TEST_EXTRAS ?= lab,hf,grade,test
+# The notebook JupyterLab opens first; the file browser is rooted at the repository.
+FIRST_LESSON := $(firstword $(sort $(wildcard notebooks/01_*.ipynb)))
+LAB_ARGS ?=
 
-.PHONY: setup course test bench release clean
+.PHONY: setup setup-test git-filter lab course test bench release clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.course: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[lab,grade,test]"
+	$(BIN)/python -m pip install --quiet -e ".[$(COURSE_EXTRAS)]"
 	touch $@
 
-setup: $(VENV)/.installed
+$(VENV)/.test: pyproject.toml $(VENV)/.course
+	$(BIN)/python -m pip install --quiet -e ".[$(TEST_EXTRAS)]"
+	touch $@
+
+# Outputs of the lessons you run stay in your files and out of git: nbstripout's git filter,
+# with --keep-id because the grader matches cells by id. .gitattributes (tracked) names the filter;
+# this writes the filter's command into .git/config. Skipped outside a git checkout.
+git-filter:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  $(BIN)/nbstripout --install --attributes .gitattributes && \
+	  git config filter.nbstripout.clean '"$(abspath $(BIN))/python" -m nbstripout --keep-id' && \
+	  echo "git filter: nbstripout --keep-id strips outputs from notebooks as git reads them"; \
+	else echo "not a git checkout: no output filter needed"; fi
+
+setup: $(VENV)/.course git-filter
+
+setup-test: $(VENV)/.test git-filter
 
 # JupyterLab refuses to run as root (containers, workshop VMs) unless told it may.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
+# Serve JupyterLab rooted here (notebooks/ and exercises/ both reachable), open on lesson 01.
+lab:
+	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(ROOT_FLAG) $(LAB_ARGS) $(FIRST_LESSON)
+
 course: setup
-	$(BIN)/jupyter lab notebooks/ $(ROOT_FLAG)
+	$(MAKE) --no-print-directory lab
 
 # Notebooks run at the 'smoke' size; two workers, one notebook (or test module) each.
-test: setup
+test: setup-test
 	COURSE_SIZE=smoke OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope
 
 bench: setup
 	$(BIN)/course-bench --out bench-out
 
-release: setup
+release: setup-test
 	$(BIN)/course-grade release
 
+# Removing the venv removes the filter's program, so the filter's git config goes too.
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache
+	git config --remove-section filter.nbstripout 2>/dev/null || true
+	git config --remove-section diff.ipynb 2>/dev/null || true
