@@ -31,12 +31,16 @@ $(VENV)/.test: pyproject.toml $(VENV)/.course
 	touch $@
 
 # Outputs of the lessons you run stay in your files and out of git: nbstripout's git filter,
-# with --keep-id because the grader matches cells by id. .gitattributes (tracked) names the filter;
-# this writes the filter's command into .git/config. Skipped outside a git checkout.
+# with --keep-id because the grader matches cells by id, and the kernel's details that a save
+# adds to language_info stripped too. .gitattributes (tracked) names the filter; this writes the
+# filter's command into .git/config. Skipped outside a git checkout.
+LANGUAGE_INFO_KEYS := $(foreach k,codemirror_mode file_extension mimetype nbconvert_exporter \
+	pygments_lexer version,metadata.language_info.$(k))
 git-filter:
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 	  $(BIN)/nbstripout --install --attributes .gitattributes && \
 	  git config filter.nbstripout.clean '"$(abspath $(BIN))/python" -m nbstripout --keep-id' && \
+	  git config filter.nbstripout.extrakeys "$(LANGUAGE_INFO_KEYS)" && \
 	  echo "git filter: nbstripout --keep-id strips outputs from notebooks as git reads them"; \
 	else echo "not a git checkout: no output filter needed"; fi
 
@@ -48,8 +52,11 @@ setup-test: $(VENV)/.test git-filter
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 # Serve JupyterLab rooted here (notebooks/ and exercises/ both reachable), open on lesson 01.
+# jupyter_server_config.py: after each save, refresh git's view of a notebook that the filter
+# finds unchanged, so that `git status` stays clean.
 lab:
-	$(BIN)/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(ROOT_FLAG) $(LAB_ARGS) $(FIRST_LESSON)
+	$(BIN)/jupyter lab --config="$(CURDIR)/jupyter_server_config.py" \
+	  --ServerApp.root_dir="$(CURDIR)" $(ROOT_FLAG) $(LAB_ARGS) $(FIRST_LESSON)
 
 course: setup
 	$(MAKE) --no-print-directory lab
