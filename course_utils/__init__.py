@@ -1,7 +1,7 @@
 """course_utils: the code of the course "Mixed precision and activation checkpointing in
 PyTorch, measured on your machine". The lessons import what they teach from here.
 
-The data flow (DESIGN.md)::
+The data flow::
 
     hardware.detect -> recommend_precision -> config_for (size profile)      hardware, config
     RunConfig (ModelShape, batch, precision, checkpoint policy, ...)

@@ -5,7 +5,7 @@ modules whose forward is the call the lessons teach,
 ``checkpoint(run_blocks, blocks, x, use_reentrant=False, context_fn=...)``, as torchtitan's
 ``apply_ac`` wraps blocks; the model's forward stays a plain loop over ``model.layers``.
 
-The policies form a closed set (DESIGN.md "Terms"):
+The policies form a closed set:
 
 =====================  ================================================================
 ``none``               no checkpointing: every block keeps all its saved tensors.

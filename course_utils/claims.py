@@ -1,4 +1,4 @@
-"""The claims the course tests (shared notes, claims.md) and the one engine that judges them.
+"""The claims the course tests and the one engine that judges them.
 
 `verdict(claim_id, where=..., **measured)` applies the claim's rule to numbers measured (or, for
 arithmetic claims, computed) in a lesson and returns a `Verdict`. Every lesson calls the same

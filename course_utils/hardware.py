@@ -7,7 +7,7 @@ steps and labelled); `use_threads()` picks the number of CPU threads; `check_fea
 what would be wrong or take minutes; `matmul_probe()` measures how fast each format multiplies
 here, so that reports state measured ratios, never typed ones.
 
-Facts this module relies on (shared notes, measurement.md):
+Facts this module relies on:
 
 * ``torch.cuda.is_bf16_supported()`` returns True on a T4 (compute capability 7.5), where bf16 is
   emulated; native bf16 needs compute capability >= 8.0 (Ampere). We use
@@ -237,7 +237,7 @@ def is_emulated(hw: HardwareInfo, precision: str) -> bool:
 def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
     """The mixed-precision recipe for ``hw`` (default: `detect()`), with the reason.
 
-    Rules (PyTorch AMP docs; NVIDIA mixed-precision guide; shared notes, measurement.md):
+    Rules (PyTorch AMP docs; NVIDIA mixed-precision guide):
 
     * CUDA with compute capability >= 8.0 (Ampere, Ada, Hopper): bf16 autocast, no scaler.
     * CUDA 7.x (V100, T4): fp16 autocast + GradScaler; bf16 would be emulated.
@@ -389,7 +389,7 @@ def check_feasible(config, hw: HardwareInfo | None = None, force: bool = False) 
 
 
 # Step FLOPs above which fp16 on a CPU without fp16 instructions is refused: its matmuls are
-# emulated (measured ~215x slower than fp32 on one CPU, shared notes), so 1e9 FLOPs already
+# emulated (measured ~215x slower than fp32 on one CPU without avx512_fp16), so 1e9 FLOPs already
 # take seconds. The `smoke` size is ~1e8.
 _CPU_FP16_MAX_FLOPS = 1e9
 

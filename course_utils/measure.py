@@ -3,7 +3,7 @@
 `measure(config)` returns a `Measurement` whose memory fields have the same names as
 `course_utils.memory_model.MemoryEstimate`, so "predicted vs measured" is a subtraction.
 
-How each number is taken (DESIGN.md "Measuring"; shared notes, measurement.md):
+How each number is taken:
 
 * **saved tensors** (`SavedTensorMeter`, the course's one meter):
   ``torch.autograd.graph.saved_tensors_hooks`` around a forward, deduplicated by storage (q, k

@@ -4,7 +4,7 @@
 device, relative to the moment ``fn`` starts, after every allocation and free, with the phases
 that ``fn`` marked with `phase` (e.g. ``forward``, ``backward``, ``optimizer``).
 
-How the events are taken (shared/notes/measurement.md):
+How the events are taken:
 
 * **CPU**: ``torch.profiler.profile(activities=[CPU], profile_memory=True)``; the ``[memory]``
   events of ``prof.profiler.kineto_results`` (size > 0 for an allocation, < 0 for a free) in time

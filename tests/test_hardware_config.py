@@ -22,7 +22,7 @@ def fake_cuda(monkeypatch, name, cc, mem_gib):
                                                                 int(mem_gib * 2**30)))
 
     def is_bf16_supported(including_emulation=True):
-        # What torch reports: True on a T4 when emulation counts (shared notes, measurement.md).
+        # What torch reports: True on a T4 when emulation counts.
         return True if including_emulation else cc >= (8, 0)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
 
