@@ -82,7 +82,20 @@ def test_repository_badges_and_setup_cells_agree_with_the_url():
 
 # --------------------------------------------------------------------------- the command
 
+def _unapply(path):
+    """Remove the setup cell and the badge, as in a notebook the command never touched."""
+    nb = json.loads(path.read_text())
+    nb["cells"] = [c for c in nb["cells"] if c["id"] != colab.SETUP_ID]
+    for c in nb["cells"]:
+        text = "".join(c["source"])
+        if c["cell_type"] == "markdown" and colab._BADGE_RE.search(text):
+            c["source"] = colab._lines(colab._BADGE_RE.sub("", text).replace("\n\n\n", "\n\n"))
+    path.write_text(colab._dumps(nb))
+
+
 def test_sync_writes_badges_and_setup_cells_idempotently(copy):
+    for p in copy.rglob("*.ipynb"):
+        _unapply(p)
     before = {p: _cells(p) for d in ("notebooks", "solutions") for p in sorted((copy / d).glob("*.ipynb"))}
     assert colab.sync(copy, check=True)              # nothing applied yet: disagreements
     colab.sync(copy)
