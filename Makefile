@@ -1,38 +1,72 @@
 # Two commands for a fresh machine (README.md):
-#   make course   set up .venv and open the course in JupyterLab
-#   make test     set up .venv and run the whole test suite (unit, notebooks, grading, browser)
+#   make course   set up .venv with the course's runtime and open JupyterLab on lesson 01
+#   make test     set up .venv with the test tools too and run the whole test suite
 # torch is installed first, pinned here only (the package itself never pins it, so Colab keeps
 # its own build). Override for another build, e.g. make course TORCH_SPEC="torch==2.13.0".
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
+# The learner's runtime (JupyterLab, the nbstripout filter, Hugging Face for lesson 02) and, for
+# `make test` and `make release`, the grader and the test tools on top.
+COURSE_EXTRAS ?= lab,hf
+TEST_EXTRAS ?= lab,hf,grade,test
+# The notebook JupyterLab opens first; the file browser is rooted at the repository.
+FIRST_LESSON := $(firstword $(sort $(wildcard notebooks/01_*.ipynb)))
+LAB_ARGS ?=
 
-.PHONY: setup course test test-ipywidgets7 bench bench-lessons release clean
+.PHONY: setup setup-test git-filter lab course test test-ipywidgets7 bench bench-lessons release clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.course: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[lab,grade,test]"
+	$(BIN)/python -m pip install --quiet -e ".[$(COURSE_EXTRAS)]"
 	touch $@
 
-setup: $(VENV)/.installed
+$(VENV)/.test: pyproject.toml $(VENV)/.course
+	$(BIN)/python -m pip install --quiet -e ".[$(TEST_EXTRAS)]"
+	touch $@
+
+# Outputs of the lessons you run stay in your files and out of git: nbstripout's git filter,
+# with --keep-id because the grader matches cells by id, and the kernel's details that a save
+# adds to language_info stripped too. .gitattributes (tracked) names the filter; this writes the
+# filter's command into .git/config. Skipped outside a git checkout.
+LANGUAGE_INFO_KEYS := $(foreach k,codemirror_mode file_extension mimetype nbconvert_exporter \
+	pygments_lexer version,metadata.language_info.$(k))
+git-filter:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  $(BIN)/nbstripout --install --attributes .gitattributes && \
+	  git config filter.nbstripout.clean '"$(abspath $(BIN))/python" -m nbstripout --keep-id' && \
+	  git config filter.nbstripout.extrakeys "$(LANGUAGE_INFO_KEYS)" && \
+	  echo "git filter: nbstripout --keep-id strips outputs from notebooks as git reads them"; \
+	else echo "not a git checkout: no output filter needed"; fi
+
+setup: $(VENV)/.course git-filter
+
+setup-test: $(VENV)/.test git-filter
 
 # JupyterLab refuses to run as root (containers, workshop VMs) unless told it may.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
+# Serve JupyterLab rooted here (notebooks/ and exercises/ both reachable), open on lesson 01.
+# jupyter_server_config.py: after each save, refresh git's view of a notebook that the filter
+# finds unchanged, so that `git status` stays clean.
+lab:
+	$(BIN)/jupyter lab --config="$(CURDIR)/jupyter_server_config.py" \
+	  --ServerApp.root_dir="$(CURDIR)" $(ROOT_FLAG) $(LAB_ARGS) $(FIRST_LESSON)
+
 course: setup
-	$(BIN)/jupyter lab notebooks/ $(ROOT_FLAG)
+	$(MAKE) --no-print-directory lab
 
 # The widget unit tests again under ipywidgets 7.7 (Colab's): ipywidgets 7.7 and its one extra
 # dependency in a folder put in front of the venv on PYTHONPATH; torch, traitlets and IPython
 # are the venv's (no second torch). The 50-Run memory test does not depend on ipywidgets.
 IPYW7 := $(VENV)/ipywidgets7
 
-$(IPYW7)/.installed: | $(VENV)/.installed
+$(IPYW7)/.installed: | $(VENV)/.test
 	$(BIN)/python -m pip install --quiet --no-deps --target $(IPYW7) "ipywidgets==7.7.*" "ipython_genutils==0.2.*"
 	touch $@
 
@@ -41,7 +75,7 @@ test-ipywidgets7: $(IPYW7)/.installed
 		$(BIN)/python -m pytest -n 2 --dist load tests/test_widgets.py -k "not memory_stays_flat"
 
 # Notebooks run at the 'smoke' size; two workers, one notebook (or test module) each.
-test: setup test-ipywidgets7
+test: setup-test test-ipywidgets7
 	COURSE_SIZE=smoke OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope
 
 bench: setup
@@ -51,11 +85,14 @@ bench: setup
 # profile; a timing table (JSON + Markdown) under results/. Add EMULATE_AVX2=1 on a CPU with bf16
 # instructions to run as on an AVX2-only CPU.
 BENCH_DIR ?= results/lesson-timings-$(shell date +%F)$(if $(EMULATE_AVX2),-avx2,)
-bench-lessons: setup
+bench-lessons: setup-test
 	$(BIN)/python tools/bench_lessons.py --out $(BENCH_DIR) $(if $(EMULATE_AVX2),--emulate-avx2,)
 
-release: setup
+release: setup-test
 	$(BIN)/course-grade release
 
+# Removing the venv removes the filter's program, so the filter's git config goes too.
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache
+	git config --remove-section filter.nbstripout 2>/dev/null || true
+	git config --remove-section diff.ipynb 2>/dev/null || true
