@@ -51,6 +51,9 @@ _ETC_FILES = (
     "/etc/fonts",
     "/etc/localtime",
 )
+# The sandbox's /etc/hosts: its own name and localhost resolve (torchrun's rendezvous and gloo
+# look them up; with no file there, glibc asks DNS, which the empty network namespace lacks).
+_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 # Sets the limits, then replaces itself by the kernel: argv = MEMORY CPU PROGRAM ARGS...
 _LIMITS_WRAPPER = (
     "import os, resource, sys\n"
@@ -224,6 +227,7 @@ def _bwrap_args(sandbox: Sandbox, workdir: Path, env: dict[str, str]) -> list[st
         args += ["--ro-bind-try", path, path]
     for folder in sandbox.read_only:
         args += ["--ro-bind", folder, folder]
+    args += ["--ro-bind", str(workdir / "hosts"), "/etc/hosts"]
     args += [
         "--proc", "/proc",
         "--dev", "/dev",
@@ -251,14 +255,15 @@ def _font_caches() -> list[Path]:
 
 def make_workdir(parent: str | os.PathLike | None = None) -> Path:
     """A new throwaway folder for one kernel: ``home/`` (its working folder), ``tmp/``, ``run/``
-    (connection file and sockets). The home gets a copy of matplotlib's font list, if the
-    grader's user has one (a kernel would spend seconds rebuilding it). Raises OSError if the
-    folder cannot be created."""
+    (connection file and sockets) and ``hosts`` (the sandbox's ``/etc/hosts``: localhost only).
+    The home gets a copy of matplotlib's font list, if the grader's user has one (a kernel would
+    spend seconds rebuilding it). Raises OSError if the folder cannot be created."""
     import tempfile
 
     workdir = Path(tempfile.mkdtemp(prefix="course-grade-", dir=parent))
     for name in ("home", "tmp", "run"):
         (workdir / name).mkdir(mode=0o700)
+    (workdir / "hosts").write_text(_HOSTS)
     fonts = workdir / "home" / ".cache" / "matplotlib"
     for cache in _font_caches():
         fonts.mkdir(parents=True, exist_ok=True)

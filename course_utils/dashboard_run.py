@@ -53,8 +53,9 @@ COMPILE_ALLOWANCE_S = 60.0
 _RECOMPUTE = (("none", 0.0), ("selective", 0.25))
 _FULL_RECOMPUTE = 1 / 3
 
-# A calibration step has at most this many FLOPs: native, emulated bf16, emulated fp16 (CPU
-# fp16 matmuls measured ~215x slower than fp32, shared notes): about a second on a slow laptop.
+# A calibration step has at most this many FLOPs: native, emulated bf16, emulated fp16 (a CPU's
+# fp16 matmuls run two orders of magnitude slower than fp32; `hardware.matmul_probe` measures
+# it): about a second on a slow laptop.
 _CALIBRATION_FLOPS = (("native", 3e10), ("bf16", 6e9), ("fp16", 5e8))
 
 # A model's first (warm-up) step in timed steps (measured 1.1-1.3 at the `cpu` size on the

@@ -382,6 +382,7 @@ def _api(base, token, path, body=None):
 def test_make_lab_serves_the_root_on_lesson_01_and_saves_keep_git_clean(tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    time.sleep(1.1)  # as `make course` installs first: the clone's files are a second old or more
     attributes = (clone / ".gitattributes").read_text()
     subprocess.run(["make", "-s", "git-filter", f"BIN={BIN}"], cwd=clone, check=True,
                    capture_output=True)

@@ -79,6 +79,10 @@ def probe_course(tmp_path, monkeypatch):
         f"subprocess.Popen(['sleep', '{LINGER}'], start_new_session=True)",
         "course_imports": "import matplotlib.pyplot, numpy, pandas, torch, course_utils\n"
         f"assert course_utils.__file__ == {str(ROOT / 'course_utils' / '__init__.py')!r}",
+        "serve_on_localhost": "import socket\n"  # torchrun's rendezvous and gloo do this
+        "with socket.create_server(('localhost', 0)) as srv:\n"
+        "    socket.create_connection(('localhost', srv.getsockname()[1]), timeout=3).close()\n"
+        "assert socket.getaddrinfo(socket.gethostname(), 0)",
         "limits_are_set": "import resource\n"  # --memory 3000 MiB, --timeout 120 s
         "assert resource.getrlimit(resource.RLIMIT_AS) == (3000 << 20, 3000 << 20)\n"
         "assert resource.getrlimit(resource.RLIMIT_CPU)[0] == 2 * 120 + 30",
@@ -117,7 +121,7 @@ def test_sandboxed_learner_code_reaches_nothing_outside_its_copy(probe_course):
     source, folder, csv_path, victim = probe_course
     tests = grade_probes(source, folder, csv_path, sandbox=True)
     allowed = {"write_own_folder", "write_tmp", "leave_a_process", "limits_are_set",
-               "course_imports"}
+               "course_imports", "serve_on_localhost"}
     reached = {name for name, test in tests.items() if test.status == "pass"}
     assert reached == allowed, {n: tests[n].message for n in reached ^ allowed}
     assert "No such file or directory" in tests["read_source"].message

@@ -328,8 +328,11 @@ def test_memory_stays_flat_over_50_runs(quick_chart):
         seen = {}
         for o in gc.get_objects():
             if issubclass(type(o), torch.Tensor) and o.device.type == "cpu":
-                st = o.untyped_storage()
-                seen[st.data_ptr()] = st.nbytes()
+                try:
+                    st = o.untyped_storage()
+                    seen[st.data_ptr()] = st.nbytes()
+                except RuntimeError:  # a FakeTensor that torch.compile keeps (another test's): no memory
+                    continue
         return sum(seen.values())
 
     d = Dashboard(size="smoke", hw=AVX2, background=False, budget_s=0.01)
