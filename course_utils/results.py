@@ -23,13 +23,16 @@ def find_results(start: Path) -> Path | None:
     return None
 
 
-def committed_results(folder: str | Path | None = None) -> pd.DataFrame:
-    """The GPU runs committed under ``results/*/bench.json`` (``course-bench --out``), one row
-    per configuration.
+def committed_results(folder: str | Path | None = None,
+                      devices: tuple[str, ...] | None = ("cuda",)) -> pd.DataFrame:
+    """The runs committed under ``results/*/bench.json`` (``course-bench --out``) on the given
+    kinds of device (default: GPUs only; the maintainers' CPU runs sit there too), one row per
+    configuration.
 
     Args:
         folder: the ``results`` folder (default: ``results/`` in the working directory or the
             nearest parent that has one).
+        devices: device kinds to keep (``"cuda"``, ``"cpu"``, ``"mps"``), or None for every run.
 
     Returns:
         Columns ``run`` (the run's folder name), ``device``, ``size``, ``config``, ``step ms``,
@@ -45,6 +48,8 @@ def committed_results(folder: str | Path | None = None) -> pd.DataFrame:
         try:
             payload = json.loads(path.read_text())
             hw = payload["hardware"]
+            if devices is not None and str(hw["device"]).split(":")[0] not in devices:
+                continue
             for r in payload["rows"]:
                 meas, ratios = r["measured"], r["ratios"]
                 rows.append({
