@@ -218,6 +218,9 @@ def _bwrap_args(sandbox: Sandbox, workdir: Path, env: dict[str, str]) -> list[st
     ]
     for key, value in env.items():
         args += ["--setenv", key, value]
+    # /tmp first: a later mount over /tmp would hide the read-only folders that lie under it (a
+    # course cloned into /tmp); mounted before them, they appear inside the throwaway /tmp.
+    args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(workdir / "tmp"), "/tmp"]
     for link in _SYSTEM_LINKS:
         if os.path.islink(link):
             args += ["--symlink", os.readlink(link), link]
@@ -229,10 +232,7 @@ def _bwrap_args(sandbox: Sandbox, workdir: Path, env: dict[str, str]) -> list[st
         args += ["--ro-bind", folder, folder]
     args += ["--ro-bind", str(workdir / "hosts"), "/etc/hosts"]
     args += [
-        "--proc", "/proc",
-        "--dev", "/dev",
         "--bind", str(workdir / "home"), LEARNER_HOME,
-        "--bind", str(workdir / "tmp"), "/tmp",
         "--bind", str(workdir / "run"), str(workdir / "run"),
         "--chdir", LEARNER_HOME,
         "--",
