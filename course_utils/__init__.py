@@ -22,9 +22,10 @@ from .config import GiB, MiB, ModelShape, RunConfig, config_for, size_profile
 from .data import get_batch
 from .experiments import compare, ladder, summary
 from .hardware import check_feasible, detect, is_emulated, recommend_precision, report, use_threads
-from .measure import Measurement, measure, measure_saved, saved_by_module, saved_bytes
+from .measure import Measurement, measure
 from .memory_model import MemoryEstimate, estimate, parameter_count
 from .models import GPT, build_model
+from .saved_tensors import measure_saved, saved_by_module, saved_bytes
 from .timing import TimeRatio, time_ratio
 from .training import setup, train, train_step
 

@@ -32,7 +32,8 @@ from .checkpointing import parse_policy
 from .config import RunConfig, autocast_dtype, step_flops
 from .formats import short_dtype
 from .hardware import HardwareInfo, is_emulated, recommend_precision
-from .measure import SavedTensorMeter, memory_step, warm_up
+from .measure import memory_step, warm_up
+from .saved_tensors import SavedTensorMeter
 from .timing import MIN_ROUNDS, steps_for_budget, time_step
 from .training import setup, train_step
 

@@ -25,8 +25,8 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 
 from .config import RunConfig, config_for
 from .data import get_batch
-from .measure import SavedTensorMeter, measure_saved, saved_bytes
 from .models import build_model
+from .saved_tensors import SavedTensorMeter, measure_saved, saved_bytes
 from .timeline import peak_during
 from .timing import TimeRatio, time_ratio
 

@@ -24,8 +24,8 @@ the saved tensors wherever they are kept, selective checkpointing's cache includ
 output). On CUDA they read the allocator's counters (``max_memory_allocated``,
 ``memory_allocated``) instead of a timeline. Phases do not nest.
 
-The tensors autograd saves for backward are counted by `course_utils.measure.SavedTensorMeter`
-(and `course_utils.measure.saved_by_module`), not here.
+The tensors autograd saves for backward are counted by `course_utils.saved_tensors.SavedTensorMeter`
+(and `course_utils.saved_tensors.saved_by_module`), not here.
 """
 from __future__ import annotations
 

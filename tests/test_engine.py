@@ -15,9 +15,10 @@ from course_utils.checkpointing import Checkpointed, apply_checkpointing, segmen
 from course_utils.config import config_for
 from course_utils.data import corpus_bytes, get_batch
 from course_utils.experiments import compare
-from course_utils.measure import measure, measure_saved, saved_bytes
+from course_utils.measure import measure
 from course_utils.memory_model import estimate, parameter_count
 from course_utils.models import build_model
+from course_utils.saved_tensors import measure_saved, saved_by_module, saved_bytes
 from course_utils.training import setup, train, train_step
 
 measure_mod = sys.modules["course_utils.measure"]
@@ -168,7 +169,7 @@ def test_measure_and_compare_leave_no_tensors_behind():
         model = build_model(cfg.replace(checkpoint=policy))
         measure_saved(model, x, y, "bf16")
         saved_bytes(lambda: model(x, y), model=model)
-        measure_mod.saved_by_module(model, lambda: model(x, y))
+        saved_by_module(model, lambda: model(x, y))
 
     for policy in ("none", "full", "selective"):
         forward_only(policy)

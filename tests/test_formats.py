@@ -22,9 +22,9 @@ from course_utils.formats import (
     underflow_table,
 )
 from course_utils.gradients import capture_gradients
-from course_utils.measure import SavedTensorMeter, measure_saved
 from course_utils.models import build_model
 from course_utils.recorder import OpDtypeRecorder
+from course_utils.saved_tensors import SavedTensorMeter, measure_saved
 
 FP16_SUB = 2.0 ** -24          # fp16's smallest subnormal (IEEE 754 binary16)
 

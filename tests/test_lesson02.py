@@ -25,9 +25,9 @@ import course_utils.checkpointing as ck
 from course_utils import exercise02, plots, timeline
 from course_utils.config import config_for
 from course_utils.data import get_batch
-from course_utils.measure import SavedTensorMeter, measure_saved, saved_by_module, saved_bytes
 from course_utils.memory_model import block_bytes_per_token
 from course_utils.models import build_model
+from course_utils.saved_tensors import SavedTensorMeter, measure_saved, saved_by_module, saved_bytes
 from course_utils.timeline import Phase, Timeline, allocated_after, memory_timeline, peak_bytes, phase
 
 MB = 1 << 20
