@@ -43,7 +43,13 @@ import torch
 from torch import nn
 
 from .config import GiB, RunConfig
-from .memory_model import SCALE_MODELS, block_bytes_per_token, parameter_count, scale_config
+from .memory_model import (
+    SCALE_MODELS,
+    MemoryEstimate,
+    block_bytes_per_token,
+    parameter_count,
+    scale_config,
+)
 from .memory_model import estimate as full_estimate
 
 __all__ = [
@@ -161,32 +167,18 @@ def setup(config: RunConfig, rank: int = 8, alpha: float = 16.0, targets=TARGETS
 
 
 @dataclass
-class LoraEstimate:
-    """Estimated bytes of one LoRA training step; field names as `MemoryEstimate`'s.
+class LoraEstimate(MemoryEstimate):
+    """Estimated bytes of one LoRA training step: `MemoryEstimate`'s fields, where
+    ``parameters`` is the frozen base + fp32 adapters, ``gradients`` and ``optimizer_state`` the
+    adapters' (module docstring), plus:
 
     Attributes:
-        parameters: frozen base + fp32 adapters. gradients, optimizer_state: the adapters'.
-        activations, autocast_weight_copies, logits, peak_allocated, recompute: bytes (module
-            docstring). n_parameters: base parameters ``N``; n_adapter: adapter parameters.
+        rank: the adapters' rank ``r``.
+        n_adapter: adapter parameters.
     """
 
-    config: RunConfig
     rank: int
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    activations: int
-    autocast_weight_copies: int
-    logits: int
-    peak_allocated: int
-    recompute: int
-    n_parameters: int
     n_adapter: int
-
-    @property
-    def saved_total(self) -> int:
-        """All saved-tensor bytes: activations + autocast weight copies + logits."""
-        return self.activations + self.autocast_weight_copies + self.logits
 
 
 def estimate(config: RunConfig, rank: int = 8, targets=TARGETS,

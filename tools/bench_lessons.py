@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
@@ -61,21 +62,14 @@ def run_notebook(path: Path, timeout: float, env: dict) -> dict:
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     nb = nbformat.read(path, as_version=4)
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the kernel inherits this process's environment
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
                             resources={"metadata": {"path": str(path.parent)}})
     status, t0 = "ok", time.perf_counter()
     try:
-        client.execute()
+        with mock.patch.dict(os.environ, env):  # the kernel inherits this process's environment
+            client.execute()
     except (CellExecutionError, CellTimeoutError) as e:
         status = f"error: {str(e).strip().splitlines()[-1][:200]}"
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     wall = time.perf_counter() - t0
     cells = [{"id": c.get("id"), "seconds": _seconds(c)} for c in nb.cells
              if c.cell_type == "code"]
@@ -135,16 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_lessons: --out {args.out} is a file", file=sys.stderr)
         return 2
     env = dict(AVX2) if args.emulate_avx2 else {}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with mock.patch.dict(os.environ, env):
         info = machine()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     report = {"command": "python tools/bench_lessons.py " + " ".join(sys.argv[1:] if argv is None
                                                                      else argv),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
