@@ -31,7 +31,6 @@ Activation Checkpointing Techniques in PyTorch" (2025); torchtitan
 """
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
@@ -47,7 +46,8 @@ from torch.utils.checkpoint import (
 
 __all__ = ["MODES", "Policy", "parse_policy", "segment_bounds", "apply_checkpointing",
            "run_blocks", "checkpoint_every_segment", "Checkpointed", "CompiledUnderBudget",
-           "SAVE", "save_matmuls_and_attention", "RecordingPolicy", "recording_policies"]
+           "SAVE", "save_matmuls_and_attention", "SelectiveContexts", "sac_kept",
+           "selective_contexts"]
 
 #: The policy names, as written in a config (K, N: integers from 1 to the number of blocks;
 #: B: a fraction from 0 to 1).
@@ -206,36 +206,56 @@ def save_matmuls_and_attention(ctx, op, *args, **kwargs):
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-class RecordingPolicy:
-    """A selective-checkpointing policy that remembers what it kept, for the meter.
+class SelectiveContexts:
+    """``checkpoint``'s ``context_fn`` for selective checkpointing with ``policy``, whose kept
+    tensors the saved-tensor meter can count.
 
-    Calls ``policy`` and, while ``kept`` is a list (the meter sets one for the duration of a
-    forward; it is None otherwise), appends ``(device, storage pointer, nbytes, shape, dtype)``
-    for every tensor the policy keeps in the forward pass. It stores no tensor, so it keeps
-    nothing alive. (Tensors kept by SAC live in SAC's cache, where saved-tensor hooks cannot
-    see them.)
+    Calling it returns ``create_selective_checkpoint_contexts(policy)``, the pair of context
+    managers that ``torch.utils.checkpoint.checkpoint`` runs the forward and the recomputation
+    in. Tensors that SAC keeps live in the cache of the forward's context (its ``storage``), out
+    of the sight of saved-tensor hooks; while ``recording`` is a list (the meter sets one for one
+    forward; it is None otherwise), each forward context made is appended to it, and `sac_kept`
+    reads the cache after the forward.
+
+    The cache is read rather than the policy's ``ctx.op_output``, which only recent torch passes
+    (torch 2.11 has no such field, so counting from it silently gave full checkpointing's bytes).
     """
 
     def __init__(self, policy=save_matmuls_and_attention):
         self.policy = policy
-        self.kept: list | None = None
+        self.recording: list | None = None
 
-    def __call__(self, ctx, op, *args, **kwargs):
-        decision = self.policy(ctx, op, *args, **kwargs)
-        if (self.kept is not None and not ctx.is_recompute
-                and decision in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)):
-            for t in tree_leaves(getattr(ctx, "op_output", None)):
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    self.kept.append((str(t.device), st.data_ptr(), st.nbytes(), tuple(t.shape),
-                                      t.dtype))
-        return decision
+    def __call__(self):
+        forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(self.policy)
+        if self.recording is not None:
+            self.recording.append(forward_ctx)
+        return forward_ctx, recompute_ctx
 
 
-def recording_policies(model: nn.Module) -> list[RecordingPolicy]:
-    """The `RecordingPolicy` objects of ``model``'s selective-checkpointing regions."""
-    return [m.sac_policy for m in model.modules()
-            if isinstance(getattr(m, "sac_policy", None), RecordingPolicy)]
+def sac_kept(forward_contexts) -> list[torch.Tensor] | None:
+    """The tensors that selective checkpointing's forward ``forward_contexts`` kept for backward.
+
+    Reads each context's cache (``storage``: in every torch from 2.4 on a dict whose leaves wrap
+    the kept outputs in an object with a ``val`` tensor; ops marked for recomputation leave a
+    marker instead). Returns None when a context has no readable cache (a torch whose SAC is
+    built otherwise): the caller must then report the saved bytes as not measured, never as 0.
+    """
+    kept = []
+    for ctx in forward_contexts:
+        storage = getattr(ctx, "storage", None)
+        if not isinstance(storage, dict):
+            return None
+        for leaf in tree_leaves(storage):
+            val = getattr(leaf, "val", None)
+            if isinstance(val, torch.Tensor):
+                kept.append(val)
+    return kept
+
+
+def selective_contexts(model: nn.Module) -> list[SelectiveContexts]:
+    """The `SelectiveContexts` of ``model``'s selective-checkpointing regions."""
+    return [m.context_fn for m in model.modules()
+            if isinstance(m, Checkpointed) and isinstance(m.context_fn, SelectiveContexts)]
 
 
 # --- one function per mode ----------------------------------------------------------------
@@ -257,13 +277,7 @@ def _apply_segments(layers, arg):
 
 
 def _apply_selective(layers, arg):
-    units = []
-    for b in layers:
-        policy = RecordingPolicy(save_matmuls_and_attention)
-        unit = Checkpointed([b], functools.partial(create_selective_checkpoint_contexts, policy))
-        unit.sac_policy = policy
-        units.append(unit)
-    return units
+    return [Checkpointed([b], SelectiveContexts(save_matmuls_and_attention)) for b in layers]
 
 
 def _apply_memory_budget(layers, arg):

@@ -62,6 +62,8 @@ class Measurement:
         logits: saved-tensor bytes of the final LayerNorm, head and loss (fp32 log-softmax).
         peak_allocated: peak bytes allocated during one step (None where the backend cannot
             tell; ``peak_method`` says how it was taken or why not).
+        saved_method: how the saved-tensor fields were taken, or why they are None (a torch
+            whose selective-checkpointing cache the meter cannot read).
         peak_reserved: CUDA caching-allocator peak reserved bytes above the step's start (None
             elsewhere).
         step_times_s: every timed step (seconds), in order.
@@ -84,6 +86,7 @@ class Measurement:
     peak_allocated: int | None = None
     peak_reserved: int | None = None
     peak_method: str = ""
+    saved_method: str = ""
     step_times_s: list = field(default_factory=list)
     step_time_s: float | None = None
     step_time_iqr_s: float | None = None
@@ -162,7 +165,8 @@ def memory_step(state) -> dict:
     forward, the gradient bytes, the optimizer state and the peak (see the module docstring).
 
     Returns:
-        ``{field: bytes}`` for `MEMORY_FIELDS`, plus ``peak_reserved``, ``peak_method`` and
+        ``{field: bytes}`` for `MEMORY_FIELDS` (the saved-tensor ones None when not measurable
+        here), plus ``peak_reserved``, ``peak_method``, ``saved_method`` and
         ``step_s`` (seconds of that step, profiler overhead included on a CPU).
     """
     cfg = state.config
@@ -219,7 +223,12 @@ def memory_step(state) -> dict:
         leave()
         for h in handles:
             h.remove()
-    out.update(meter.totals())
+    if meter.unmeasured:  # never a silently wrong number: None, with the reason
+        out.update(dict.fromkeys(("activations", "autocast_weight_copies", "logits")))
+        out["saved_method"] = f"not measured here: {meter.unmeasured}"
+    else:
+        out.update(meter.totals())
+        out["saved_method"] = "saved-tensor hooks, by storage (+ selective checkpointing's cache)"
     out["gradients"] = sum(grads.values())
     return out
 

@@ -6,7 +6,9 @@ are views of one ``qkv`` storage) and leaves parameters out; autocast's low-prec
 copies (a tensor whose autograd history is a chain of single-input nodes ending at a
 parameter's ``AccumulateGrad``) go to ``autocast_weight_copies``; tensors saved from the final
 LayerNorm on (head, loss) go to ``logits``. Tensors kept by selective checkpointing live in
-SAC's own cache, out of the hooks' sight; the model's `RecordingPolicy` objects report them.
+SAC's own cache, out of the hooks' sight; the meter reads that cache through the model's
+`course_utils.checkpointing.SelectiveContexts` (on any torch the course supports; where the cache
+cannot be read, ``unmeasured`` says why and the totals must not be used).
 
 The pack hook returns ``t.detach()`` and the meter keeps no tensor: a hook that returned ``t``
 itself would close a reference cycle through autograd's C++ graph for every tensor an op saves
@@ -21,7 +23,7 @@ import contextlib
 import pandas as pd
 import torch
 
-from .checkpointing import recording_policies
+from .checkpointing import sac_kept, selective_contexts
 
 __all__ = ["SavedTensorMeter", "measure_saved", "saved_bytes", "saved_by_module", "storage_bytes"]
 
@@ -76,7 +78,8 @@ class SavedTensorMeter:
                             for p in model.parameters()}
         self._seen: dict = {}
         self._stack: list = []
-        self._policies: list = []
+        self._sac: list = []
+        self.unmeasured: str | None = None
         self.region = "activations"
         self._exit = contextlib.ExitStack()
 
@@ -110,15 +113,16 @@ class SavedTensorMeter:
 
     def __enter__(self):
         self._seen.clear()
+        self.unmeasured = None
         self.region = "activations"
         if self.model is not None:
             ln_f = getattr(self.model, "ln_f", None)
             if isinstance(ln_f, torch.nn.Module):
                 h = ln_f.register_forward_pre_hook(lambda *_: setattr(self, "region", "logits"))
                 self._exit.callback(h.remove)
-            self._policies = recording_policies(self.model)
-            for p in self._policies:
-                p.kept = []
+            self._sac = selective_contexts(self.model)
+            for c in self._sac:
+                c.recording = []
             if self.by_module:
                 for name, sub in self.model.named_modules():
                     h1 = sub.register_forward_pre_hook(self._enter_module(name, sub))
@@ -133,11 +137,17 @@ class SavedTensorMeter:
         try:
             return self._exit.__exit__(*exc)
         finally:
-            for p in self._policies:
-                for dev, ptr, nbytes, shape, dtype in p.kept or ():
-                    self._record((dev, ptr), nbytes, "activations", shape, dtype, "SAC cache")
-                p.kept = None
-            self._policies = []
+            for c in self._sac:
+                kept = sac_kept(c.recording or ())
+                if kept is None:
+                    self.unmeasured = (f"this torch ({torch.__version__}) keeps selective "
+                                       "checkpointing's tensors where the meter cannot read them")
+                for t in kept or ():
+                    st = t.untyped_storage()
+                    self._record((str(t.device), st.data_ptr()), st.nbytes(), "activations",
+                                 tuple(t.shape), t.dtype, "SAC cache")
+                c.recording = None
+            self._sac = []
             self._stack.clear()
 
     @property
