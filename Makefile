@@ -75,12 +75,13 @@ $(IPYW7)/.installed: | $(VENV)/.test
 	touch $@
 
 test-ipywidgets7: $(IPYW7)/.installed
-	PYTHONPATH=$(abspath $(IPYW7))$(if $(PYTHONPATH),:$(PYTHONPATH)) COURSE_IPYWIDGETS=7.7 COURSE_SIZE=smoke OMP_NUM_THREADS=1 \
+	PYTHONPATH=$(abspath $(IPYW7))$(if $(PYTHONPATH),:$(PYTHONPATH)) COURSE_IPYWIDGETS=7.7 COURSE_SIZE=smoke COURSE_STRICT_ESTIMATES=1 OMP_NUM_THREADS=1 \
 		$(BIN)/python -m pytest -n 2 --dist load tests/test_widgets.py -k "not memory_stays_flat"
 
-# Notebooks run at the 'smoke' size; two workers, one notebook (or test module) each.
+# Notebooks run at the 'smoke' size; two workers, one notebook (or test module) each. A measurement
+# that differs from the analytic estimate fails the run (COURSE_STRICT_ESTIMATES=1, course_utils.measure).
 test: setup-test test-ipywidgets7
-	COURSE_SIZE=smoke OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope
+	COURSE_SIZE=smoke COURSE_STRICT_ESTIMATES=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope
 
 bench: setup
 	$(BIN)/course-bench --out bench-out

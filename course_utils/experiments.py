@@ -14,7 +14,15 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .config import SIZE_PROFILES, MiB, RunConfig, size_profile
-from .measure import EMULATED_TIMING, MEMORY_FIELDS, Measurement, OutOfMemory, memory_step, warm_up
+from .measure import (
+    EMULATED_TIMING,
+    MEMORY_FIELDS,
+    Measurement,
+    OutOfMemory,
+    memory_step,
+    report_gaps,
+    warm_up,
+)
 from .memory_model import estimate
 from .timing import default_budget_s, interleaved, time_ratio
 from .training import setup, train_step
@@ -148,6 +156,7 @@ def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
     rows = []
     for m in ms:
         e = estimate(m.config)
+        report_gaps(m, e)  # a large disagreement is told, never left for the learner to spot
         row = m.as_row()
         for f in MEMORY_FIELDS + ("saved_total",):
             row[f"est_{f}"] = getattr(e, f)

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 import course_utils.checkpointing as ck
+import course_utils.saved_tensors as meter_module
 from course_utils.config import config_for
 from course_utils.data import get_batch
-from course_utils.measure import measure
+from course_utils.experiments import compare
+from course_utils.measure import STRICT_ENV, EstimateGap, measure
 from course_utils.memory_model import estimate
 from course_utils.models import build_model
 from course_utils.saved_tensors import measure_saved
@@ -77,3 +79,18 @@ def test_measure_says_how_the_saved_bytes_were_taken():
     m = measure(SMOKE.replace(checkpoint="selective"), timed=False)
     assert m.activations == estimate(m.config).activations
     assert "selective checkpointing's cache" in m.saved_method
+
+
+def test_a_meter_that_misses_sacs_cache_is_caught_by_the_estimate(monkeypatch):
+    # The bug as it was on torch 2.11: the cache's tensors invisible, so `selective` read as
+    # `full`. Comparing with the estimate tells the learner (a warning and a note under the
+    # row) and fails the tests (strict mode, which the test suite and the matrix set).
+    monkeypatch.setattr(meter_module, "sac_kept", lambda contexts: [])
+    cfg = SMOKE.replace(checkpoint="selective")
+    monkeypatch.setenv(STRICT_ENV, "0")
+    with pytest.warns(EstimateGap, match=r"saved tensors: measured .* MiB, estimated .* MiB \(-\d+%\)"):
+        df = compare([cfg], timed=False, progress=False)
+    assert "differs from the analytic estimate" in df["notes"][0]
+    monkeypatch.setenv(STRICT_ENV, "1")
+    with pytest.raises(AssertionError, match="selective"):
+        compare([cfg], timed=False, progress=False)
