@@ -8,7 +8,10 @@ import gc
 import io
 import os
 import re
+import sys
+import threading
 import time
+import types
 
 import ipywidgets
 import pytest
@@ -298,9 +301,14 @@ def test_the_progress_bar_moves_and_stop_works_from_another_thread(quick_chart):
     """As in a kernel: the click returns at once, the Run goes on in a worker thread, the bar
     moves step by step, and Stop (pressed on this thread) ends the Run between two steps."""
     step = CostlyStep(1e-8)
-    d = Dashboard(size="smoke", hw=AVX2, step_fn=step, budget_s=30.0)
-    values = []
-    d.progress.observe(lambda ch: values.append(ch["new"]), names="value")
+    d = Dashboard(size="smoke", hw=AVX2, step_fn=step, budget_s=30.0, background=True)
+    assert d.stop_button.layout.display != "none"
+    values, threads = [], set()
+
+    def seen(ch):
+        values.append(ch["new"])
+        threads.add(threading.current_thread())
+    d.progress.observe(seen, names="value")
     d.checkpoint.value = "full"
     t0 = time.perf_counter()
     d.run_button.click()
@@ -317,6 +325,75 @@ def test_the_progress_bar_moves_and_stop_works_from_another_thread(quick_chart):
     assert d.last_hook.count <= values[-1] + 1 < planned  # no step after the one running
     moving = [v for v in values if v > 0]
     assert len(set(moving)) >= 6 and moving == sorted(moving)
+    assert threading.main_thread() not in threads  # every update came from the worker thread
+
+
+def test_a_synchronous_run_moves_the_bar_from_the_kernels_thread(quick_chart):
+    """Where background updates do not render (Colab), a click runs the Run on the caller's
+    thread: the click returns when it is done, the bar moved during the Run (each step sees
+    the value the step before it set) and every update came from that thread; Stop is hidden."""
+    d = Dashboard(size="smoke", hw=AVX2, background=False)
+    assert d.stop_button.layout.display == "none" and "no Stop button" in text(d.header.value)
+    d.run()  # calibrates fp32, so the next Run has a plan with its steps
+    updates, during = [], []
+
+    def seen(ch):
+        updates.append((ch["new"], threading.current_thread()))
+    d.progress.observe(seen, names="value")
+
+    def step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+        during.append((d.progress.value, threading.current_thread()))
+        return train_step(model, optimizer, scaler, micro_batches, dtype, max_grad_norm)
+    d.step_fn = step
+    d.checkpoint.value = "full"
+    d.run_button.click()
+    assert len(d.history) == 3 and d.progress_label.value == "done"  # the click ran it all
+    here = threading.current_thread()
+    assert {t for _, t in updates} == {here} and {t for _, t in during} == {here}
+    seen_by_steps = [v for v, _ in during]
+    assert seen_by_steps == list(range(len(during))) and len(during) >= 6  # moved step by step
+    moving = [v for v, _ in updates if v > 0]
+    assert moving[:len(during)] == list(range(1, len(during) + 1))
+    assert not d.run_button.disabled
+
+
+def test_a_kernel_interrupt_stops_a_synchronous_run(quick_chart):
+    """A synchronous Run has no Stop button: interrupting the kernel (KeyboardInterrupt in
+    the callback) stops it, and the dashboard says so and stays usable."""
+    d = Dashboard(size="smoke", hw=AVX2, background=False)
+    d.run()
+    rows = len(d.history)
+
+    def interrupted(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+        if d.last_hook.count == 2:
+            raise KeyboardInterrupt
+        return train_step(model, optimizer, scaler, micro_batches, dtype, max_grad_norm)
+    d.step_fn = interrupted
+    d.checkpoint.value = "full"
+    d.run_button.click()
+    assert "interrupt" in text(d.message.value) and len(d.history) == rows
+    assert d.progress_label.value == "stopped after 2 step(s)" and not d.run_button.disabled
+
+
+def test_colab_runs_synchronously_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv(W.MODE_ENV, raising=False)
+    assert W.background_updates_render()[0] and Dashboard(size="smoke", hw=AVX2).background
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    renders, why = W.background_updates_render()
+    assert not renders and "colabtools#3373" in why
+    d = Dashboard(size="smoke", hw=AVX2)
+    assert not d.background and d.stop_button.layout.display == "none"
+    assert "Colab" in text(d.header.value)
+    assert Dashboard(size="smoke", hw=AVX2, background=True).background  # the argument wins
+    monkeypatch.setenv(W.MODE_ENV, "thread")  # then the environment variable
+    d = Dashboard(size="smoke", hw=AVX2)
+    assert d.background and d.stop_button.layout.display != "none"
+    monkeypatch.delitem(sys.modules, "google.colab")
+    monkeypatch.setenv(W.MODE_ENV, "sync")
+    assert not Dashboard(size="smoke", hw=AVX2).background
+    monkeypatch.setenv(W.MODE_ENV, "later")
+    with pytest.raises(ValueError, match="COURSE_DASHBOARD"):
+        Dashboard(size="smoke", hw=AVX2)
 
 
 def test_memory_stays_flat_over_50_runs(quick_chart):
