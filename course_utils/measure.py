@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import RunConfig
+from .config import RunConfig, size_profile
 from .data import get_batch
+from .guard import check_feasible
+from .hardware import detect, is_emulated
 from .saved_tensors import SavedTensorMeter, storage_bytes
 from .timeline import peak_during
 from .timing import default_budget_s, spread, steps_for_budget, time_step
@@ -244,7 +246,7 @@ def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | No
         warmup: optimizer steps before measuring (>= 1: AdamW's state must exist; on a CPU
             they run on a tiny batch where the precision is emulated).
         timed: False measures memory only (one step).
-        force: run configurations that `course_utils.hardware.check_feasible` refuses.
+        force: run configurations that `course_utils.guard.check_feasible` refuses.
         step_fn: the training step (default `course_utils.training.train_step`).
         hw: the `HardwareInfo` of ``config.device`` (default: detected).
 
@@ -259,8 +261,6 @@ def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | No
             ``budget_s``, a device this machine lacks, or a configuration `check_feasible`
             refuses (unless ``force``).
     """
-    from .config import size_profile
-    from .hardware import check_feasible, detect, is_emulated
     _check_count("steps", steps)
     _check_count("warmup", warmup, allow_none=False)
     if budget_s is not None and not budget_s > 0:

@@ -55,7 +55,8 @@ from .dashboard_report import (
 )
 from .dashboard_run import StepClock, StepHook, Stopped, plan_run, run_configs
 from .experiments import compare
-from .hardware import HardwareInfo, check_feasible, detect, recommend_precision
+from .guard import check_feasible
+from .hardware import HardwareInfo, detect, recommend_precision
 from .measure import OutOfMemory
 from .memory_model import estimate
 from .plots import dashboard_chart

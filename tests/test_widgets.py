@@ -5,6 +5,7 @@ Runs on ipywidgets 8 (the main venv) and 7.7 (Colab's; `make test` runs this fil
 ipywidgets 7.7 in front of the venv's site-packages).
 """
 import gc
+import html
 import io
 import os
 import re
@@ -18,8 +19,9 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
+from course_utils import guard
 from course_utils import widgets as W
-from course_utils.config import config_for
+from course_utils.config import GiB, MiB, config_for
 from course_utils.dashboard_run import StepClock, calibration_config, effective_flops, run_configs
 from course_utils.experiments import _table
 from course_utils.hardware import HardwareInfo, detect, is_emulated, recommend_precision
@@ -424,6 +426,32 @@ def test_memory_stays_flat_over_50_runs(quick_chart):
     after = live_tensor_bytes()
     assert len(d.history) == 100 and (d.history["status"] == "ok").all()
     assert after - before < model_bytes / 4, (before, after)
+
+
+def test_a_run_over_the_containers_memory_limit_is_refused_not_killed(tmp_path, monkeypatch):
+    """On a hub with a memory limit below the host's free RAM, a Run whose estimated peak
+    does not fit under the limit is refused with a message (the kernel would be OOM-killed)."""
+    (tmp_path / "meminfo").write_text(f"MemAvailable: {64 * GiB // 1024} kB\n")
+    (tmp_path / "self").write_text("0::/\n")
+    (tmp_path / "cg").mkdir()
+    (tmp_path / "cg" / "memory.max").write_text(str(GiB))
+    (tmp_path / "cg" / "memory.current").write_text(str(GiB - 30 * MiB))
+    for name, path in (("MEMINFO", "meminfo"), ("CGROUP_ROOT", "cg"), ("PROC_CGROUP", "self")):
+        monkeypatch.setattr(guard, name, str(tmp_path / path))
+    fake = FakeCompare()
+    d = Dashboard(size="smoke", hw=AVX2, compare_fn=fake, background=False)
+    d.batch_size.value = 64  # estimated peak ~27 MiB: more than 80% of the 30 MiB left
+    assert estimate(d.current_config()).peak_allocated > 0.8 * 30 * MiB
+    assert "refused" in text(d.preview.value)
+    d.run_button.click()
+    msg = html.unescape(text(d.message.value))
+    assert "not run:" in msg and "container's memory limit (cgroup v2: 1.00 GiB" in msg
+    assert re.search(r"batch \d+ fits by the estimate", msg)
+    assert fake.calls == [] and d.history.empty and not d.run_button.disabled
+    d.batch_size.value = 4  # fits: the Run goes ahead
+    d.clock = seeded_clock(*run_configs(d.current_config(), AVX2))
+    d.run_button.click()
+    assert len(fake.calls) == 1 and len(d.history) == 1
 
 
 def test_policy_that_does_not_fit_is_a_message_not_a_traceback(quick_chart):
