@@ -454,6 +454,19 @@ def test_a_run_over_the_containers_memory_limit_is_refused_not_killed(tmp_path, 
     assert len(fake.calls) == 1 and len(d.history) == 1
 
 
+def test_on_mps_the_dashboard_says_that_peaks_are_measured_on_the_cpu(quick_chart):
+    """MPS has no peak-memory counter: `memory_step` takes the peak on the CPU
+    (tests/test_hardware_config.py), and the dashboard says so before and after a Run."""
+    mps = HardwareInfo(device="mps", name="Apple M2 (test)", native_bf16=True, fp16_fast=True)
+    fake = FakeCompare()
+    d = Dashboard(size="smoke", hw=mps, compare_fn=fake, background=False)
+    d.clock = seeded_clock(*run_configs(d.current_config(), mps))
+    assert "peak is measured by one step" in text(d.preview.value)
+    d.run_button.click()
+    assert len(fake.calls) == 1
+    assert "note: MPS has no peak-memory counter: the peak is measured" in text(d.message.value)
+
+
 def test_policy_that_does_not_fit_is_a_message_not_a_traceback(quick_chart):
     fake = FakeCompare()
     d = Dashboard(size="smoke", hw=AVX2, compare_fn=fake, background=False,
