@@ -114,3 +114,20 @@ def test_mps_runs_are_told_that_their_peak_is_measured_on_the_cpu():
     mps = HardwareInfo(device="mps", name="Apple MPS", native_bf16=True, fp16_fast=True)
     notes = check_feasible(config_for("smoke", device="cpu", precision="bf16"), mps)
     assert hardware.MPS_PEAK_NOTE in notes and "no peak-memory counter" in hardware.MPS_PEAK_NOTE
+
+
+def test_the_guard_sits_above_hardware_and_the_memory_model():
+    """The imports (function-local ones included) go one way: guard -> hardware, memory_model
+    -> config; neither of the two imports the guard back, and hardware does not import the
+    memory model (the old circle config -> hardware -> memory_model -> config)."""
+    import ast
+    from pathlib import Path
+
+    import course_utils
+
+    def imports(name):
+        tree = ast.parse((Path(course_utils.__file__).parent / f"{name}.py").read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+    assert {"hardware", "memory_model", "config"} <= imports("guard")
+    assert not {"guard", "memory_model"} & imports("hardware")
+    assert not {"guard", "hardware"} & imports("memory_model")
