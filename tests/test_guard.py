@@ -98,6 +98,22 @@ def test_course_bench_refuses_under_the_cgroup_limit(tmp_path, monkeypatch, caps
     assert "container's memory limit" in capsys.readouterr().err
 
 
+def test_the_batch_search_stays_under_the_cgroup_limit(tmp_path, monkeypatch):
+    """`search.largest_batch` under a budget far above a container's limit: batches whose
+    estimate does not fit under the limit are refused (recorded as not fitting), not run."""
+    from course_utils import search
+    fake_machine(tmp_path, monkeypatch, ram=64 * GiB, limit=GiB, usage=GiB - 30 * MiB)
+    cfg = config_for("smoke", device="cpu")
+    found = search.largest_batch(cfg, 4 * GiB, max_batch=256, steps=1)
+    room = 0.8 * 30 * MiB
+
+    def est(b):
+        return estimate(cfg.replace(batch_size=b)).peak_allocated
+    assert found.batch_size >= 1 and est(found.batch_size) <= room
+    refused = [p for p in found.probes if p.oom]
+    assert refused and all(est(p.batch_size) > room and p.peak_allocated is None for p in refused)
+
+
 def test_a_run_larger_than_free_memory_is_refused_with_a_batch_that_fits(monkeypatch):
     monkeypatch.setattr(guard, "memory_headroom", lambda hw: (4 * GiB, "of RAM free now"))
     hw = hardware.detect("cpu")
