@@ -15,7 +15,7 @@ TEST_EXTRAS ?= lab,hf,grade,test
 FIRST_LESSON := $(firstword $(sort $(wildcard notebooks/01_*.ipynb)))
 LAB_ARGS ?=
 
-.PHONY: setup setup-test git-filter lab course test test-ipywidgets7 bench bench-lessons release clean
+.PHONY: setup setup-test git-filter lab course test test-ipywidgets7 test-matrix bench bench-lessons release clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,15 @@ test-ipywidgets7: $(IPYW7)/.installed
 # that differs from the analytic estimate fails the run (COURSE_STRICT_ESTIMATES=1, course_utils.measure).
 test: setup-test test-ipywidgets7
 	COURSE_SIZE=smoke COURSE_STRICT_ESTIMATES=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadscope
+
+# The support matrix (noxfile.py): lessons, solutions and widget tests on Colab's versions, the
+# declared floor and the newest torch, each in its own environment (about 3 GB of PyPI's torch
+# each); writes results/support-matrix/<stack>.json. STACKS="colab" runs one. Not part of CI.
+# Where pyenv is installed, its Pythons are made visible to nox's interpreter search.
+test-matrix: $(VENV)/.course
+	$(BIN)/python -m pip install --quiet "nox>=2024.4"
+	$(if $(shell command -v pyenv 2>/dev/null),PYENV_VERSION=$(shell pyenv versions --bare | paste -sd: -),) \
+	  $(BIN)/nox -f noxfile.py $(if $(STACKS),-s $(STACKS),)
 
 bench: setup
 	$(BIN)/course-bench --out bench-out

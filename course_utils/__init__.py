@@ -21,7 +21,8 @@ from .claims import CLAIMS, Verdict, claims_table, verdict
 from .config import GiB, MiB, ModelShape, RunConfig, config_for, size_profile
 from .data import get_batch
 from .experiments import compare, ladder, summary
-from .hardware import check_feasible, detect, is_emulated, recommend_precision, report, use_threads
+from .guard import check_feasible
+from .hardware import detect, is_emulated, recommend_precision, report, use_threads
 from .measure import Measurement, measure
 from .memory_model import MemoryEstimate, estimate, parameter_count
 from .models import GPT, build_model

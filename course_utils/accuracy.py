@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import RunConfig
+from .guard import check_feasible
 from .training import TrainHistory, evaluate, setup, train_step
 
 __all__ = [
@@ -167,10 +168,9 @@ def train_arms(config: RunConfig, arms, steps: int, eval_every: int | None = Non
 
     Raises:
         ValueError: no arms, repeated labels, bad counts, or an arm's configuration that
-            `course_utils.hardware.check_feasible` refuses (fp16 above a tiny size on a CPU
+            `course_utils.guard.check_feasible` refuses (fp16 above a tiny size on a CPU
             without fp16 instructions), unless ``force``: all before anything runs.
     """
-    from .hardware import check_feasible
     arms = list(arms)
     if not arms:
         raise ValueError("train_arms needs at least one Arm.")

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``course-bench``. Exit status 0 on success, 2 on bad arguments or a refused
     configuration (nothing is measured then)."""
     from .experiments import compare, ladder, summary
-    from .hardware import check_feasible, detect, recommend_precision, report, use_threads
+    from .guard import check_feasible
+    from .hardware import detect, recommend_precision, report, use_threads
     args = _parser().parse_args(argv)
     try:
         if args.out is not None:

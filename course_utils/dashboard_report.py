@@ -176,14 +176,22 @@ def result_message(configs, rows: list[dict], hw: HardwareInfo, size: str, notes
     return box(kind, lines)
 
 
-def header_html(hw: HardwareInfo, size: str, base: RunConfig, recipe, budget_s: float) -> str:
-    """The dashboard's first line: the hardware, the size, the recipe and what a Run does."""
+def header_html(hw: HardwareInfo, size: str, base: RunConfig, recipe, budget_s: float,
+                synchronous: str | None = None) -> str:
+    """The dashboard's first line: the hardware, the size, the recipe and what a Run does.
+
+    ``synchronous``: why Runs happen on the kernel's thread here (e.g. on Colab), said with
+    what that means (no Stop button); None where they happen on a worker thread."""
     scaler = " + GradScaler" if recipe.grad_scaler else ""
+    sync = ("" if synchronous is None else
+            f" A Run happens in the kernel's thread here ({html.escape(synchronous)}): the "
+            "progress bar still moves, but there is no Stop button; interrupt the kernel to "
+            "stop a Run.")
     return (f"<b>{html.escape(hw.name)}</b> ({hw.device}), size profile <code>{size}</code>: "
             f"d_model {base.d_model}, {base.n_heads} heads. Recipe here: <b>{recipe.precision}"
             f"</b>{scaler}. Each Run compares your configuration with its baseline, <b>"
             f"{recipe.precision}</b> without checkpointing at the same size, timed in "
-            f"alternation for about {budget_s:g} s.")
+            f"alternation for about {budget_s:g} s.{sync}")
 
 
 def preview_message(cfg: RunConfig, configs, plan, problems, notes, force: bool,

@@ -99,12 +99,14 @@ class StepHook:
     ``on_step(count)``. The first step of each model runs inside a `SavedTensorMeter`, and
     ``dtypes[config]`` gets the saved floating-point activations' bytes by dtype (models are
     matched to ``configs`` in the order they first step, by autocast dtype; compiled ones are
-    skipped).
+    skipped). ``__wrapped__`` is the wrapped step (`inspect.unwrap`): what a measurement's
+    side step runs (MPS's peak, taken on the CPU: `course_utils.measure.memory_step`).
     """
 
     def __init__(self, step_fn: Callable = train_step, stop: threading.Event | None = None,
                  on_step: Callable[[int], None] | None = None, configs=()):
         self.step_fn, self.stop = step_fn, stop or threading.Event()
+        self.__wrapped__ = step_fn  # inspect.unwrap: the step without the counting
         self.on_step = on_step
         self.count = 0
         self.dtypes: dict = {}

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 
 from .config import RunConfig, config_for
 from .data import get_batch
+from .hardware import memory_device
 from .models import build_model
 from .saved_tensors import SavedTensorMeter, measure_saved, saved_bytes
 from .timeline import peak_during
@@ -51,9 +52,11 @@ __all__ = [
 
 
 def small_config(device: str = "cpu", **overrides) -> RunConfig:
-    """The ``smoke`` profile's model (2 blocks, width 64, 32 tokens, batch 4) on ``device``,
-    fp32, no checkpointing, with ``overrides``: the size of every measurement here."""
-    return config_for("smoke", device=device, **overrides)
+    """The ``smoke`` profile's model (2 blocks, width 64, 32 tokens, batch 4) on ``device``
+    (the CPU in place of MPS, which has no peak-memory counter:
+    `course_utils.hardware.memory_device`), fp32, no checkpointing, with ``overrides``: the
+    size of every measurement here."""
+    return config_for("smoke", device=memory_device(device), **overrides)
 
 
 def _batch(config: RunConfig, step: int = 0, batch_size: int | None = None):

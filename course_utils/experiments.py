@@ -14,6 +14,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .config import SIZE_PROFILES, MiB, RunConfig, size_profile
+from .guard import check_feasible
+from .hardware import detect, is_emulated, recommend_precision
 from .measure import (
     EMULATED_TIMING,
     MEMORY_FIELDS,
@@ -53,7 +55,6 @@ def ladder(base: RunConfig, hw=None) -> list[RunConfig]:
     Raises:
         ValueError: a device this machine lacks.
     """
-    from .hardware import detect, recommend_precision
     hw = hw or detect(base.device)
     rec = recommend_precision(hw)
     plain = base.replace(precision="fp32", checkpoint="none", compile=False)
@@ -88,10 +89,9 @@ def compare(configs: list[RunConfig], *, budget_s: float | None = None,
 
     Raises:
         ValueError: an empty list, a non-positive budget or step count, a device this machine
-            lacks, or a configuration `course_utils.hardware.check_feasible` refuses (unless
+            lacks, or a configuration `course_utils.guard.check_feasible` refuses (unless
             ``force``): all before anything is measured.
     """
-    from .hardware import check_feasible, detect, is_emulated
     if not configs:
         raise ValueError("compare() needs at least one RunConfig.")
     if budget_s is not None and not budget_s > 0:

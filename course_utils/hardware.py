@@ -3,9 +3,10 @@
 `detect()` reads the hardware and returns a `HardwareInfo`; `recommend_precision()` turns it
 into the recipe the course trains in on that machine; `is_emulated()` says which precisions run
 only by emulation there (their memory is still measured; their time is taken with the fewest
-steps and labelled); `use_threads()` picks the number of CPU threads; `check_feasible()` refuses
-what would be wrong or take minutes; `matmul_probe()` measures how fast each format multiplies
-here, so that reports state measured ratios, never typed ones.
+steps and labelled); `use_threads()` picks the number of CPU threads; `memory_device()` names
+the device whose peak memory can be measured (the CPU in place of MPS); `matmul_probe()`
+measures how fast each format multiplies here, so that reports state measured ratios, never
+typed ones. The run guard (`check_feasible`) lives in `course_utils.guard`.
 
 Facts this module relies on (PyTorch and oneDNN docs; each checked by the course's tests):
 
@@ -29,9 +30,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["HardwareInfo", "Recommendation", "ThreadChoice", "MemoryRefused", "detect",
-           "recommend_precision", "is_emulated", "require_device", "check_feasible",
-           "available_memory_bytes", "use_threads", "matmul_probe", "report"]
+from .config import autocast_dtype, default_device, device_kind
+
+__all__ = ["HardwareInfo", "Recommendation", "ThreadChoice", "MPS_PEAK_NOTE", "detect",
+           "recommend_precision", "is_emulated", "require_device", "memory_device",
+           "use_threads", "matmul_probe", "report"]
+
+#: What the course says wherever MPS's peak memory is measured on the CPU instead.
+MPS_PEAK_NOTE = ("MPS has no peak-memory counter: the peak is measured by one step of the same "
+                 "model, batch and precision on the CPU (its kernels may allocate a little "
+                 "differently); times and everything else stay measured on MPS.")
 
 
 @dataclass(frozen=True)
@@ -165,7 +173,6 @@ def require_device(device: str) -> None:
         ValueError: a device string torch does not know, or one this machine lacks (e.g.
             ``cuda`` on a CPU-only machine), with what to use instead.
     """
-    from .config import device_kind
     kind = device_kind(device)
     if kind == "cuda":
         if not torch.cuda.is_available():
@@ -182,13 +189,25 @@ def require_device(device: str) -> None:
         raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or 'mps'.")
 
 
+def memory_device(device: str | None = None) -> str:
+    """The device on which peak memory can be measured: ``device`` (default: this machine's
+    best, `course_utils.config.default_device`), except ``"cpu"`` in place of MPS, which has
+    no peak-memory counter (PyTorch's ``torch.mps`` reports current and driver-allocated bytes,
+    no peak; `MPS_PEAK_NOTE`). A lesson whose cells measure peaks themselves runs on it.
+
+    Raises:
+        ValueError: a string that names no device torch knows.
+    """
+    device = device or default_device()
+    return "cpu" if device_kind(device) == "mps" else device
+
+
 def detect(device: str | None = None) -> HardwareInfo:
     """Read the hardware of ``device`` (default: CUDA if available, else MPS, else CPU).
 
     Raises:
         ValueError: an unknown device string, or a device this machine does not have.
     """
-    from .config import default_device
     device = device or default_device()
     require_device(device)
     kind = torch.device(device).type
@@ -225,7 +244,6 @@ def is_emulated(hw: HardwareInfo, precision: str) -> bool:
     Raises:
         ValueError: an unknown precision.
     """
-    from .config import autocast_dtype
     autocast_dtype(precision)
     if precision == "bf16":
         return not hw.native_bf16
@@ -278,120 +296,6 @@ def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
                           "instructions: bf16 autocast is emulated here, and fp16 too. Train in "
                           "fp32 here; the lessons still measure bf16's memory effect, which does "
                           "not depend on how the arithmetic is done.")
-
-
-class MemoryRefused(ValueError):
-    """A run refused up front because its estimated peak exceeds the memory free here."""
-
-
-#: A run is refused when its estimated peak exceeds this fraction of the memory free now
-#: (RAM on a CPU, where nothing catches an out-of-memory kill; GPU memory on CUDA).
-_MEMORY_FRACTION = 0.8
-
-
-def available_memory_bytes(hw: HardwareInfo) -> int | None:
-    """Bytes free for this process now: ``MemAvailable`` of ``/proc/meminfo`` on a CPU (else
-    physical memory), ``torch.cuda.mem_get_info`` on CUDA; None on MPS."""
-    if hw.device == "cuda":
-        try:
-            return int(torch.cuda.mem_get_info()[0])
-        except (RuntimeError, AssertionError):  # no usable CUDA runtime
-            return None
-    if hw.device != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def _memory_problem(config, hw: HardwareInfo) -> str | None:
-    from .config import GiB
-    from .memory_model import estimate
-    free = available_memory_bytes(hw)
-    if not free:
-        return None
-    limit = _MEMORY_FRACTION * free
-    peak = estimate(config).peak_allocated
-    if peak <= limit:
-        return None
-    lo, hi = 0, config.batch_size
-    while hi - lo > 1:  # the estimated peak grows with the batch: bisect
-        mid = (lo + hi) // 2
-        if estimate(config.replace(batch_size=mid)).peak_allocated <= limit:
-            lo = mid
-        else:
-            hi = mid
-    what = "RAM" if hw.device == "cpu" else "GPU memory"
-    fix = (f"batch {lo} fits by the estimate" if lo else
-           "even batch 1 does not fit: shorten the sequence, use fewer layers, or checkpoint "
-           "('full')")
-    return (f"the estimated peak of {config.label} at batch {config.batch_size} x seq "
-            f"{config.seq_len} is {peak / GiB:.2f} GiB, more than {_MEMORY_FRACTION:.0%} of the "
-            f"{free / GiB:.2f} GiB of {what} free now; {fix}. Pass force=True (--force) to try "
-            "anyway.")
-
-
-def check_feasible(config, hw: HardwareInfo | None = None, force: bool = False) -> list[str]:
-    """Refuse configurations that would be wrong or take minutes; return notes for the rest.
-
-    Args:
-        config: the `RunConfig` to run.
-        hw: a `HardwareInfo` for ``config.device`` (default: detected).
-        force: run anyway (the refusals become notes).
-
-    Returns:
-        Notes (strings) to show the learner, e.g. that bf16 is emulated here.
-
-    Raises:
-        ValueError: the device is missing; fp16 on a CPU without fp16 instructions above a tiny
-            size (its matmuls are emulated, `matmul_probe` measures by how much); bf16 on a GPU
-            that only emulates it (e.g. a T4).
-        MemoryRefused: (a ValueError) the estimated peak exceeds 80% of the memory free now,
-            with the estimate and the largest batch that fits.
-    """
-    from .config import step_flops
-    hw = hw or detect(config.device)
-    problems, notes = [], []
-    if is_emulated(hw, config.precision):
-        if hw.device == "cpu" and config.precision == "fp16":
-            flops = step_flops(config)
-            if flops > _CPU_FP16_MAX_FLOPS:
-                problems.append(
-                    f"fp16 on this CPU ({hw.name}) is emulated (no fp16 instructions): this step "
-                    f"({flops:.1e} FLOPs) would take minutes. Use bf16 or fp32 on a CPU, the "
-                    "'smoke' size, or force=True.")
-            else:
-                notes.append("fp16 on this CPU is emulated; fine at this tiny size.")
-        elif hw.device == "cuda":
-            problems.append(
-                f"bf16 on {hw.name} is emulated (compute capability "
-                f"{'.'.join(map(str, hw.compute_capability or ()))} < 8.0): it runs, but slowly, "
-                "and teaches the wrong lesson. Use fp16 with GradScaler here, or force=True.")
-        else:
-            notes.append(f"{config.precision} is emulated on this CPU ({hw.name}): its memory "
-                         "is measured as everywhere, its time is not the speed of real hardware.")
-    if config.compile and hw.device == "cpu":
-        notes.append("torch.compile on a CPU: the first step compiles for tens of seconds.")
-    if problems and not force:
-        raise ValueError(" ".join(problems))
-    memory = _memory_problem(config, hw)
-    if memory and not force:
-        raise MemoryRefused(memory)
-    return problems + ([memory] if memory else []) + notes
-
-
-# Step FLOPs above which fp16 on a CPU without fp16 instructions is refused: its matmuls are
-# emulated (`matmul_probe` measures by how much on the machine at hand), so 1e9 FLOPs already
-# take seconds. The `smoke` size is ~1e8.
-_CPU_FP16_MAX_FLOPS = 1e9
 
 
 @dataclass(frozen=True)
@@ -508,6 +412,11 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     lines.append(f"CPU ISA flags : {', '.join(flags) or 'none of ' + ', '.join(_CPU_FLAGS)}"
                  + (f"  (capped by {hw.isa_cap})" if hw.isa_cap else ""))
     lines.append(f"CPU threads   : {torch.get_num_threads()}")
+    if hw.device == "mps":
+        lines.append("peak memory   : measured on the CPU (MPS has no peak-memory counter)")
+    elif hw.device == "cpu" and _mps_available():
+        lines.append("MPS           : available, but it has no peak-memory counter: peak memory "
+                     "is measured on the CPU")
     lines.append(f"torch         : {hw.torch_version}")
     if probe:
         lines.append("matmul here   : " + ", ".join(

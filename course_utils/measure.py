@@ -11,7 +11,10 @@ How each number is taken:
 * **peak allocated**: one training step after warm-up. CUDA: the allocator's
   ``max_memory_allocated`` above its value at the step's start; CPU: the profiler's memory events
   (`course_utils.timeline`); both added to the bytes alive at the step's start (parameters +
-  optimizer state), so other models alive in the process do not count. MPS: ``None``.
+  optimizer state), so other models alive in the process do not count. MPS has no peak-memory
+  counter (``torch.mps`` reports current and driver-allocated bytes only): the step is timed on
+  MPS and its peak is taken the CPU's way on a copy of the model, optimizer state and
+  micro-batches on the CPU (`course_utils.hardware.MPS_PEAK_NOTE`; ``peak_method`` says so).
 * **step time**: forward + backward + optimizer step of the course's `train_step` (or a lesson's
   own step), one `course_utils.timing.time_step` per step (the accelerator synchronised); as
   many steps as fit a time budget, or one step where the precision is only emulated on this
@@ -19,8 +22,10 @@ How each number is taken:
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
+import inspect
 import os
 import statistics
 import time
@@ -29,8 +34,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import MiB, RunConfig
+from .config import MiB, RunConfig, size_profile
 from .data import get_batch
+from .guard import check_feasible
+from .hardware import detect, is_emulated
 from .saved_tensors import SavedTensorMeter, storage_bytes
 from .timeline import peak_during
 from .timing import default_budget_s, spread, steps_for_budget, time_step
@@ -274,10 +281,12 @@ def memory_step(state) -> dict:
             out["peak_allocated"] = params + opt_state + peak
             out["peak_method"] = ("CPU: parameters + optimizer state + torch.profiler "
                                   "memory-event peak over one step")
-        else:
+        else:  # MPS: no peak-memory counter
             out["step_s"] = time_step(state.step, cfg.device)
-            out["peak_allocated"] = None
-            out["peak_method"] = "not available: MPS has no peak-memory counter"
+            out["peak_allocated"] = _cpu_peak(state)
+            out["peak_method"] = ("CPU fallback, MPS has no peak-memory counter: parameters + "
+                                  "optimizer state + torch.profiler memory-event peak over one "
+                                  "step of a copy of the model on the CPU")
     finally:
         leave()
         for h in handles:
@@ -290,6 +299,34 @@ def memory_step(state) -> dict:
         out["saved_method"] = "saved-tensor hooks, by storage (+ selective checkpointing's cache)"
     out["gradients"] = sum(grads.values())
     return out
+
+
+def _cpu_peak(state) -> int:
+    """Peak bytes of one step of ``state`` run on the CPU: a deep copy of its model (so a
+    customised one, e.g. with LoRA adapters, stays itself), its optimizer with the same groups
+    and state, a GradScaler as enabled as its own, and its next micro-batches; parameters +
+    optimizer state + the profiler's peak above the step's start. The step is ``state``'s own
+    step function with any wrapper that declares ``__wrapped__`` (the dashboard's step counter)
+    removed, so the copy's step is not counted as one of the run's."""
+    cfg = state.config
+    module = copy.deepcopy(state.module).to("cpu")
+    model = torch.compile(module) if cfg.compile else module
+    position = {id(p): i for i, p in enumerate(state.module.parameters())}
+    params = list(module.parameters())
+    groups = [{**{k: v for k, v in g.items() if k != "params"},
+               "params": [params[position[id(p)]] for p in g["params"]]}
+              for g in state.optimizer.param_groups]
+    optimizer = type(state.optimizer)(groups)
+    optimizer.load_state_dict(state.optimizer.state_dict())  # moves the state to the CPU
+    scaler = torch.amp.GradScaler("cpu", enabled=state.scaler.is_enabled(),
+                                  **({"init_scale": state.scaler.get_scale()}
+                                     if state.scaler.is_enabled() else {}))
+    batches = [(x.to("cpu"), y.to("cpu")) for x, y in state.next_micro_batches()]
+    step_fn = inspect.unwrap(state.step_fn)
+    base = storage_bytes(module.parameters()) + _optimizer_state_bytes(optimizer)
+    peak, _ = peak_during(lambda: step_fn(model, optimizer, scaler, batches, cfg.dtype,
+                                          state.max_grad_norm), "cpu")
+    return base + peak
 
 
 def _check_count(name: str, v, allow_none: bool = True, minimum: int = 1) -> None:
@@ -312,7 +349,7 @@ def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | No
         warmup: optimizer steps before measuring (>= 1: AdamW's state must exist; on a CPU
             they run on a tiny batch where the precision is emulated).
         timed: False measures memory only (one step).
-        force: run configurations that `course_utils.hardware.check_feasible` refuses.
+        force: run configurations that `course_utils.guard.check_feasible` refuses.
         step_fn: the training step (default `course_utils.training.train_step`).
         hw: the `HardwareInfo` of ``config.device`` (default: detected).
 
@@ -327,8 +364,6 @@ def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | No
             ``budget_s``, a device this machine lacks, or a configuration `check_feasible`
             refuses (unless ``force``).
     """
-    from .config import size_profile
-    from .hardware import check_feasible, detect, is_emulated
     _check_count("steps", steps)
     _check_count("warmup", warmup, allow_none=False)
     if budget_s is not None and not budget_s > 0:

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from .config import GiB, RunConfig, device_kind
-from .hardware import MemoryRefused
+from .guard import MemoryRefused
 from .measure import Measurement, measure
 from .memory_model import estimate
 from .timing import TimeRatio, time_ratio

@@ -16,7 +16,9 @@ How the events are taken (PyTorch docs of ``torch.profiler`` and ``torch.cuda.me
   subtracts it, ``time_us`` gives the time; a phase is the range of trace entries recorded
   between its start and end (the device is synchronised at each mark).
 * **MPS** and other devices: no event source; `memory_timeline` raises ``ValueError``,
-  `peak_bytes` and `allocated_after` return ``None`` for the bytes.
+  `peak_bytes` and `allocated_after` return ``None`` for the bytes. A lesson measures such
+  cells on `course_utils.hardware.memory_device()` (the CPU in place of MPS);
+  `course_utils.measure.memory_step` takes an MPS step's peak on a CPU copy by itself.
 
 `peak_bytes(fn)` and `allocated_after(fn)` are the two numbers most cells need: the peak above
 the start while ``fn`` runs, and what is still allocated when it returns (after a forward pass:
@@ -273,7 +275,8 @@ def memory_timeline(fn: Callable[[], Any], device: str | torch.device | None = N
     if dev.type == "cuda" and torch.cuda.is_available():
         return _cuda_timeline(fn, dev)
     raise ValueError(f"memory_timeline has no memory events for device {str(dev)!r}: use 'cpu' "
-                     "or an available 'cuda' device (MPS has no allocation history).")
+                     "or an available 'cuda' device (MPS has no allocation history: "
+                     "course_utils.hardware.memory_device() names the device to measure on).")
 
 
 def peak_during(fn: Callable[[], Any],
@@ -283,7 +286,8 @@ def peak_during(fn: Callable[[], Any],
 
     CUDA: ``reset_peak_memory_stats`` -> ``fn()`` -> ``synchronize`` -> ``max_memory_allocated``
     minus ``memory_allocated`` at the start. CPU: the profiler's memory events
-    (`memory_timeline`). Other devices (MPS): ``(None, result)``: no peak counter.
+    (`memory_timeline`). Other devices (MPS): ``(None, result)``: no peak counter (measure on
+    `course_utils.hardware.memory_device()`, the CPU in place of MPS).
     """
     dev = _device(device)
     if dev.type == "cuda" and torch.cuda.is_available():

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from .config import RunConfig
 from .data import batches, get_batch
+from .guard import check_feasible
 from .models import build_model
 
 __all__ = ["DEFAULT_LR", "DEFAULT_MAX_GRAD_NORM", "train_step", "TrainState", "setup", "train",
@@ -141,10 +142,9 @@ def train(config: RunConfig, steps: int, eval_every: int = 50, eval_batches: int
 
     Raises:
         ValueError: ``steps`` or ``eval_every`` < 1, a device this machine lacks, or a
-            configuration `course_utils.hardware.check_feasible` refuses (fp16 on a CPU above a
+            configuration `course_utils.guard.check_feasible` refuses (fp16 on a CPU above a
             tiny size takes minutes; bf16 on a GPU that emulates it), unless ``force``.
     """
-    from .hardware import check_feasible
     for name, v in (("steps", steps), ("eval_every", eval_every), ("eval_batches", eval_batches)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}.")

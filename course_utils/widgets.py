@@ -5,13 +5,22 @@ machine, no checkpointing, same size: `course_utils.dashboard_run`) through
 `course_utils.experiments.compare`: memory from one step each, step time in alternation so the
 ratio has a noise band; a ratio is printed only outside the noise. Before a Run, its duration
 is predicted from calibrated step times and the steps it really performs; a Run predicted above
-``slow_limit_s`` is refused unless "run anyway" is ticked. The Run happens on a worker thread,
-so the progress bar moves step by step and Stop ends it between two steps.
+``slow_limit_s`` is refused unless "run anyway" is ticked.
+
+**Where a Run happens.** In JupyterLab and Notebook a Run happens on a worker thread, so the
+kernel stays free: the progress bar moves step by step and Stop ends the Run between two steps.
+Colab does not render widget updates sent from a background thread
+(googlecolab/colabtools#3373: the values change in the kernel, the page never shows them), so
+there (``google.colab`` imported) a Run happens synchronously, in the click's callback on the
+kernel's thread: the progress bar and the result still update as it goes, and Stop is hidden,
+since the kernel handles no other click until the Run ends (interrupting the kernel stops it).
+`background_updates_render` makes the choice; the constructor's ``background`` or the
+environment variable ``COURSE_DASHBOARD`` (``thread`` or ``sync``) overrides it.
 
 Everything a Run produces lands in widget values (``HTML.value``, ``Image.value``), so tests
 run it synchronously without a kernel and read the results::
 
-    d = Dashboard(size="smoke", background=False)
+    d = Dashboard(size="smoke", background=False)   # synchronous: the click returns when done
     d.precision.value = "bf16"
     d.run_button.click()
     d.history          # one row per measured configuration (baselines included), pandas
@@ -23,6 +32,8 @@ from __future__ import annotations
 
 import html
 import io
+import os
+import sys
 import threading
 import time
 
@@ -44,18 +55,23 @@ from .dashboard_report import (
 )
 from .dashboard_run import StepClock, StepHook, Stopped, plan_run, run_configs
 from .experiments import compare
-from .hardware import HardwareInfo, check_feasible, detect, recommend_precision
+from .guard import check_feasible
+from .hardware import HardwareInfo, detect, recommend_precision
 from .measure import OutOfMemory
 from .memory_model import estimate
 from .plots import dashboard_chart
 from .timing import default_budget_s
 from .training import train_step
 
-__all__ = ("SLOW_LIMIT_S", "Dashboard", "dashboard", "history_table", "oom_suggestions",
-           "policy_options")
+__all__ = ("SLOW_LIMIT_S", "MODE_ENV", "Dashboard", "background_updates_render", "dashboard",
+           "history_table", "oom_suggestions", "policy_options")
 
 #: A Run predicted to take longer than this many seconds is refused unless "run anyway".
 SLOW_LIMIT_S = 60.0
+
+#: Environment variable that chooses where a Run happens: ``thread`` (a worker thread, Stop
+#: shown) or ``sync`` (the kernel's thread, Stop hidden); unset: `background_updates_render`.
+MODE_ENV = "COURSE_DASHBOARD"
 
 # Columns every history has (a Run that failed as a whole has no measured ones).
 _COLUMNS = ("run", "click", "label", "baseline", "baseline_run", "status", "precision",
@@ -65,6 +81,33 @@ _COLUMNS = ("run", "click", "label", "baseline", "baseline_run", "status", "prec
             "peak_allocated", "est_peak_allocated", "peak_ratio", "saved_total",
             "est_saved_total", "saved_ratio", "saved_dtypes", "oom", "error")
 
+
+
+def background_updates_render() -> tuple[bool, str]:
+    """Whether widget updates sent from a worker thread reach the page here, and why.
+
+    ``$COURSE_DASHBOARD`` decides when set (``thread``: yes, ``sync``: no). Otherwise no on
+    Colab (``google.colab`` is imported in every Colab kernel), whose front end does not render
+    updates from a background thread (googlecolab/colabtools#3373), and yes elsewhere
+    (JupyterLab, Notebook, VS Code: ipywidgets' documented "updating a widget in the
+    background").
+
+    Returns:
+        ``(renders, reason)``, e.g. ``(False, "Colab shows no widget updates ...")``.
+
+    Raises:
+        ValueError: ``$COURSE_DASHBOARD`` is set to something else.
+    """
+    env = os.environ.get(MODE_ENV, "").strip().lower()
+    if env:
+        if env not in ("thread", "sync"):
+            raise ValueError(f"{MODE_ENV}={env!r}: expected 'thread' (Run on a worker thread) "
+                             "or 'sync' (Run on the kernel's thread).")
+        return env == "thread", f"{MODE_ENV}={env}"
+    if "google.colab" in sys.modules:
+        return False, ("Colab shows no widget updates sent from a background thread "
+                       "(googlecolab/colabtools#3373)")
+    return True, "this front end shows widget updates sent from a background thread"
 
 
 def policy_options(n_layers: int) -> list[str]:
@@ -89,25 +132,29 @@ class Dashboard:
         slow_limit_s: refuse Runs predicted to take longer (seconds) unless "run anyway".
         step_fn: the training step (default `course_utils.training.train_step`).
         compare_fn: the comparison (default `course_utils.experiments.compare`).
-        background: Run on a worker thread (Stop and the progress bar then work in a kernel);
-            False runs a click synchronously (tests).
+        background: True runs each Run on a worker thread (the kernel stays free: the bar
+            moves and Stop works); False runs it synchronously on the kernel's thread, in the
+            click's callback (the bar and the result still update; Stop is hidden); None
+            (default) asks `background_updates_render` (False on Colab, ``$COURSE_DASHBOARD``).
         clock: a `course_utils.dashboard_run.StepClock` (default: a new one, calibrated by the
             first Run of each precision).
 
-    Widgets: ``precision``, ``checkpoint``, ``batch_size``, ``seq_len``, ``n_layers``,
+    Widgets: ``header``, ``precision``, ``checkpoint``, ``batch_size``, ``seq_len``, ``n_layers``,
     ``grad_accum_steps``, ``compile``, ``force``, ``run_button``, ``stop_button``,
     ``clear_button``, ``progress``, ``progress_label``, ``preview``, ``message``, ``table``,
     ``chart``, ``widget`` (the layout). Results: ``history``, ``measurements``, ``last_plan``,
-    ``last_run_s`` (seconds of the last Run after calibration), ``last_hook``.
+    ``last_run_s`` (seconds of the last Run after calibration), ``last_hook``; ``background``
+    and ``mode_reason`` say where a Run happens and why.
 
     Raises:
-        ValueError: an unknown size profile, a device this machine lacks, a non-positive budget.
+        ValueError: an unknown size profile, a device this machine lacks, a non-positive budget,
+            a ``$COURSE_DASHBOARD`` other than ``thread`` or ``sync``.
     """
 
     def __init__(self, size: str | None = None, *, device: str | None = None,
                  hw: HardwareInfo | None = None, budget_s: float | None = None,
                  slow_limit_s: float = SLOW_LIMIT_S, step_fn=train_step, compare_fn=compare,
-                 background: bool = True, clock: StepClock | None = None):
+                 background: bool | None = None, clock: StepClock | None = None):
         if budget_s is not None and not budget_s > 0:
             raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
         self.size = size or size_profile()
@@ -116,7 +163,11 @@ class Dashboard:
         self.recipe = recommend_precision(self.hw)
         self.budget_s = budget_s or default_budget_s(self.size)
         self.slow_limit_s, self.step_fn, self.compare_fn = slow_limit_s, step_fn, compare_fn
-        self.background, self.clock = background, clock or StepClock()
+        if background is None:
+            background, self.mode_reason = background_updates_render()
+        else:
+            self.mode_reason = f"background={background} was passed"
+        self.background, self.clock = bool(background), clock or StepClock()
         self.measurements: list = []
         self._rows: list[dict] = []
         self._stop, self._thread = threading.Event(), None
@@ -158,8 +209,12 @@ class Dashboard:
         self.table = widgets.HTML(value="<i>No runs yet: press Run.</i>")
         self.chart = widgets.Image(format="png", layout=widgets.Layout(display="none",
                                                                        max_width="100%"))
-        header = widgets.HTML(header_html(self.hw, self.size, self.base, self.recipe,
-                                          self.budget_s))
+        self.header = header = widgets.HTML(header_html(self.hw, self.size, self.base, self.recipe,
+                                                        self.budget_s,
+                                                        None if self.background
+                                                        else self.mode_reason))
+        if not self.background:  # the kernel handles no click while a Run holds its thread
+            self.stop_button.layout.display = "none"
         self.widget = widgets.VBox([
             header, widgets.HBox([self.precision, self.checkpoint, self.compile]),
             widgets.HBox([self.batch_size, self.seq_len, self.n_layers, self.grad_accum_steps]),
@@ -267,7 +322,8 @@ class Dashboard:
         self.update_preview()
 
     def start(self) -> None:
-        """The Run button: `run` on a worker thread (``background``), else here."""
+        """The Run button: `run` on a worker thread (``background``), else here, on the
+        caller's thread (in a kernel: the kernel's), returning when the Run is done."""
         if self._thread is not None and self._thread.is_alive():
             return
         if not self.background:
@@ -297,7 +353,8 @@ class Dashboard:
         """One Run, here and now: validate, calibrate what is not yet, refuse what is too slow,
         compare the configuration with its baseline, update history, table, chart and message.
 
-        Never raises: invalid settings, refusals, out-of-memory errors, failures and a Stop
+        Never raises: invalid settings, refusals, out-of-memory errors, failures, a Stop and
+        an interrupted kernel (KeyboardInterrupt, the only way to stop a synchronous Run)
         become messages, and the dashboard stays usable.
 
         Returns:
@@ -308,12 +365,14 @@ class Dashboard:
         self.message.value = ""
         try:
             return self._run()
-        except Stopped:
+        except (Stopped, KeyboardInterrupt) as e:
             self._stage(None, f"stopped after {self.last_hook.count if self.last_hook else 0} "
                               "step(s)", "warning")
+            how = ("<b>Stopped</b> between two steps" if isinstance(e, Stopped) else
+                   "<b>Stopped</b> by the kernel's interrupt")
             self.message.value = box("warn", [
-                ("<b>Stopped</b> between two steps: nothing was added to the history (a Run "
-                 "reports only comparisons it finished)."), "Change a setting and press Run."])
+                (f"{how}: nothing was added to the history (a Run reports only comparisons it "
+                 "finished)."), "Change a setting and press Run."])
         except Exception as e:  # noqa: BLE001 - a callback must never leave a traceback
             self._stage(None, "failed", "danger")
             self.message.value = box("error", [

@@ -19,7 +19,8 @@ import pytest
 from course_utils import colab
 from course_utils.config import config_for, size_profile
 from course_utils.experiments import ladder
-from course_utils.hardware import HardwareInfo, check_feasible, recommend_precision
+from course_utils.guard import check_feasible
+from course_utils.hardware import HardwareInfo, recommend_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 URL = colab.repo_url(ROOT)

@@ -5,18 +5,23 @@ Runs on ipywidgets 8 (the main venv) and 7.7 (Colab's; `make test` runs this fil
 ipywidgets 7.7 in front of the venv's site-packages).
 """
 import gc
+import html
 import io
 import os
 import re
+import sys
+import threading
 import time
+import types
 
 import ipywidgets
 import pytest
 import torch
 from matplotlib.figure import Figure
 
+from course_utils import guard
 from course_utils import widgets as W
-from course_utils.config import config_for
+from course_utils.config import GiB, MiB, config_for
 from course_utils.dashboard_run import StepClock, calibration_config, effective_flops, run_configs
 from course_utils.experiments import _table
 from course_utils.hardware import HardwareInfo, detect, is_emulated, recommend_precision
@@ -298,9 +303,14 @@ def test_the_progress_bar_moves_and_stop_works_from_another_thread(quick_chart):
     """As in a kernel: the click returns at once, the Run goes on in a worker thread, the bar
     moves step by step, and Stop (pressed on this thread) ends the Run between two steps."""
     step = CostlyStep(1e-8)
-    d = Dashboard(size="smoke", hw=AVX2, step_fn=step, budget_s=30.0)
-    values = []
-    d.progress.observe(lambda ch: values.append(ch["new"]), names="value")
+    d = Dashboard(size="smoke", hw=AVX2, step_fn=step, budget_s=30.0, background=True)
+    assert d.stop_button.layout.display != "none"
+    values, threads = [], set()
+
+    def seen(ch):
+        values.append(ch["new"])
+        threads.add(threading.current_thread())
+    d.progress.observe(seen, names="value")
     d.checkpoint.value = "full"
     t0 = time.perf_counter()
     d.run_button.click()
@@ -317,6 +327,75 @@ def test_the_progress_bar_moves_and_stop_works_from_another_thread(quick_chart):
     assert d.last_hook.count <= values[-1] + 1 < planned  # no step after the one running
     moving = [v for v in values if v > 0]
     assert len(set(moving)) >= 6 and moving == sorted(moving)
+    assert threading.main_thread() not in threads  # every update came from the worker thread
+
+
+def test_a_synchronous_run_moves_the_bar_from_the_kernels_thread(quick_chart):
+    """Where background updates do not render (Colab), a click runs the Run on the caller's
+    thread: the click returns when it is done, the bar moved during the Run (each step sees
+    the value the step before it set) and every update came from that thread; Stop is hidden."""
+    d = Dashboard(size="smoke", hw=AVX2, background=False)
+    assert d.stop_button.layout.display == "none" and "no Stop button" in text(d.header.value)
+    d.run()  # calibrates fp32, so the next Run has a plan with its steps
+    updates, during = [], []
+
+    def seen(ch):
+        updates.append((ch["new"], threading.current_thread()))
+    d.progress.observe(seen, names="value")
+
+    def step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+        during.append((d.progress.value, threading.current_thread()))
+        return train_step(model, optimizer, scaler, micro_batches, dtype, max_grad_norm)
+    d.step_fn = step
+    d.checkpoint.value = "full"
+    d.run_button.click()
+    assert len(d.history) == 3 and d.progress_label.value == "done"  # the click ran it all
+    here = threading.current_thread()
+    assert {t for _, t in updates} == {here} and {t for _, t in during} == {here}
+    seen_by_steps = [v for v, _ in during]
+    assert seen_by_steps == list(range(len(during))) and len(during) >= 6  # moved step by step
+    moving = [v for v, _ in updates if v > 0]
+    assert moving[:len(during)] == list(range(1, len(during) + 1))
+    assert not d.run_button.disabled
+
+
+def test_a_kernel_interrupt_stops_a_synchronous_run(quick_chart):
+    """A synchronous Run has no Stop button: interrupting the kernel (KeyboardInterrupt in
+    the callback) stops it, and the dashboard says so and stays usable."""
+    d = Dashboard(size="smoke", hw=AVX2, background=False)
+    d.run()
+    rows = len(d.history)
+
+    def interrupted(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+        if d.last_hook.count == 2:
+            raise KeyboardInterrupt
+        return train_step(model, optimizer, scaler, micro_batches, dtype, max_grad_norm)
+    d.step_fn = interrupted
+    d.checkpoint.value = "full"
+    d.run_button.click()
+    assert "interrupt" in text(d.message.value) and len(d.history) == rows
+    assert d.progress_label.value == "stopped after 2 step(s)" and not d.run_button.disabled
+
+
+def test_colab_runs_synchronously_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv(W.MODE_ENV, raising=False)
+    assert W.background_updates_render()[0] and Dashboard(size="smoke", hw=AVX2).background
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    renders, why = W.background_updates_render()
+    assert not renders and "colabtools#3373" in why
+    d = Dashboard(size="smoke", hw=AVX2)
+    assert not d.background and d.stop_button.layout.display == "none"
+    assert "Colab" in text(d.header.value)
+    assert Dashboard(size="smoke", hw=AVX2, background=True).background  # the argument wins
+    monkeypatch.setenv(W.MODE_ENV, "thread")  # then the environment variable
+    d = Dashboard(size="smoke", hw=AVX2)
+    assert d.background and d.stop_button.layout.display != "none"
+    monkeypatch.delitem(sys.modules, "google.colab")
+    monkeypatch.setenv(W.MODE_ENV, "sync")
+    assert not Dashboard(size="smoke", hw=AVX2).background
+    monkeypatch.setenv(W.MODE_ENV, "later")
+    with pytest.raises(ValueError, match="COURSE_DASHBOARD"):
+        Dashboard(size="smoke", hw=AVX2)
 
 
 def test_memory_stays_flat_over_50_runs(quick_chart):
@@ -347,6 +426,45 @@ def test_memory_stays_flat_over_50_runs(quick_chart):
     after = live_tensor_bytes()
     assert len(d.history) == 100 and (d.history["status"] == "ok").all()
     assert after - before < model_bytes / 4, (before, after)
+
+
+def test_a_run_over_the_containers_memory_limit_is_refused_not_killed(tmp_path, monkeypatch):
+    """On a hub with a memory limit below the host's free RAM, a Run whose estimated peak
+    does not fit under the limit is refused with a message (the kernel would be OOM-killed)."""
+    (tmp_path / "meminfo").write_text(f"MemAvailable: {64 * GiB // 1024} kB\n")
+    (tmp_path / "self").write_text("0::/\n")
+    (tmp_path / "cg").mkdir()
+    (tmp_path / "cg" / "memory.max").write_text(str(GiB))
+    (tmp_path / "cg" / "memory.current").write_text(str(GiB - 30 * MiB))
+    for name, path in (("MEMINFO", "meminfo"), ("CGROUP_ROOT", "cg"), ("PROC_CGROUP", "self")):
+        monkeypatch.setattr(guard, name, str(tmp_path / path))
+    fake = FakeCompare()
+    d = Dashboard(size="smoke", hw=AVX2, compare_fn=fake, background=False)
+    d.batch_size.value = 64  # estimated peak ~27 MiB: more than 80% of the 30 MiB left
+    assert estimate(d.current_config()).peak_allocated > 0.8 * 30 * MiB
+    assert "refused" in text(d.preview.value)
+    d.run_button.click()
+    msg = html.unescape(text(d.message.value))
+    assert "not run:" in msg and "container's memory limit (cgroup v2: 1.00 GiB" in msg
+    assert re.search(r"batch \d+ fits by the estimate", msg)
+    assert fake.calls == [] and d.history.empty and not d.run_button.disabled
+    d.batch_size.value = 4  # fits: the Run goes ahead
+    d.clock = seeded_clock(*run_configs(d.current_config(), AVX2))
+    d.run_button.click()
+    assert len(fake.calls) == 1 and len(d.history) == 1
+
+
+def test_on_mps_the_dashboard_says_that_peaks_are_measured_on_the_cpu(quick_chart):
+    """MPS has no peak-memory counter: `memory_step` takes the peak on the CPU
+    (tests/test_hardware_config.py), and the dashboard says so before and after a Run."""
+    mps = HardwareInfo(device="mps", name="Apple M2 (test)", native_bf16=True, fp16_fast=True)
+    fake = FakeCompare()
+    d = Dashboard(size="smoke", hw=mps, compare_fn=fake, background=False)
+    d.clock = seeded_clock(*run_configs(d.current_config(), mps))
+    assert "peak is measured by one step" in text(d.preview.value)
+    d.run_button.click()
+    assert len(fake.calls) == 1
+    assert "note: MPS has no peak-memory counter: the peak is measured" in text(d.message.value)
 
 
 def test_policy_that_does_not_fit_is_a_message_not_a_traceback(quick_chart):

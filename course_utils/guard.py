@@ -1,0 +1,317 @@
+"""The run guard: refuse a run that would be wrong, take minutes, or not fit in memory, before
+it starts.
+
+`check_feasible(config)` is asked by every entry point that runs a `RunConfig`: `measure`,
+`compare`, `train`, the accuracy arms, the dashboard, ``course-bench`` and the batch search. It
+raises on what it refuses (`MemoryRefused` for memory) and returns notes for the rest.
+
+**Memory.** A run is refused when its estimated peak (`course_utils.memory_model.estimate`)
+exceeds 80% of the memory this process may still use (`memory_headroom`):
+
+* CUDA: the free GPU memory, ``torch.cuda.mem_get_info`` (other processes subtracted).
+* CPU: the smaller of the free RAM (``MemAvailable`` of ``/proc/meminfo``, Linux's estimate of
+  what can be allocated without swapping; kernel docs, ``Documentation/filesystems/proc.rst``)
+  and what the process's cgroup still allows (`cgroup_memory`): a container, a JupyterHub
+  with ``mem_limit`` or a Kubernetes pod has a memory limit below the host's free RAM, and
+  crossing it gets the kernel killed by the OOM killer instead of raising an error. cgroup v2:
+  ``memory.max`` minus ``memory.current``; v1: ``memory.limit_in_bytes`` minus
+  ``memory.usage_in_bytes`` (kernel docs, ``admin-guide/cgroup-v2.rst`` and
+  ``admin-guide/cgroup-v1/memory.rst``); in both the inactive file cache, which the kernel
+  reclaims before it kills anything, counts as free, as ``docker stats`` counts it.
+* MPS: not checked (no free-memory figure).
+
+This module sits above `course_utils.hardware` (machine facts) and
+`course_utils.memory_model` (the estimate), and below everything that runs a configuration.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import GiB, MiB, RunConfig, step_flops
+from .hardware import MPS_PEAK_NOTE, HardwareInfo, detect, is_emulated
+from .memory_model import estimate
+
+__all__ = ["CGROUP_ROOT", "MEMINFO", "CgroupMemory", "MemoryRefused", "available_memory_bytes",
+           "cgroup_memory", "check_feasible", "memory_headroom"]
+
+#: Where Linux mounts the cgroup file system (v2: unified; v1: one folder per controller).
+CGROUP_ROOT = "/sys/fs/cgroup"
+#: Linux's memory counters, ``MemAvailable`` among them.
+MEMINFO = "/proc/meminfo"
+#: The process's cgroup membership (``0::/path`` on v2; ``N:memory:/path`` on v1).
+PROC_CGROUP = "/proc/self/cgroup"
+
+#: A run is refused when its estimated peak exceeds this fraction of the memory free now
+#: (RAM on a CPU, where nothing catches an out-of-memory kill; GPU memory on CUDA).
+_MEMORY_FRACTION = 0.8
+
+#: A cgroup v1 limit at or above this means "no limit": an unlimited cgroup reports
+#: PAGE_COUNTER_MAX pages in bytes (9223372036854771712 with 4 KiB pages).
+_NO_LIMIT = 2**60
+
+# Step FLOPs above which fp16 on a CPU without fp16 instructions is refused: its matmuls are
+# emulated (`hardware.matmul_probe` measures by how much on the machine at hand), so 1e9 FLOPs
+# already take seconds. The `smoke` size is ~1e8.
+_CPU_FP16_MAX_FLOPS = 1e9
+
+
+class MemoryRefused(ValueError):
+    """A run refused up front because its estimated peak exceeds the memory free here."""
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """The memory limit of this process's cgroup and what it uses (bytes).
+
+    Attributes:
+        version: 1 or 2 (the cgroup hierarchy read).
+        path: the folder the figures come from.
+        limit: the limit (``memory.max`` / ``memory.limit_in_bytes``).
+        usage: the bytes charged now (``memory.current`` / ``memory.usage_in_bytes``).
+        inactive_file: inactive file cache within ``usage`` (reclaimed before an OOM kill).
+    """
+
+    version: int
+    path: str
+    limit: int
+    usage: int
+    inactive_file: int = 0
+
+    @property
+    def headroom(self) -> int:
+        """Bytes the cgroup may still allocate: limit - (usage - inactive file cache)."""
+        return max(0, self.limit - max(0, self.usage - self.inactive_file))
+
+    def describe(self) -> str:
+        """``"this container's memory limit (cgroup v2: 2.00 GiB, 1.50 GiB in use)"``."""
+        used = max(0, self.usage - self.inactive_file)
+        return (f"this container's memory limit (cgroup v{self.version}: {self.limit / GiB:.2f} "
+                f"GiB, {used / GiB:.2f} GiB in use)")
+
+
+def _read_int(path: Path) -> int | None:
+    """The integer in a one-line cgroup file; None if missing, unreadable or ``max``."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _stat(path: Path, key: str) -> int:
+    """A counter of a cgroup ``memory.stat`` file (0 when absent)."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _own_paths(proc_cgroup: str) -> dict:
+    """``{"v2": "/path", "v1": "/path"}`` from ``/proc/self/cgroup`` (missing: empty)."""
+    out = {}
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            out["v2"] = parts[2]
+        elif "memory" in parts[1].split(","):
+            out["v1"] = parts[2]
+    return out
+
+
+def _folders(base: Path, own: str | None) -> list[Path]:
+    """``base/own`` and each of its parents up to ``base`` (a limit anywhere above applies)."""
+    folders = [base]
+    if own and own.strip("/"):
+        p = base
+        for part in own.strip("/").split("/"):
+            p = p / part
+            folders.append(p)
+    return folders[::-1]
+
+
+def cgroup_memory(root: str | os.PathLike | None = None,
+                  proc_cgroup: str | None = None) -> CgroupMemory | None:
+    """The tightest memory limit of this process's cgroups, or None where there is none.
+
+    Reads cgroup v2 (``memory.max``, ``memory.current``, ``memory.stat``'s ``inactive_file``)
+    and v1 (``memory/memory.limit_in_bytes``, ``memory.usage_in_bytes``, ``memory.stat``'s
+    ``total_inactive_file``) under ``root``, in the process's own cgroup (from
+    ``proc_cgroup``) and each cgroup above it; ``max`` (v2) or a v1 limit of 2^60 bytes or more
+    means no limit. The one with the least headroom wins.
+
+    Args:
+        root: the cgroup mount (default `CGROUP_ROOT`; tests pass a fake folder).
+        proc_cgroup: the membership file (default ``/proc/self/cgroup``; a missing file means
+            the root cgroup, as inside a container's cgroup namespace).
+
+    Returns:
+        A `CgroupMemory`, or None (not Linux, no memory controller, no limit).
+    """
+    base = Path(root if root is not None else CGROUP_ROOT)
+    own = _own_paths(proc_cgroup if proc_cgroup is not None else PROC_CGROUP)
+    found = []
+    for folder in _folders(base, own.get("v2")):
+        limit, usage = _read_int(folder / "memory.max"), _read_int(folder / "memory.current")
+        if limit is not None and usage is not None:
+            found.append(CgroupMemory(2, str(folder), limit, usage,
+                                      _stat(folder / "memory.stat", "inactive_file")))
+    for folder in _folders(base / "memory", own.get("v1")):
+        limit = _read_int(folder / "memory.limit_in_bytes")
+        usage = _read_int(folder / "memory.usage_in_bytes")
+        if limit is not None and usage is not None and limit < _NO_LIMIT:
+            found.append(CgroupMemory(1, str(folder), limit, usage,
+                                      _stat(folder / "memory.stat", "total_inactive_file")))
+    return min(found, key=lambda c: c.headroom) if found else None
+
+
+def _free_ram(meminfo: str) -> int | None:
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def memory_headroom(hw: HardwareInfo, *, cgroup_root: str | os.PathLike | None = None,
+                    meminfo: str | None = None) -> tuple[int | None, str]:
+    """Bytes this process may still allocate on ``hw``'s device now, and what limits it.
+
+    CUDA: ``torch.cuda.mem_get_info``'s free bytes (``"GPU memory free now"``). CPU: the
+    smaller of the free RAM (``MemAvailable``; physical memory where there is no
+    ``/proc/meminfo``) and the cgroup's headroom (`cgroup_memory`). MPS: ``(None, why)``.
+
+    Args:
+        hw: the device's `HardwareInfo`.
+        cgroup_root, meminfo: where to read (defaults `CGROUP_ROOT`, `MEMINFO`; tests pass
+            fake files).
+
+    Returns:
+        ``(bytes or None, words)``: words that follow the bytes in a sentence, e.g.
+        ``(1610612736, "of RAM free now")`` or ``(..., "left under this container's memory
+        limit (cgroup v2: 2.00 GiB, 0.50 GiB in use)")``.
+    """
+    if hw.device == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info()[0]), "of GPU memory free now"
+        except (RuntimeError, AssertionError):  # no usable CUDA runtime
+            return None, "no usable CUDA runtime"
+    if hw.device != "cpu":
+        return None, f"{hw.device} reports no free memory"
+    free = _free_ram(meminfo if meminfo is not None else MEMINFO)
+    cgroup = cgroup_memory(cgroup_root)
+    if cgroup is not None and (free is None or cgroup.headroom < free):
+        return cgroup.headroom, f"left under {cgroup.describe()}"
+    return free, "of RAM free now"
+
+
+def available_memory_bytes(hw: HardwareInfo) -> int | None:
+    """`memory_headroom`'s bytes: what this process may still allocate on ``hw``'s device
+    (None on MPS)."""
+    return memory_headroom(hw)[0]
+
+
+def _size(n: int) -> str:
+    """Bytes in GiB (two decimals) from 1 GiB up, else in MiB."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+def _memory_problem(config: RunConfig, hw: HardwareInfo) -> str | None:
+    free, where = memory_headroom(hw)
+    if not free:
+        return None
+    limit = _MEMORY_FRACTION * free
+    peak = estimate(config).peak_allocated
+    if peak <= limit:
+        return None
+    lo, hi = 0, config.batch_size
+    while hi - lo > 1:  # the estimated peak grows with the batch: bisect
+        mid = (lo + hi) // 2
+        if estimate(config.replace(batch_size=mid)).peak_allocated <= limit:
+            lo = mid
+        else:
+            hi = mid
+    fix = (f"batch {lo} fits by the estimate" if lo else
+           "even batch 1 does not fit: shorten the sequence, use fewer layers, or checkpoint "
+           "('full')")
+    return (f"the estimated peak of {config.label} at batch {config.batch_size} x seq "
+            f"{config.seq_len} is {_size(peak)}, more than {_MEMORY_FRACTION:.0%} of the "
+            f"{_size(free)} {where}; {fix}. Pass force=True (--force) to try anyway.")
+
+
+def check_feasible(config: RunConfig, hw: HardwareInfo | None = None,
+                   force: bool = False) -> list[str]:
+    """Refuse configurations that would be wrong or take minutes; return notes for the rest.
+
+    Args:
+        config: the `RunConfig` to run.
+        hw: a `HardwareInfo` for ``config.device`` (default: detected).
+        force: run anyway (the refusals become notes).
+
+    Returns:
+        Notes (strings) to show the learner, e.g. that bf16 is emulated here, or that on MPS
+        the peak is measured on the CPU.
+
+    Raises:
+        ValueError: the device is missing; fp16 on a CPU without fp16 instructions above a tiny
+            size (its matmuls are emulated, `course_utils.hardware.matmul_probe` measures by
+            how much); bf16 on a GPU that only emulates it (e.g. a T4).
+        MemoryRefused: (a ValueError) the estimated peak exceeds 80% of the memory this
+            process may still use (`memory_headroom`: free GPU memory; free RAM or the
+            container's cgroup limit, whichever is smaller), with the estimate and the largest
+            batch that fits.
+    """
+    hw = hw or detect(config.device)
+    problems, notes = [], []
+    if is_emulated(hw, config.precision):
+        if hw.device == "cpu" and config.precision == "fp16":
+            flops = step_flops(config)
+            if flops > _CPU_FP16_MAX_FLOPS:
+                problems.append(
+                    f"fp16 on this CPU ({hw.name}) is emulated (no fp16 instructions): this step "
+                    f"({flops:.1e} FLOPs) would take minutes. Use bf16 or fp32 on a CPU, the "
+                    "'smoke' size, or force=True.")
+            else:
+                notes.append("fp16 on this CPU is emulated; fine at this tiny size.")
+        elif hw.device == "cuda":
+            problems.append(
+                f"bf16 on {hw.name} is emulated (compute capability "
+                f"{'.'.join(map(str, hw.compute_capability or ()))} < 8.0): it runs, but slowly, "
+                "and teaches the wrong lesson. Use fp16 with GradScaler here, or force=True.")
+        else:
+            notes.append(f"{config.precision} is emulated on this CPU ({hw.name}): its memory "
+                         "is measured as everywhere, its time is not the speed of real hardware.")
+    if config.compile and hw.device == "cpu":
+        notes.append("torch.compile on a CPU: the first step compiles for tens of seconds.")
+    if hw.device == "mps":
+        notes.append(MPS_PEAK_NOTE)
+    if problems and not force:
+        raise ValueError(" ".join(problems))
+    memory = _memory_problem(config, hw)
+    if memory and not force:
+        raise MemoryRefused(memory)
+    return problems + ([memory] if memory else []) + notes
