@@ -414,6 +414,8 @@ class Dashboard:
                                           + ["Change the settings, or tick <i>run anyway</i>."])
                 return None
             plan = self.last_plan = self.plan(config)
+            # value first: ipywidgets 7 clamps the last Run's full bar to a lower max (a flash)
+            self.progress.value = 0
             self.progress.max = max(1, plan.steps)
             self._stage(0, f"step 0 of ~{plan.steps}")
             hook, t0 = self._hook(configs), time.perf_counter()
