@@ -141,6 +141,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 
 COURSE_URL = {url}  # generated from pyproject.toml{url_note}
@@ -226,13 +227,12 @@ if importlib.util.find_spec("course_utils") is None:
                                 + _HOW)
     # Install what is missing (colab.py needs only the standard library), then import.
     if _source.endswith(".whl"):
-        _setup = {{"__name__": "course_setup"}}
         with zipfile.ZipFile(_source) as _z:
-            exec(compile(_z.read("course_utils/colab.py"), "course_utils/colab.py", "exec"), _setup)
+            _colab = _z.extract("course_utils/colab.py", tempfile.mkdtemp())
     else:
-        _setup = runpy.run_path(os.path.join(_source, "course_utils", "colab.py"))
+        _colab = os.path.join(_source, "course_utils", "colab.py")
         sys.path.insert(0, _source)
-    _setup["install_missing"](_source)
+    runpy.run_path(_colab)["install_missing"](_source)
     importlib.invalidate_caches()
 importlib.import_module("course_utils.colab").finish_setup(_source)
 '''

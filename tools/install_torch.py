@@ -124,14 +124,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the CPU wheel index to probe and use (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=5.0,
                         help="seconds to wait for the index (default: %(default)s)")
+    parser.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
+                        help="an extra argument for every pip command, e.g. --pip-arg=--dry-run "
+                             "(repeat it for more)")
     args = parser.parse_args(argv)
     nvidia = has_nvidia() if args.nvidia is None else args.nvidia == "yes"
     p = plan(args.spec, args.system, nvidia,
              lambda: index_reachable(args.index_url, args.timeout), args.index_url)
+    if args.pip_arg:
+        p = Plan(tuple((*a, *args.pip_arg) for a in p.attempts), p.reason)
     if args.dry_run:
         print(f"torch: {p.reason}")
-        for args_ in p.attempts:
-            print("would run: pip " + " ".join(args_))
+        for attempt in p.attempts:
+            print("would run: pip " + " ".join(attempt))
         return 0
     return install(p)
 
