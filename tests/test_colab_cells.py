@@ -97,7 +97,6 @@ def test_repository_badges_setup_cells_and_metadata_agree_with_pyproject():
     """Fails until `python tools/colab_cells.py` and `course-grade release` have been run."""
     problems = cells.sync(ROOT, check=True)
     assert not problems, "\n".join(problems)
-    assert _tool("--check").returncode == 0
 
 
 # --------------------------------------------------------------------------- the command
@@ -233,37 +232,39 @@ def _git(root, *args):
                    check=True, capture_output=True)
 
 
-def test_release_check_refuses_the_placeholder_a_stray_badge_and_a_missing_tag(copy):
+def test_release_check_refuses_the_placeholder_a_stray_badge_and_a_missing_tag(copy, capsys):
+    def release_check():
+        capsys.readouterr()
+        code = cells.main(["--release-check", "--root", str(copy)])
+        return code, capsys.readouterr().out
+
     _git(copy, "init", "-q")
-    r = _tool("--release-check", "--root", copy)
+    r = _tool("--release-check", "--root", copy)                   # the command's exit status
     if cells.is_placeholder(URL):                  # today's repository: not releasable
         assert r.returncode == 1 and "is the placeholder" in r.stdout
     _set_url(copy, REAL)
-    assert _tool("--release-check", "--root", copy).returncode == 1      # cells still say the old URL
-    assert _tool("--root", copy).returncode == 0
+    assert release_check()[0] == 1                                 # cells still say the old URL
+    assert cells.main(["--root", str(copy)]) == 0
     _release(copy / "solutions", copy / "exercises")
     _git(copy, "add", "-A")
     _git(copy, "commit", "-qm", "release")
-    r = _tool("--release-check", "--root", copy)
-    assert r.returncode == 1 and r.stdout.splitlines() == [
-        f"the setup cells clone the tag {REF} (v + pyproject.toml's version), which this checkout "
-        f"does not have: commit, then `git tag {REF}` and push the tag with the release"]
+    assert release_check() == (1, f"the setup cells clone the tag {REF} (v + pyproject.toml's "
+                               f"version), which this checkout does not have: commit, then "
+                               f"`git tag {REF}` and push the tag with the release\n")
     _git(copy, "tag", REF)
-    r = _tool("--release-check", "--root", copy)
-    assert (r.returncode, r.stdout) == (0, f"ready to release: {REAL} at {REF}\n")
+    assert release_check() == (0, f"ready to release: {REAL} at {REF}\n")
     for path in sorted((copy / "notebooks").glob("*.ipynb")):
         assert "COURSE_URL = \\\"" + REAL in path.read_text()
     guide = copy / "docs" / "workshop.md"
     guide.write_text(guide.read_text() + "\n" + cells.badge(URL.replace(
         cells._owner_name(URL).split("/")[0], "someone-else"), "notebooks/x.ipynb") + "\n")
-    r = _tool("--release-check", "--root", copy)
-    assert r.returncode == 1
-    assert r.stdout.startswith("docs/workshop.md: a Colab link opens someone-else/")
+    code, out = release_check()
+    assert code == 1 and out.startswith("docs/workshop.md: a Colab link opens someone-else/")
 
 
 # --------------------------------------------------------------------------- the T4 estimate
 
-def test_t4_estimate_follows_flops_and_memory():
+def test_t4_estimate_follows_flops_and_memory(capsys):
     df = cells.t4_estimate().set_index("configuration")
     fp32, fp16 = df.loc["fp32"], df.loc["fp16 + GradScaler"]
     assert fp16.step_ms < fp32.step_ms / 2             # tensor cores: 65 vs 8.1 TFLOPS peak
@@ -271,5 +272,6 @@ def test_t4_estimate_follows_flops_and_memory():
     assert full.step_ms > fp16.step_ms * 0.9 and full.peak_GiB < fp16.peak_GiB
     assert df.peak_GiB.max() < cells.T4.memory_gib     # the t4 profile fits a T4
     assert not df.loc["bf16 (emulated on a T4: refused)"].in_ladder
-    out = _tool("--t4").stdout
+    assert cells.main(["--t4"]) == 0
+    out = capsys.readouterr().out
     assert "fp16 + GradScaler" in out and "step_ms" in out
