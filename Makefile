@@ -2,7 +2,10 @@
 #   make course   set up .venv with the course's runtime and open JupyterLab on lesson 01
 #   make test     set up .venv with the test tools too and run the whole test suite
 # torch is installed first, pinned here only (the package itself never pins it, so Colab keeps
-# its own build). Override for another build, e.g. make course TORCH_SPEC="torch==2.13.0".
+# its own build), by tools/install_torch.py: on Linux without an NVIDIA GPU the CPU build from
+# PyTorch's CPU wheel index, else (or where that index cannot be reached) the standard wheel.
+# Another version: make course TORCH_SPEC="torch==X.Y"; another build: install it into the venv
+# first (a torch that imports is kept).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,14 +18,14 @@ TEST_EXTRAS ?= lab,hf,grade,test
 FIRST_LESSON := $(firstword $(sort $(wildcard notebooks/01_*.ipynb)))
 LAB_ARGS ?=
 
-.PHONY: setup setup-test git-filter lab course test test-ipywidgets7 test-matrix bench bench-lessons release clean
+.PHONY: setup setup-test git-filter lab course test test-ipywidgets7 test-matrix bench bench-lessons release wheel zip clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.course: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python tools/install_torch.py "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[$(COURSE_EXTRAS)]"
 	touch $@
 
@@ -105,8 +108,25 @@ bench-lessons: setup-test
 release: setup-test
 	$(BIN)/course-grade release
 
+# The course for Colab without a public repository (README.md, "Start on Colab"): a wheel of
+# the package (course_utils and course_grade, no notebooks) and a zip of everything committed
+# (solutions/ included: for graded work, zip the student bundle of `course-grade release
+# --student` instead). Both go to dist/; the setup cell finds either one uploaded next to it.
+DIST ?= dist
+COURSE_NAME := amp-checkpointing-course
+
+wheel: | $(BIN)/python
+	$(BIN)/python -m pip install --quiet "setuptools>=77"
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir $(DIST) .
+	@ls $(DIST)/course_utils-*.whl
+
+zip:
+	@mkdir -p $(DIST)
+	git archive --format=zip --prefix=$(COURSE_NAME)/ --output=$(DIST)/$(COURSE_NAME).zip HEAD
+	@echo "$(DIST)/$(COURSE_NAME).zip: the course at $$(git rev-parse --short HEAD) (uncommitted changes are not in it)"
+
 # Removing the venv removes the filter's program, so the filter's git config goes too.
 clean:
-	rm -rf $(VENV) bench-out .pytest_cache
+	rm -rf $(VENV) bench-out .pytest_cache $(DIST) build
 	git config --remove-section filter.nbstripout 2>/dev/null || true
 	git config --remove-section diff.ipynb 2>/dev/null || true

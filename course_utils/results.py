@@ -16,9 +16,20 @@ _RESULT_COLUMNS = ["run", "device", "size", "config", "step ms", "time x", "peak
                    "saved MiB"]
 
 
-def find_results(start: Path) -> Path | None:
-    for folder in (start, *start.parents):
-        if (folder / "results").is_dir():
+#: The copy of the course this module was imported from (a clone, an unpacked zip, a folder;
+#: site-packages for a wheel, which has no results/).
+_COURSE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def find_results(start: str | Path | None = None) -> Path | None:
+    """The ``results/`` folder committed with the course: the one beside the imported
+    `course_utils` (the clone the setup cell fetched into ``/content/<repository>`` on Colab, or
+    a checkout), else the first ``results/`` beside a ``course_utils/`` folder in ``start``
+    (default: the working folder) or one of its parents. None if there is none (a wheel install
+    run outside a copy of the course)."""
+    here = Path.cwd() if start is None else Path(start)
+    for folder in (_COURSE_ROOT, here, *here.parents):
+        if (folder / "results").is_dir() and (folder / "course_utils").is_dir():
             return folder / "results"
     return None
 
@@ -30,8 +41,8 @@ def committed_results(folder: str | Path | None = None,
     configuration.
 
     Args:
-        folder: the ``results`` folder (default: ``results/`` in the working directory or the
-            nearest parent that has one).
+        folder: the ``results`` folder (default: `find_results`, the one committed with the
+            course this module was imported from).
         devices: device kinds to keep (``"cuda"``, ``"cpu"``, ``"mps"``), or None for every run.
 
     Returns:
@@ -42,7 +53,7 @@ def committed_results(folder: str | Path | None = None,
     Raises:
         ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
     """
-    root = Path(folder) if folder is not None else find_results(Path.cwd())
+    root = Path(folder) if folder is not None else find_results()
     rows = []
     for path in sorted(root.glob("*/bench.json")) if root is not None and root.is_dir() else []:
         try:

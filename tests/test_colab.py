@@ -1,5 +1,8 @@
-"""Colab and workshops: the one repository URL, the badges and setup cells generated from it,
-the setup cell in a fresh venv, the T4 guide's facts, `make course`'s JupyterLab and git filter."""
+"""The learner's side of the setup cell (course_utils.colab) and the cell itself as
+tools/colab_cells.py writes it, run in a fresh venv that has what Colab preinstalls but not the
+course: every route to the course (the release tag cloned, the course zip, a Drive folder, a wheel
+from `make wheel`), the placeholder refused and a failed clone explained without a traceback,
+committed results found from the fetched copy; then `make course`'s JupyterLab and git filter."""
 import json
 import os
 import re
@@ -23,159 +26,22 @@ from course_utils.guard import check_feasible
 from course_utils.hardware import HardwareInfo, recommend_precision
 
 ROOT = Path(__file__).resolve().parents[1]
-URL = colab.repo_url(ROOT)
+sys.path.insert(0, str(ROOT / "tools"))
+import colab_cells  # noqa: E402
+
+URL = colab_cells.repo_url(ROOT)
+REF = colab_cells.release_ref(ROOT)
+REAL = "https://github.com/some-school/amp-checkpointing-course"
+FOLDER = "amp-checkpointing-course"
 T4 = HardwareInfo(device="cuda", name="Tesla T4", compute_capability=(7, 5), native_bf16=False,
                   fp16_fast=True, total_memory_bytes=15 * 2**30, bf16_emulated=True)
-
-
-def _release(source, dest):
-    try:
-        from course_grade import release
-    except ImportError:
-        from course_utils.grading import release
-    release(source, dest)
-
-
-@pytest.fixture
-def copy(tmp_path):
-    """A copy of the repository's notebooks, README and pyproject.toml."""
-    for name in ("notebooks", "solutions", "exercises"):
-        shutil.copytree(ROOT / name, tmp_path / name)
-    for name in ("README.md", "pyproject.toml"):
-        shutil.copy(ROOT / name, tmp_path / name)
-    return tmp_path
 
 
 def _cells(path):
     return json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
 
 
-# --------------------------------------------------------------------------- the one URL
-
-def test_url_is_declared_once_in_pyproject():
-    assert URL.startswith("https://github.com/")
-    text = (ROOT / "pyproject.toml").read_text()
-    assert text.count(URL) == 1
-    # Nothing else in the repository's own files types another GitHub URL for the course.
-    name = URL.rsplit("/", 1)[1]
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-                 *sorted((ROOT / "course_utils").rglob("*.py"))]:
-        for found in re.findall(r"github\.com/[\w.-]+/" + re.escape(name), path.read_text()):
-            assert found == URL.removeprefix("https://"), f"{path.name} names {found}"
-
-
-def test_repo_url_refuses_what_colab_cannot_open(tmp_path):
-    (tmp_path / "pyproject.toml").write_text('[project.urls]\nRepository = "https://gitlab.com/a/b"\n')
-    with pytest.raises(ValueError, match="github.com/OWNER/NAME"):
-        colab.repo_url(tmp_path)
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
-    with pytest.raises(ValueError, match=r"\[project.urls\] Repository"):
-        colab.repo_url(tmp_path)
-    assert colab._toml_fallback((ROOT / "pyproject.toml").read_text()) == {
-        "project": {"urls": {"Repository": URL}, "dependencies": colab.requirements(ROOT)}}
-
-
-def test_repository_badges_and_setup_cells_agree_with_the_url():
-    """Fails until `python -m course_utils.colab` and `course-grade release` have been run."""
-    problems = colab.sync(ROOT, check=True)
-    assert not problems, "\n".join(problems)
-
-
-# --------------------------------------------------------------------------- the command
-
-def _unapply(path):
-    """Remove the setup cell and the badge, as in a notebook the command never touched."""
-    nb = json.loads(path.read_text())
-    nb["cells"] = [c for c in nb["cells"] if c["id"] != colab.SETUP_ID]
-    for c in nb["cells"]:
-        text = "".join(c["source"])
-        if c["cell_type"] == "markdown" and colab._BADGE_RE.search(text):
-            c["source"] = colab._lines(colab._BADGE_RE.sub("", text).replace("\n\n\n", "\n\n"))
-    path.write_text(colab._dumps(nb))
-
-
-def test_sync_writes_badges_and_setup_cells_idempotently(copy):
-    for p in copy.rglob("*.ipynb"):
-        _unapply(p)
-    before = {p: _cells(p) for d in ("notebooks", "solutions") for p in sorted((copy / d).glob("*.ipynb"))}
-    assert colab.sync(copy, check=True)              # nothing applied yet: disagreements
-    colab.sync(copy)
-    _release(copy / "solutions", copy / "exercises")
-    assert colab.sync(copy, check=True) == []
-    texts = {p: p.read_bytes() for p in copy.rglob("*.ipynb")}
-    assert colab.sync(copy) == []                    # a second run changes nothing
-    assert texts == {p: p.read_bytes() for p in copy.rglob("*.ipynb")}
-    cell = colab.setup_cell_source(URL)
-    for path, old in before.items():
-        new = _cells(path)
-        ids = [c["id"] for c in new]
-        assert [i for i in ids if i != colab.SETUP_ID] == [c["id"] for c in old], "ids kept"
-        setup = next(c for c in new if c["cell_type"] == "code")
-        assert setup["id"] == colab.SETUP_ID and "".join(setup["source"]) == cell
-        assert ids.index(colab.SETUP_ID) <= 2                         # after title / objectives
-        assert "objective" in "".join(new[0]["source"] + new[1]["source"]).lower()
-        target = colab.badge_target(path.relative_to(copy))
-        assert f"({colab.colab_url(URL, target)})" in "".join(new[0]["source"])
-    for path in sorted((copy / "exercises").glob("*.ipynb")):
-        title = "".join(_cells(path)[0]["source"])
-        assert f"/blob/main/exercises/{path.name})" in title          # learners open exercises
-        assert "/solutions/" not in title
-    r = subprocess.run([sys.executable, "-m", "nbstripout", "--verify", "--keep-id",
-                        *map(str, sorted(copy.rglob("*.ipynb")))], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-
-
-def test_check_reports_a_changed_url_and_an_edited_cell(copy):
-    colab.sync(copy)
-    _release(copy / "solutions", copy / "exercises")
-    nb = copy / "notebooks" / sorted(p.name for p in (copy / "notebooks").glob("*.ipynb"))[0]
-    data = json.loads(nb.read_text())
-    setup = next(c for c in data["cells"] if c["id"] == colab.SETUP_ID)
-    setup["source"] = setup["source"][:-1]
-    nb.write_text(colab._dumps(data))
-    assert [p.split(":")[0] for p in colab.sync(copy, check=True)] == [f"notebooks/{nb.name}"]
-    pyproject = copy / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace(URL, "https://github.com/fork/course"))
-    problems = colab.sync(copy, check=True)
-    n = sum(1 for d in ("notebooks", "solutions", "exercises") for _ in (copy / d).glob("*.ipynb"))
-    assert len(problems) == n + 1 and problems[-1].startswith("README.md")
-    assert subprocess.run([sys.executable, "-m", "course_utils.colab", "--check", "--root",
-                           str(copy)], capture_output=True).returncode == 1
-
-
-def test_a_second_badge_or_setup_cell_is_merged_or_refused():
-    nb = {"cells": [{"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# T\n", "objectives"]},
-                    {"cell_type": "markdown", "id": "b", "metadata": {},
-                     "source": [colab.badge(URL, "notebooks/x.ipynb") + "\n", "\n", "text"]},
-                    {"cell_type": "code", "id": "c", "metadata": {}, "source": ["1"],
-                     "outputs": [], "execution_count": None}], "metadata": {}}
-    out = colab.apply_to_notebook(nb, URL, "notebooks/y.ipynb")
-    texts = ["".join(c["source"]) for c in out["cells"]]
-    assert sum("colab-badge.svg" in t for t in texts) == 1 and "notebooks/y.ipynb" in texts[0]
-    assert texts[2] == "text" and [c["id"] for c in out["cells"]] == ["t", "colab-setup", "b", "c"]
-    twice = colab.apply_to_notebook(out, URL, "notebooks/y.ipynb")
-    twice["cells"].append(dict(twice["cells"][1]))
-    with pytest.raises(ValueError, match="2 cells have the id"):
-        colab.apply_to_notebook(twice, URL, "notebooks/y.ipynb")
-
-
-def test_readme_blocks_are_generated(copy):
-    readme = copy / "README.md"
-    readme.write_text(readme.read_text().replace("| fp32 |", "| fp32 (edited) |"))
-    assert colab.sync(copy, check=True, parts=("readme",)) == [
-        "README.md: its Colab badges or T4 estimate are out of date (run `python -m course_utils.colab`)"]
-    colab.sync(copy, parts=("readme",))
-    text = readme.read_text()
-    assert colab.sync(copy, check=True, parts=("readme",)) == []
-    for d in ("notebooks", "exercises"):
-        for p in (copy / d).glob("[0-9][0-9]_*.ipynb"):
-            assert colab.badge(URL, f"{d}/{p.name}") in text
-    readme.write_text("no blocks")
-    with pytest.raises(ValueError, match="no block"):
-        colab.sync(copy, parts=("readme",))
-
-
-# --------------------------------------------------------------------------- the setup cell
+# --------------------------------------------------------------------------- install_missing
 
 def _fake_pip(calls, fail=()):
     def run(args):
@@ -221,10 +87,14 @@ def test_install_missing_pins_torch_and_reports_failures(monkeypatch):
     with pytest.raises(RuntimeError, match="torch is not installed"):
         colab.install_missing(ROOT, run=_fake_pip(calls), say=said.append)
     assert calls == []
+    with pytest.raises(ValueError, match="no pyproject.toml"):
+        colab.requirements(ROOT / "course_utils")
 
+
+# --------------------------------------------------------------------------- the setup cell
 
 def test_setup_cell_where_course_utils_imports_only_describes(capsys):
-    exec(colab.setup_cell_source(URL), {})
+    exec(colab_cells.setup_cell_source(URL, REF), {})
     out = capsys.readouterr().out
     assert "fetching" not in out and "pip" not in out
     assert out.startswith("course_utils from ")
@@ -243,51 +113,196 @@ def _purelib_shadow(tmp_path):
     return shadow
 
 
-@pytest.mark.timeout(600)
-def test_setup_cell_in_a_fresh_venv_imports_course_utils_without_a_restart(tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    from nbclient import NotebookClient
-    src = tmp_path / "origin"   # stands in for the repository URL
-    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(src)], check=True)
+def _fresh_venv(tmp_path):
+    """A venv without the course whose packages are this one's (torch included): a fresh Colab
+    runtime, as far as the setup cell can tell."""
     venv = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "_preinstalled.pth").write_text(f"{_purelib_shadow(tmp_path)}\n")
+    return venv
+
+
+def _env(venv, **extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "COURSE_SOURCE", "COURSE_REF")}
+    env.update(COURSE_SIZE="smoke", OMP_NUM_THREADS="1",
+               PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory):
+    """A clone of this repository (its committed state) standing in for the published one, with
+    the release tag the setup cells clone and one commit after it (so main is not the release),
+    and what `make zip` and `make wheel` build from it."""
+    tmp = tmp_path_factory.mktemp("origin")
+    src = tmp / "origin"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(src)], check=True)
+    subprocess.run([*git, "tag", REF], cwd=src, check=True)
+    tagged = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    subprocess.run([*git, "commit", "--quiet", "--allow-empty", "-m", "after the release"], cwd=src,
+                   check=True)
+    dist = tmp / "dist"
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    subprocess.run(["make", "-s", "zip", "wheel", f"BIN={Path(sys.executable).parent}",
+                    f"DIST={dist}"], cwd=src, check=True, capture_output=True)
+    return SimpleNamespace(src=src, tagged=tagged, zip=dist / f"{FOLDER}.zip",
+                           wheel=next(dist.glob("course_utils-*-py3-none-any.whl")))
+
+
+_AFTER = ("\nimport course_utils\nfrom course_utils.results import find_results\n"
+          "print('FILE', course_utils.__file__)\nprint('RESULTS', find_results())\n")
+
+
+def _run_cell(tmp_path, url, uploads=(), **env):
+    """The setup cell for ``url`` run as a script in a fresh venv, in an empty working folder
+    (Colab's /content) holding ``uploads``, then two lines that say where the course came from."""
+    venv = _fresh_venv(tmp_path)
+    work = tmp_path / "content"
+    work.mkdir()
+    for path in uploads:
+        shutil.copy(path, work / Path(path).name)
+    script = tmp_path / "setup_cell.py"
+    script.write_text(colab_cells.setup_cell_source(url, REF) + _AFTER)
+    # No build isolation for `pip install -e`: setuptools comes from the preinstalled packages,
+    # not from the network (the kernel test below installs as Colab does).
+    r = subprocess.run([venv / "bin" / "python", script], cwd=work, capture_output=True, text=True,
+                       env=_env(venv, PIP_NO_BUILD_ISOLATION="0", **env))
+    return r, work, venv
+
+
+_ROUTES = ("1. The course zip", "2. A Drive folder", "3. A wheel (`make wheel`",
+           f"%env COURSE_SOURCE=/content/drive/MyDrive/{FOLDER}", "%env COURSE_REF=")
+
+
+def test_setup_cell_refuses_the_placeholder_and_names_the_three_routes(tmp_path):
+    r, work, _ = _run_cell(tmp_path, colab_cells.PLACEHOLDER_URL)
+    assert r.returncode == 1 and r.stdout == "" and "git" not in r.stderr.split("_SetupStopped:")[1][:60]
+    assert "_SetupStopped: This notebook names no public repository to fetch the course from" in r.stderr
+    assert all(route in r.stderr for route in _ROUTES)
+    assert list(work.iterdir()) == []                                  # nothing fetched
+
+
+@pytest.mark.parametrize("case", ["no repository", "no such tag"])
+def test_a_failed_clone_says_what_to_do_instead_of_a_traceback(tmp_path, origin, case):
+    source, ref = (("file:///nonexistent/course", REF) if case == "no repository"
+                   else (f"file://{origin.src}", "v0.0.0-never"))
+    r, work, _ = _run_cell(tmp_path, REAL, COURSE_SOURCE=source, COURSE_REF=ref)
+    assert r.returncode == 1 and "CalledProcessError" not in r.stderr
+    assert f"fetching the course: git clone --depth=1 --branch {ref} {source}" in r.stdout
+    message = r.stderr.split("_SetupStopped: ", 1)[1]
+    assert message.startswith(f"git clone of {source} at {ref} failed (fatal: ")
+    assert all(route in message for route in _ROUTES)
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("route", ["zip", "drive", "wheel"])
+def test_the_three_routes_without_a_public_repository(tmp_path, origin, route):
+    checkout = tmp_path / "content" / FOLDER
+    if route == "zip":                        # uploaded next to the notebook: found by itself
+        r, work, venv = _run_cell(tmp_path, colab_cells.PLACEHOLDER_URL, uploads=[origin.zip])
+        assert f"unpacking the course: {origin.zip.name} -> {checkout}" in r.stdout
+    elif route == "drive":                    # a folder in Drive, named by COURSE_SOURCE
+        drive = tmp_path / "drive" / "MyDrive" / FOLDER
+        shutil.copytree(origin.src, drive)
+        r, work, venv = _run_cell(tmp_path, colab_cells.PLACEHOLDER_URL, COURSE_SOURCE=str(drive))
+        assert f"copying the course: {drive} -> {checkout}" in r.stdout
+        assert not (checkout / ".git").exists()
+    else:                                     # uploaded next to the notebook: found by itself
+        r, work, venv = _run_cell(tmp_path, colab_cells.PLACEHOLDER_URL, uploads=[origin.wheel])
+    assert r.returncode == 0, r.stdout + r.stderr
+    print(r.stdout)
+    assert re.search(r"already installed, left as they are: torch [\d.]+", r.stdout)
+    assert "nothing else was missing" in r.stdout and "size profile smoke" in r.stdout
+    if route == "wheel":
+        assert f"installed the course: pip install --no-deps {origin.wheel.name}" in r.stdout
+        assert "course_utils imports in this kernel from the wheel" in r.stdout
+        site = subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; "
+                               "print(sysconfig.get_paths()['purelib'])"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        assert f"FILE {site}/course_utils/__init__.py" in r.stdout
+        assert "RESULTS None" in r.stdout            # a wheel carries no results/
+    else:
+        assert f"installed the course: pip install --no-deps -e {checkout}" in r.stdout
+        assert f"course_utils imports in this kernel from {checkout}" in r.stdout
+        assert f"FILE {checkout}/course_utils/__init__.py" in r.stdout
+        assert f"RESULTS {checkout}/results" in r.stdout     # found from the copy, not /content
+
+
+def test_setup_cell_error_shows_no_traceback_in_a_kernel_and_stops_the_notebook(tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    venv = _fresh_venv(tmp_path)
+    kernel = _kernel(tmp_path, venv, monkeypatch)
+    work = tmp_path / "content"
+    work.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(colab_cells.setup_cell_source(colab_cells.PLACEHOLDER_URL, REF)),
+                nbformat.v4.new_code_cell("print('the next cell ran')")]
+    client = NotebookClient(nb, kernel_name=kernel, timeout=300,
+                            resources={"metadata": {"path": str(work)}})
+    with pytest.raises(CellExecutionError):
+        client.execute(env=_env(venv))
+    error = next(o for o in nb.cells[0].outputs if o.output_type == "error")
+    assert error.ename == "_SetupStopped" and len(error.traceback) == 1     # the message alone
+    assert error.traceback[0].startswith("This notebook names no public repository")
+    assert not nb.cells[1].outputs
+
+
+def _kernel(tmp_path, venv, monkeypatch):
     kernels = tmp_path / "jupyter" / "kernels" / "fresh"
     kernels.mkdir(parents=True)
     (kernels / "kernel.json").write_text(json.dumps({
-        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [str(venv / "bin" / "python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "fresh venv", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    return "fresh"
+
+
+@pytest.mark.timeout(600)
+def test_setup_cell_in_a_fresh_kernel_clones_the_release_and_imports_without_a_restart(
+        tmp_path, monkeypatch, origin):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+    venv = _fresh_venv(tmp_path)
+    kernel = _kernel(tmp_path, venv, monkeypatch)
     work = tmp_path / "content"  # Colab's working folder
     work.mkdir()
 
     lesson = sorted((ROOT / "notebooks").glob("01_*.ipynb"))[0]
-    cell = next((c for c in _cells(lesson) if c.get("id") == colab.SETUP_ID), None)
-    source = "".join(cell["source"]) if cell else colab.setup_cell_source(URL)
+    cell = next(c for c in _cells(lesson) if c.get("id") == colab_cells.SETUP_ID)
+    source = "".join(cell["source"])                            # the lesson's own cell
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(source),
                 nbformat.v4.new_code_cell(
-                    "import importlib.metadata, sys, torch, course_utils\n"
+                    "import importlib.metadata, subprocess, sys, torch, course_utils\n"
                     "from course_utils.config import config_for\n"
+                    "from course_utils.results import find_results\n"
                     "print('FILE', course_utils.__file__)\n"
                     "print('TORCH', torch.__file__)\n"
                     "print('PREFIX', sys.prefix)\n"
-                    "print('CFG', config_for().label)\n")]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(COURSE_SOURCE=f"file://{src}", COURSE_SIZE="smoke", OMP_NUM_THREADS="1",
-               PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
-    client = NotebookClient(nb, kernel_name="fresh", timeout=500,
+                    "print('CFG', config_for().label)\n"
+                    "print('RESULTS', find_results())\n"
+                    "print('HEAD', subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True,\n"
+                    "      text=True, cwd=course_utils.__path__[0]).stdout.strip())\n")]
+    # COURSE_SOURCE stands in for the repository: the cell clones it as it would clone COURSE_URL
+    # (whether or not pyproject.toml's URL is still the placeholder).
+    client = NotebookClient(nb, kernel_name=kernel, timeout=500,
                             resources={"metadata": {"path": str(work)}})
-    client.execute(env=env)
+    client.execute(env=_env(venv, COURSE_SOURCE=f"file://{origin.src}"))
     out = ["".join(o.get("text", "") for o in c.outputs if o.output_type == "stream") for c in nb.cells]
     errors = [o for c in nb.cells for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
     print(out[0])
-    checkout = work / URL.rsplit("/", 1)[1]
-    assert f"fetching the course: git clone --depth=1 file://{src} {checkout}" in out[0]
+    checkout = work / FOLDER
+    assert f"fetching the course: git clone --depth=1 --branch {REF} file://{origin.src} {checkout}" in out[0]
     assert f"course_utils imports in this kernel from {checkout}" in out[0]
     assert ("installed the course: pip install --no-deps -e" in out[0]
             or "could not pip-install the course" in out[0])
@@ -296,6 +311,8 @@ def test_setup_cell_in_a_fresh_venv_imports_course_utils_without_a_restart(tmp_p
     assert f"FILE {checkout}/course_utils/__init__.py" in out[1]
     assert f"TORCH {tmp_path / 'preinstalled'}" in out[1]        # torch untouched
     assert f"PREFIX {venv}" in out[1] and "CFG fp32" in out[1]
+    assert f"RESULTS {checkout}/results" in out[1]               # committed results, from the clone
+    assert f"HEAD {origin.tagged}" in out[1]                     # the release, not main
 
 
 # --------------------------------------------------------------------------- the T4 guide
@@ -315,16 +332,6 @@ def test_t4_guide_facts(monkeypatch, capsys):
     assert "fp32 → fp16 + GradScaler → + full checkpointing / + selective checkpointing" in readme
 
 
-def test_t4_estimate_follows_flops_and_memory():
-    df = colab.t4_estimate().set_index("configuration")
-    fp32, fp16 = df.loc["fp32"], df.loc["fp16 + GradScaler"]
-    assert fp16.step_ms < fp32.step_ms / 2             # tensor cores: 65 vs 8.1 TFLOPS peak
-    full = df.loc["fp16 + full checkpointing"]
-    assert full.step_ms > fp16.step_ms * 0.9 and full.peak_GiB < fp16.peak_GiB
-    assert df.peak_GiB.max() < colab.T4.memory_gib     # the t4 profile fits a T4
-    assert not df.loc["bf16 (emulated on a T4: refused)"].in_ladder
-
-
 def test_optional_import_says_how_to_install(capsys):
     assert colab.optional_import("json", "hf", "x") is json
     assert colab.optional_import("no_such_module_for_the_course", "hf", "the Hugging Face "
@@ -338,29 +345,6 @@ def test_optional_import_says_how_to_install(capsys):
 BIN = Path(sys.executable).parent
 needs_make = pytest.mark.skipif(shutil.which("make") is None or not (BIN / "nbstripout").exists(),
                                 reason="needs make and nbstripout (make test installs both)")
-
-
-def test_make_course_installs_only_the_runtime_and_torch_first(tmp_path):
-    if shutil.which("make") is None:
-        pytest.skip("needs make")
-    venv = tmp_path / "v"   # a venv that does not exist: make prints the whole recipe
-    course = subprocess.run(["make", "-n", "setup", f"VENV={venv}"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout
-    installs = [line for line in course.splitlines() if "pip install" in line]
-    assert "torch==2.13.0" in installs[1] and "import torch" in installs[1]   # after pip itself
-    assert installs[2].endswith('-e ".[lab,hf]"') and len(installs) == 3
-    assert "nbstripout --install --attributes .gitattributes" in course
-    full = subprocess.run(["make", "-n", "setup-test", f"VENV={venv}"], cwd=ROOT,
-                          capture_output=True, text=True, check=True).stdout
-    assert '-e ".[lab,hf,grade,test]"' in full
-    project = colab._toml(ROOT / "pyproject.toml")["project"]
-    names = [colab._name(s) for s in project["dependencies"]]
-    assert "transformers" not in names and "torch" in names
-    extras = {k: [colab._name(s) for s in v] for k, v in project["optional-dependencies"].items()}
-    assert extras["hf"] == ["transformers"]
-    assert {"jupyterlab", "ipykernel", "nbstripout"} <= set(extras["lab"])
-    assert not {"pytest", "nbval", "playwright", "ruff"} & set(extras["lab"] + names)
-    assert {"pytest", "pytest-xdist", "nbval", "nbstripout", "playwright", "ruff"} <= set(extras["test"])
 
 
 def _free_port():
@@ -457,6 +441,7 @@ def test_docstrings_and_docs_cite_only_files_in_the_repository():
     names = {Path(t).name for t in tracked} | set(tracked)
     bad = []
     for path in [*sorted((ROOT / "course_utils").rglob("*.py")), *sorted((ROOT / "tests").glob("*.py")),
+                 *sorted((ROOT / "tools").glob("*.py")),
                  ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = path.read_text()
         if re.search(r"shared[/ ]notes", text):

@@ -2,6 +2,7 @@
 scale (course_utils.memory_model, estimates), committed results (course_utils.results). At the
 `smoke` size (seconds); no GPU needed."""
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -166,6 +167,22 @@ def test_committed_results_reads_course_bench_output(tmp_path):
     with pytest.raises(ValueError, match="broken"):
         results.committed_results(tmp_path, devices=None)
     assert isinstance(df, pd.DataFrame)
+
+
+def test_results_are_found_beside_the_imported_course_not_from_the_working_folder(tmp_path,
+                                                                                 monkeypatch):
+    """On Colab the working folder is /content and the course is a clone inside it: the results
+    committed with the course are the clone's."""
+    course = Path(results.__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)                                    # Colab's /content
+    assert results.find_results() == course / "results"
+    stray = tmp_path / "work"
+    (stray / "results").mkdir(parents=True)                        # not a copy of the course
+    assert results.find_results(stray) == course / "results"
+    monkeypatch.setattr(results, "_COURSE_ROOT", tmp_path / "site-packages")   # a wheel install
+    assert results.find_results(stray) is None
+    (stray / "course_utils").mkdir()
+    assert results.find_results(stray / "notebooks") == stray / "results"
 
 
 def test_lesson03_charts_draw_what_they_are_given(fp32_search):
