@@ -110,15 +110,19 @@ def searches() -> list:
 
 
 def scale_table() -> pd.DataFrame:
-    """`scaling.scale_table()` (GiB) for 1B, 7B and 70B."""
+    """`memory_model.scale_table(detail=True)`'s columns (GiB) for 1B, 7B and 70B, made up."""
     rows = []
     for model, params, w, acts in (("1B", 1.04, 3.9, 4.6), ("7B", 6.71, 25.0, 16.0),
                                    ("70B", 69.81, 260.0, 85.0)):
         for recipe, copies, a in (("fp32", 0.0, acts), ("bf16 autocast", 0.45 * w, acts * 0.5),
                                   ("bf16 autocast + full ckpt", 0.01 * w, acts * 0.1)):
+            parts = {"weights": w, "AdamW state": 2 * w, "gradients": w, "saved tensors": 0.0,
+                     "temporaries": w}
             rows.append({"model": model, "recipe": recipe, "params (B)": params, "weights": w,
                          "gradients": w, "AdamW state": 2 * w, "weight copies": copies,
-                         "activations": a, "peak": 4 * w + 0.1 * acts})
+                         "activations": a, "peak GiB": sum(parts.values()),
+                         "peak at": "optimizer step",
+                         **{f"at peak: {k}": v for k, v in parts.items()}})
     return pd.DataFrame(rows)
 
 
