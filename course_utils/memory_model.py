@@ -72,7 +72,7 @@ batch 12 (``tests/test_memory_model.py``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -112,8 +112,8 @@ class MemoryEstimate:
     peak_allocated: int
     recompute: int
     n_parameters: int
-    peak_moment: str = ""
-    peak_components: dict = field(default_factory=dict)
+    peak_moment: str
+    peak_components: dict
 
     @property
     def peak_at(self) -> str:
@@ -387,8 +387,8 @@ def scale_table(models=None, recipes=None, seq_len: int = 2048, batch_size: int 
         ``AdamW state``, ``weight copies``, ``activations`` (saved activations + the logits
         bucket), ``bytes/param`` (weights + gradients + AdamW per parameter) and, for the parts of
         `PEAK_PARTS`, ``at peak: <part>``: the bytes alive at the peak moment, which sum to the
-        peak. GiB = 2^30 bytes. All values are estimates. ``df.attrs["detail"]`` holds the full
-        table in either case (for `course_utils.plots.scale_chart`).
+        peak. GiB = 2^30 bytes. All values are estimates. The default table's
+        ``attrs["detail"]`` holds the full one (for `course_utils.plots.scale_chart`).
 
     Raises:
         ValueError: empty ``models``/``recipes`` or invalid sizes.
@@ -417,8 +417,10 @@ def scale_table(models=None, recipes=None, seq_len: int = 2048, batch_size: int 
                 row[f"at peak: {part}"] = e.peak_components.get(part, 0) / GiB
             rows.append(row)
     full = pd.DataFrame(rows)
-    out = full if detail else full[["model", "recipe", "params (B)", "training state GiB",
-                                     "saved GiB", "peak GiB", "peak at"]].copy()
+    if detail:
+        return full
+    out = full[["model", "recipe", "params (B)", "training state GiB", "saved GiB", "peak GiB",
+                "peak at"]].copy()
     out.attrs["detail"] = full
     return out
 
