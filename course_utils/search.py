@@ -87,15 +87,19 @@ class BatchSearch:
         return self.config.label
 
     def as_row(self) -> dict:
-        """A flat dict for a table: label, largest batch, its peak (bytes), budget, time, tokens/s,
-        number of measurements."""
+        """A readable flat dict for a table (seven columns): ``config`` (in words), ``largest
+        batch``, ``tokens/step``, ``peak MiB`` (its measured peak), ``step ms`` (its one timed
+        step), ``tokens/s`` and ``measurements`` (steps the search ran); three significant
+        figures."""
+        from .experiments import plain_label, round_sig
         m = self.measurement
-        return {"config": self.label, "largest batch": self.batch_size,
+        return {"config": plain_label(self.label), "largest batch": self.batch_size,
                 "tokens/step": self.batch_size * self.config.seq_len * self.config.grad_accum_steps,
-                "peak_allocated": None if m is None else m.peak_allocated,
-                "budget_bytes": self.budget_bytes,
-                "step_time_s": None if m is None else m.step_time_s,
-                "tokens_per_s": self.tokens_per_s, "measurements": len(self.probes)}
+                "peak MiB": None if m is None or m.peak_allocated is None
+                else round_sig(m.peak_allocated / 2**20),
+                "step ms": None if m is None or m.step_time_s is None
+                else round_sig(m.step_time_s * 1e3),
+                "tokens/s": round_sig(self.tokens_per_s), "measurements": len(self.probes)}
 
 
 def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
