@@ -294,11 +294,11 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
 
 def routes_table(routes: pd.DataFrame) -> pd.DataFrame:
     """`routes`' result as a readable table: one row per route (the index), ``trains``,
-    ``weights GiB``, ``gradients GiB``, ``optimizer GiB``, ``peak GiB`` (three significant
-    figures) and ``fits``."""
+    ``weights GiB``, ``gradients GiB``, ``optimizer GiB``, ``peak GiB`` (four significant
+    figures, as the lesson's sentences print one decimal of GiB) and ``fits``."""
     from .experiments import round_sig
     out = routes.set_index("route")[["trains"]].copy()
     for col in ("weights", "gradients", "optimizer", "peak"):
-        out[f"{col} GiB"] = [round_sig(v) for v in routes[col]]
+        out[f"{col} GiB"] = [round_sig(v, 4) for v in routes[col]]
     out["fits"] = routes["fits"].to_numpy()
     return out

@@ -59,7 +59,6 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     Raises:
         ValueError: no row has both a step time and a peak.
     """
-    from ._style import MUTED_COLOR
     t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
     iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
     peak = mib(df["peak_allocated"])
@@ -127,8 +126,8 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
                frameon=False)
     caption = emulated_caption(labels, t, notes, None if emulated[0] else (labels[0], t[0]))
     if caption:
-        import textwrap
-        fig.supxlabel(textwrap.fill(caption, 110), fontsize=8, color=MUTED_COLOR)
+        from .ladder import _put_caption
+        _put_caption(fig, caption, width=110)
     place_point_labels(fig, ax, texts)
     return fig
 
