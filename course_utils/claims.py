@@ -116,7 +116,8 @@ def _unsettled(t, what: str) -> tuple[str, str] | None:
 def _c1(hw, bf16_time=None):
     """``bf16_time``: TimeRatio of the bf16 step / the fp32 step (same model and policy).
     Held from 1.5x faster, on an Ampere+ GPU only."""
-    here = f" here bf16 ran {bf16_time.describe('at')}" if bf16_time and bf16_time.ratio else ""
+    here = (f" Here: {bf16_time.describe('the bf16 step')}" if bf16_time and bf16_time.ratio
+            else "")
     if not (hw.device == "cuda" and hw.native_bf16):
         return "not measured here", f"a claim about Ampere+ GPUs; this is {_gpu(hw)}.{here}"
     u = _unsettled(bf16_time, "bf16 / fp32 step time")
@@ -170,7 +171,8 @@ def _c5(full_time, flops_ratio=None):
     cost = full_time.ratio - 1
     flops = f"; FLOPs {_pct(flops_ratio - 1)}" if flops_ratio is not None else ""
     return ("held" if 0.15 <= cost <= 0.40 else "busted",
-            f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-33%){flops}")
+            f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-33%; held from "
+            f"+15% to +40%){flops}")
 
 
 def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=4):

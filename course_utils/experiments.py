@@ -238,12 +238,33 @@ def time_cell(ratio, verdict) -> str:
     return verdict
 
 
+def _per_token(ratio, low, high, verdicts, tokens):
+    """Step-time ratios to the first row turned into time-per-token ratios: each per-round
+    ratio is multiplied by ``tokens[0] / tokens[i]``, so the median and the band are too; the
+    faster/slower/within-noise verdict is drawn again from the scaled band
+    (`course_utils.timing.printed_band`)."""
+    from .timing import printed_band
+    out = [[], [], [], []]
+    for i, (r, lo, hi, v) in enumerate(zip(ratio, low, high, verdicts)):
+        c = tokens[0] / tokens[i]
+        r2 = None if r is None or pd.isna(r) else r * c
+        lo2 = None if lo is None or pd.isna(lo) else lo * c
+        hi2 = None if hi is None or pd.isna(hi) else hi * c
+        if v in ("faster", "slower", "within noise") and None not in (r2, lo2, hi2):
+            pl, ph = printed_band(r2, lo2, hi2)
+            v = "within noise" if pl <= 1.0 <= ph else ("faster" if r2 < 1 else "slower")
+        for lst, x in zip(out, (r2, lo2, hi2, v)):
+            lst.append(x)
+    return out
+
+
 def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     """A readable view of `compare`'s table (and of the dashboard's history).
 
     Default: one row per configuration, labelled in words (`plain_label`; with the micro-batch
     where the rows' batches differ), and six columns: ``step ms`` (median step time),
-    ``time vs first`` (`time_cell`: a ratio only outside the noise), ``peak MiB`` and
+    ``time vs first`` (`time_cell`: a ratio only outside the noise; ``time per token vs
+    first`` where the rows process different numbers of tokens per step), ``peak MiB`` and
     ``est peak MiB`` (peak allocated memory, measured and estimated), ``saved MiB`` and
     ``est saved MiB`` (saved tensors); three significant figures. ``detail=True`` adds the
     noise band, tokens/s, the ratios to the first row, the saved activations and the
@@ -253,19 +274,30 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
         return [round_sig(None if v is None or pd.isna(v) else v / MiB) for v in df[col]]
 
     labels = [plain_label(v) for v in df["label"]]
-    if "batch_size" in df and df["batch_size"].nunique() > 1:
-        labels = [f"{lab}, micro-batch {b}" for lab, b in zip(labels, df["batch_size"])]
+    batch = list(df["batch_size"]) if "batch_size" in df else [None] * len(df)
+    accum = list(df["grad_accum_steps"]) if "grad_accum_steps" in df else [1] * len(df)
+    tokens = [None if b is None else b * a for b, a in zip(batch, accum)]
+    per_token = len(set(tokens)) > 1 and None not in tokens
+    if per_token:  # different batches: say each row's, and compare time per token
+        labels = [f"{lab} of {b}" if a > 1 else f"{lab}, micro-batch {b}"
+                  for lab, b, a in zip(labels, batch, accum)]
+    elif len(set(batch)) > 1:  # accumulation at the same tokens per step: say the split
+        labels = [f"{lab} of {b}" if a > 1 else lab for lab, b, a in zip(labels, batch, accum)]
     out = pd.DataFrame({"config": labels})
     out["step ms"] = [round_sig(None if v is None or pd.isna(v) else v * 1e3)
                       for v in df["step_time_s"]]
-    cells = [time_cell(r, v) for r, v in zip(df["time_ratio"], df["time_verdict"])]
+    ratio, low, high = (list(df[c]) for c in ("time_ratio", "time_ratio_low", "time_ratio_high"))
+    verdicts = list(df["time_verdict"])
+    if per_token:  # per-round ratios scale exactly by the tokens: so do the median and band
+        ratio, low, high, verdicts = _per_token(ratio, low, high, verdicts, tokens)
+    cells = [time_cell(r, v) for r, v in zip(ratio, verdicts)]
     if "oom" in df:
         cells = ["out of memory" if o else c for o, c in zip(df["oom"], cells)]
-    out["time vs first"] = cells
+    out["time per token vs first" if per_token else "time vs first"] = cells
     if detail:
         out["noise band"] = [
             None if lo is None or pd.isna(lo) else f"{lo:.2f}-{hi:.2f}x"
-            for lo, hi in zip(df["time_ratio_low"], df["time_ratio_high"])]
+            for lo, hi in zip(low, high)]
         out["tokens/s"] = [round_sig(v) for v in df["tokens_per_s"]]
     out["peak MiB"] = mib("peak_allocated")
     out["est peak MiB"] = mib("est_peak_allocated")

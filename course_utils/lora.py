@@ -53,6 +53,7 @@ from .memory_model import (
 from .memory_model import estimate as full_estimate
 
 __all__ = [
+    "routes_table",
     "ADAM8_BYTES",
     "NF4_BITS",
     "TARGETS",
@@ -289,3 +290,15 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
     row("next: 8-bit AdamW, full fine-tune", f"{N / 1e9:.2f}B", full,
         full.peak_allocated - adam8_saved, optimizer=full.optimizer_state - adam8_saved)
     return pd.DataFrame(rows)
+
+
+def routes_table(routes: pd.DataFrame) -> pd.DataFrame:
+    """`routes`' result as a readable table: one row per route (the index), ``trains``,
+    ``weights GiB``, ``gradients GiB``, ``optimizer GiB``, ``peak GiB`` (four significant
+    figures, as the lesson's sentences print one decimal of GiB) and ``fits``."""
+    from .experiments import round_sig
+    out = routes.set_index("route")[["trains"]].copy()
+    for col in ("weights", "gradients", "optimizer", "peak"):
+        out[f"{col} GiB"] = [round_sig(v, 4) for v in routes[col]]
+    out["fits"] = routes["fits"].to_numpy()
+    return out

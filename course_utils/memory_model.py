@@ -80,7 +80,8 @@ from .checkpointing import parse_policy, segment_bounds
 from .config import GiB, ModelShape, RunConfig
 
 __all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_token",
-           "largest_parameter_tensor", "peak_walk", "peak_parts", "PEAK_PARTS", "SCALE_MODELS", "SCALE_RECIPES",
+           "largest_parameter_tensor", "peak_walk", "peak_parts", "PEAK_PARTS", "SCALE_MODELS",
+           "SCALE_RECIPES",
            "scale_config", "scale_table", "ZERO_STAGES", "ShardedState", "sharded_state_bytes",
            "sharded_estimate"]
 
