@@ -400,3 +400,12 @@ def test_loss_curves_chart_with_the_flushed_share():
         plots.loss_curves_chart({"x": _history("x", [1.0], [])}, flushed=True)
     with pytest.raises(ValueError, match="flushed"):
         plots.loss_curves_chart({"x": ([0, 1], [2.0, 1.0])}, flushed=True)
+
+
+def test_lesson01_has_one_measuring_box_and_speaks_of_its_subject(lesson):
+    from test_telling import machinery_share  # the issue-18 checker of lessons 03/04, the same rule
+    boxes = [c for c in lesson.cells if c.get("id") == "how-measured"]
+    assert len(boxes) == 1 and "How this lesson measures" in boxes[0].source
+    assert machinery_share(lesson) <= 0.05, f"{machinery_share(lesson):.1%} machinery words"
+    prose = " ".join(c.source for c in lesson.cells if c.cell_type == "markdown")
+    assert "TF32" in prose and "failed" not in prose
