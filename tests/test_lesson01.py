@@ -228,7 +228,7 @@ def test_read_scaler_trace_catches_a_broken_rule():
     trace, scaler, init = _trace({2: float("inf")}, tamper=no_backoff)
     got = read_scaler_trace(trace, scaler, init)
     assert got["backoffs_ok"] == [False]
-    assert verdict("C12", **got).status == "failed"
+    assert verdict("C12", **got).status == "busted"
 
     def stepped_on_inf(rows):
         rows[1]["stepped"] = True
@@ -375,7 +375,7 @@ def test_harm_rule_and_results_table():
     gap = relative_gap(hs, "close", "ref")
     assert verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=gap).status == "held"
     gap = relative_gap(hs, "far", "ref")
-    assert verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=gap).status == "failed"
+    assert verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=gap).status == "busted"
 
 
 def test_loss_curves_chart_with_the_flushed_share():
