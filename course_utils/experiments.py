@@ -286,8 +286,9 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     out = pd.DataFrame({"config": labels})
     out["step ms"] = [round_sig(None if v is None or pd.isna(v) else v * 1e3)
                       for v in df["step_time_s"]]
-    ratio, low, high = (list(df[c]) for c in ("time_ratio", "time_ratio_low", "time_ratio_high"))
-    verdicts = list(df["time_verdict"])
+    ratio, low, high, verdicts = (list(df[c]) if c in df else [None] * len(df)
+                                  for c in ("time_ratio", "time_ratio_low", "time_ratio_high",
+                                            "time_verdict"))
     if per_token:  # per-round ratios scale exactly by the tokens: so do the median and band
         ratio, low, high, verdicts = _per_token(ratio, low, high, verdicts, tokens)
     cells = [time_cell(r, v) for r, v in zip(ratio, verdicts)]
@@ -298,7 +299,7 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
         out["noise band"] = [
             None if lo is None or pd.isna(lo) else f"{lo:.2f}-{hi:.2f}x"
             for lo, hi in zip(low, high)]
-        out["tokens/s"] = [round_sig(v) for v in df["tokens_per_s"]]
+        out["tokens/s"] = [round_sig(v) for v in df.get("tokens_per_s", [None] * len(df))]
     out["peak MiB"] = mib("peak_allocated")
     out["est peak MiB"] = mib("est_peak_allocated")
     if detail:

@@ -458,3 +458,18 @@ def test_no_pyplot_and_one_inline_image_in_a_kernel(kernel_run):
     assert cells[3][0]["text"] == "False", "a chart imported matplotlib.pyplot"
     assert [o["mimes"] for o in cells[4]] == [["image/png", "text/plain"], ["text/plain"]]
     assert [o["mimes"] for o in cells[5]] == [["image/png", "text/plain"]]
+
+
+def test_pareto_front_treats_times_within_the_noise_as_ties():
+    """b is 2 % slower than a but within the noise: a tie in time, so b's smaller peak puts it on
+    the front and a, no smaller, is dominated; c is faster outside the noise and stays."""
+    MB = 2**20
+    table = pd.DataFrame({
+        "label": ["a", "b", "c"], "step_time_s": [1.0, 1.02, 0.7],
+        "step_time_iqr_s": [0.05, 0.05, 0.01], "peak_allocated": [100 * MB, 60 * MB, 120 * MB],
+        "time_ratio": [1.0, 1.02, 0.7], "time_ratio_low": [0.97, 0.98, 0.68],
+        "time_ratio_high": [1.03, 1.06, 0.72],
+        "time_verdict": ["reference", "within noise", "faster"], "emulated": [False] * 3})
+    ax = plots.pareto_chart(table).axes[0]
+    front = [line for line in ax.lines if line.get_label() == "Pareto front"][0]
+    assert list(front.get_xdata()) == [700.0, 1020.0]   # a (1000 ms, 100 MiB) is out: b ties it

@@ -102,15 +102,13 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
 
     idx = [i for i in np.flatnonzero(ok) if not any(dominates(j, i) for j in np.flatnonzero(ok))]
     idx.sort(key=lambda i: t[i])
+    ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label="Pareto front")
     handles = [Line2D([], [], color="#DD8452", label="Pareto front")]
-    tie_drawn = False
-    for a, b in zip(idx, idx[1:]):
-        tie = _tied(notes, bands, a, b)
-        tie_drawn |= tie
-        ax.plot(t[[a, b]], peak[[a, b]], ":" if tie else "-", color="#DD8452", zorder=2)
-    if len(idx) == 1:
-        ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2)
-    if tie_drawn:
+    ties = [(a, b) for a, b in zip(idx, idx[1:]) if _tied(notes, bands, a, b)]
+    for a, b in ties:  # a tie: the segment drawn dotted (white under it hides the solid line)
+        ax.plot(t[[a, b]], peak[[a, b]], "-", color="white", lw=3, zorder=2.1)
+        ax.plot(t[[a, b]], peak[[a, b]], ":", color="#DD8452", lw=1.5, zorder=2.2)
+    if ties:
         handles.append(Line2D([], [], color="#DD8452", ls=":",
                               label="tie: times within the noise of each other"))
     ax.set_xlabel(f"step time (ms, median; {bars})")
