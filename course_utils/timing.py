@@ -224,7 +224,10 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     the medians of `BLOCKS` consecutive blocks of rounds when there are at least two rounds per
     block.
     """
-    pairs = [(t, r) for t, r in zip(times, reference) if t and r]
+    # paired only when taken in the same rounds: as many steps each (an emulated precision's one
+    # profiled step is not paired with the reference's first round, but set against its median)
+    pairs = [(t, r) for t, r in zip(times, reference) if t and r] \
+        if len(times) == len(reference) else []
     if not pairs:
         if times and reference:  # timed, but not in the same rounds (e.g. one step each)
             ratio = statistics.median(times) / statistics.median(reference)
