@@ -445,7 +445,8 @@ def recorded_or_measure(claim: str, where: str, measure: Callable[[], dict], mod
                         key: str | None = None) -> Verdict:
     """The verdict a lesson recorded here (`recorded_verdict`), its ``where`` replaced by
     ``where`` (a link to that lesson); else the claim measured again now with ``measure()``
-    (the rule's inputs), its ``where`` saying so: ``"<where>; measured again here on <model>"``.
+    (the rule's inputs), its ``where`` saying so: ``"<where>; measured again here on <model>"``
+    (``"<where>; judged here"`` when the claim cannot be measured on this machine).
 
     Raises:
         ValueError, TypeError: as `verdict`.
@@ -453,8 +454,10 @@ def recorded_or_measure(claim: str, where: str, measure: Callable[[], dict], mod
     v = recorded_verdict(claim, key)
     if v is not None:
         return replace(v, where=where)
-    return verdict(claim, where=f"{where}; measured again here on {model}", record=False,
-                   **measure())
+    v = verdict(claim, where=where, record=False, **measure())
+    again = ("judged here" if v.status == "not measured here"
+             else f"measured again here on {model}")
+    return replace(v, where=f"{where}; {again}")
 
 
 def claims_table(verdicts) -> pd.DataFrame:

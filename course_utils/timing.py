@@ -203,9 +203,11 @@ class TimeRatio:
 def _band(ratios: list[float]) -> tuple[float, float]:
     q = statistics.quantiles(ratios, n=4, method="inclusive")
     low, high = q[0], q[2]
-    size = len(ratios) // BLOCKS
-    if size >= 2:  # the medians of consecutive blocks: how far a re-run could land
-        medians = [statistics.median(ratios[i * size:(i + 1) * size]) for i in range(BLOCKS)]
+    n = len(ratios)
+    if n >= BLOCKS:  # the medians of consecutive blocks (sizes differ by at most one): how far
+        # a re-run of the comparison could land
+        edges = [round(i * n / BLOCKS) for i in range(BLOCKS + 1)]
+        medians = [statistics.median(ratios[a:b]) for a, b in zip(edges, edges[1:])]
         low, high = min(low, *medians), max(high, *medians)
     return low, high
 
@@ -221,10 +223,12 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     (measured run-to-run noise on a busy 2-core machine stays within 1-7 %); otherwise
     "within noise" when the noise band as printed (`printed_band`) contains 1, else "faster"
     (< 1) or "slower" (> 1). The band: the per-round ratios' interquartile range, widened to
-    the medians of `BLOCKS` consecutive blocks of rounds when there are at least two rounds per
-    block.
+    the medians of `BLOCKS` consecutive blocks of rounds (as equal as the count allows).
     """
-    pairs = [(t, r) for t, r in zip(times, reference) if t and r]
+    # paired only when taken in the same rounds: as many steps each (an emulated precision's one
+    # profiled step is not paired with the reference's first round, but set against its median)
+    pairs = [(t, r) for t, r in zip(times, reference) if t and r] \
+        if len(times) == len(reference) else []
     if not pairs:
         if times and reference:  # timed, but not in the same rounds (e.g. one step each)
             ratio = statistics.median(times) / statistics.median(reference)

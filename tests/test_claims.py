@@ -194,3 +194,11 @@ def test_engine_errors_and_table():
                           verdict("C2", peak_ratio=0.5)])
     assert list(table.index) == ["C1", "C2"] and table.loc["C2", "status"] == "held"
     assert set(table["status"]) <= set(STATUSES)
+
+
+def test_an_unpaired_time_is_set_against_the_reference_median():
+    """One emulated step against nine reference rounds: the ratio is to the median, not to the
+    first round (which may be a slow calibration round)."""
+    r = time_ratio([11.4], [1.77, 0.84, 0.84, 0.83, 0.85, 0.84, 0.84, 0.86, 0.84], size="cpu",
+                   emulated=True)
+    assert r.ratio == pytest.approx(11.4 / 0.84) and r.rounds == 1 and r.verdict == "emulated"
