@@ -7,18 +7,27 @@ label without the numbers behind it: a claim about hardware this machine lacks i
 here" with the reason; a time comparison inside the measured noise is "inconclusive" (time
 inputs are `course_utils.timing.TimeRatio`, which know their noise band).
 
-Statuses: ``held``, ``failed``, ``depends`` (true for some hardware or setting, shown by the
-numbers), ``inconclusive`` (the measurement cannot decide: within noise, or too small a size),
-``not measured here`` (with why). ``basis`` says whether the numbers were ``measured`` or
-``derived`` (arithmetic).
+Statuses, worded for claims that may be myths: ``held``, ``busted`` (the numbers contradict
+the claim), ``depends`` (true for some hardware or setting, or for part of the claim, shown by
+the numbers), ``inconclusive`` (the measurement cannot decide: within noise, too few rounds, or
+too small a size), ``not measured here`` (with why). ``basis`` says whether the numbers were
+``measured`` or ``derived`` (arithmetic).
+
+**One ledger.** Run inside a notebook kernel, `verdict` records each verdict with its evidence
+in this machine's results store (`course_utils.store`, keyed by machine, torch version and
+size profile). `recorded_or_measure` gives lesson 03's ledger the verdict a lesson recorded
+here, as that lesson printed it, and measures again only what no lesson recorded, saying on
+which model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import pandas as pd
 
-__all__ = ["CLAIMS", "STATUSES", "Verdict", "verdict", "claims_table"]
+__all__ = ["CLAIMS", "STATUSES", "Verdict", "verdict", "claims_table", "recorded_or_measure",
+           "recorded_verdict"]
 
 #: Claim ID -> the claim as popular tutorials state it.
 CLAIMS: dict[str, str] = {
@@ -44,7 +53,7 @@ CLAIMS: dict[str, str] = {
     "C20": "checkpointing frees memory for a larger batch that can outweigh the recompute cost",
 }
 
-STATUSES = ("held", "failed", "depends", "inconclusive", "not measured here")
+STATUSES = ("held", "busted", "depends", "inconclusive", "not measured here")
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,7 @@ def _unsettled(t, what: str) -> tuple[str, str] | None:
     """(status, evidence) when the time comparison ``t`` cannot decide, else None."""
     if t is None or t.ratio is None:
         return "not measured here", f"{what}: not timed in this run"
-    if t.verdict in ("within noise", "inconclusive at this size"):
+    if t.verdict in ("within noise", "too few rounds", "inconclusive at this size"):
         return "inconclusive", t.describe(what)
     if t.verdict == "emulated":
         return "inconclusive", t.describe(what) + " (emulated arithmetic says nothing here)"
@@ -107,14 +116,15 @@ def _unsettled(t, what: str) -> tuple[str, str] | None:
 def _c1(hw, bf16_time=None):
     """``bf16_time``: TimeRatio of the bf16 step / the fp32 step (same model and policy).
     Held from 1.5x faster, on an Ampere+ GPU only."""
-    here = f" here bf16 ran {bf16_time.describe('at')}" if bf16_time and bf16_time.ratio else ""
+    here = (f" Here: {bf16_time.describe('the bf16 step')}" if bf16_time and bf16_time.ratio
+            else "")
     if not (hw.device == "cuda" and hw.native_bf16):
         return "not measured here", f"a claim about Ampere+ GPUs; this is {_gpu(hw)}.{here}"
     u = _unsettled(bf16_time, "bf16 / fp32 step time")
     if u:
         return u
     speedup = 1 / bf16_time.ratio
-    status = "held" if speedup >= 1.5 else "failed"
+    status = "held" if speedup >= 1.5 else "busted"
     return status, f"{_gpu(hw)}: bf16 {speedup:.2f}x fp32's speed ({bf16_time.describe()})"
 
 
@@ -122,7 +132,7 @@ def _c2(peak_ratio, activations_ratio=None, low="bf16"):
     """``peak_ratio``: peak of the low precision / fp32's. Held at a cut of 40% or more."""
     acts = (f"; saved activations {activations_ratio:.2f}x" if activations_ratio is not None
             else "")
-    return ("held" if peak_ratio <= 0.6 else "failed",
+    return ("held" if peak_ratio <= 0.6 else "busted",
             f"{low} peak = {peak_ratio:.2f}x fp32's{acts}; parameters, gradients and AdamW state "
             "stay fp32")
 
@@ -138,7 +148,7 @@ def _c3(compile_time=None, why_not=None, precision="bf16"):
     if u:
         return u
     speedup = 1 / compile_time.ratio
-    return ("held" if speedup >= 1.5 else "failed",
+    return ("held" if speedup >= 1.5 else "busted",
             f"torch.compile: {speedup:.2f}x eager {precision}'s speed ({compile_time.describe()})")
 
 
@@ -150,7 +160,7 @@ def _c4(peak_ratio, saved_ratio):
             "(the peak keeps parameters, gradients, AdamW state and logits)")
     if peak_drop >= 0.5:
         return "held", text
-    return ("depends" if saved_drop >= 0.5 else "failed"), text
+    return ("depends" if saved_drop >= 0.5 else "busted"), text
 
 
 def _c5(full_time, flops_ratio=None):
@@ -160,8 +170,9 @@ def _c5(full_time, flops_ratio=None):
         return u
     cost = full_time.ratio - 1
     flops = f"; FLOPs {_pct(flops_ratio - 1)}" if flops_ratio is not None else ""
-    return ("held" if 0.15 <= cost <= 0.40 else "failed",
-            f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-33%){flops}")
+    return ("held" if 0.15 <= cost <= 0.40 else "busted",
+            f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-33%; held from "
+            f"+15% to +40%){flops}")
 
 
 def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=4):
@@ -171,7 +182,7 @@ def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=
             f"x{sqrt_growth:.1f} (sqrt = {n_layers_ratio ** 0.5:.1f}); lowest peak at "
             f"{best_segments} segments, sqrt(N) is {sqrt_segments}")
     if sqrt_growth > 1.5 * n_layers_ratio ** 0.5:
-        return "failed", text
+        return "busted", text
     return ("held" if best_segments == sqrt_segments else "depends"), text
 
 
@@ -187,7 +198,7 @@ def _c7(full_time, per_token_time=None):
     if per_token_time is not None and per_token_time.verdict == "faster":
         return "depends", (text + "; but at the largest batch under the budget, "
                            + per_token_time.describe("time per token"))
-    return "failed", text + "; it can raise throughput only through a larger batch (C20)"
+    return "busted", text + "; it can raise throughput only through a larger batch (C20)"
 
 
 def _c8(kept_bytes=None, expected_bytes=None, param_bytes=None, batch_ratio=None):
@@ -196,9 +207,9 @@ def _c8(kept_bytes=None, expected_bytes=None, param_bytes=None, batch_ratio=None
     if kept_bytes is not None and expected_bytes is not None:
         text = (f"kept {kept_bytes:,} bytes = the block inputs and token ids ({expected_bytes:,})"
                 + (f"; parameters {param_bytes:,} bytes, not copied" if param_bytes else ""))
-        return ("failed" if kept_bytes == expected_bytes else "inconclusive"), text
+        return ("busted" if kept_bytes == expected_bytes else "inconclusive"), text
     if batch_ratio is not None:
-        return ("failed" if 1.8 <= batch_ratio <= 2.2 else "inconclusive",
+        return ("busted" if 1.8 <= batch_ratio <= 2.2 else "inconclusive",
                 f"kept bytes x{batch_ratio:.2f} when the batch doubles: activations, which "
                 "scale with the batch; parameters do not")
     raise ValueError("C8 needs kept_bytes and expected_bytes, or batch_ratio.")
@@ -211,7 +222,7 @@ def _c9(bytes_per_param, overheads=None, copies_per_param=None):
     if copies_per_param:
         text += f", + {copies_per_param:.2f} bytes/param of autocast weight copies"
     if abs(bytes_per_param - 16) >= 0.05:
-        return "failed", text
+        return "busted", text
     if not overheads:
         return "held", text
     text += "; overhead " + ", ".join(f"{v:+.0%} ({k})" for k, v in overheads.items())
@@ -222,7 +233,7 @@ def _c10(n_params=7e9):
     """Arithmetic: fp32 weights 4 N bytes, AdamW's two fp32 moments 8 N bytes (GB = 1e9)."""
     w, adam = 4 * n_params / 1e9, 8 * n_params / 1e9
     ok = round(w) == 28 and round(adam) == 84
-    return ("held" if ok else "failed",
+    return ("held" if ok else "busted",
             f"{n_params:.0e} parameters: fp32 weights {w:.0f} GB, AdamW moments {adam:.0f} GB "
             f"(84 GB = 12 bytes/param: the moments plus an fp32 master copy, which fp32 "
             "training does not have)")
@@ -236,7 +247,7 @@ def _c11(flushed_unscaled, flushed_scaled, scale, overflow_scaled=0.0):
     if flushed_unscaled == 0:
         return "depends", text + ": no underflow at this size; smaller gradients show it"
     fixed = flushed_scaled < flushed_unscaled and flushed_scaled < 0.001 and not overflow_scaled
-    return ("held" if fixed else "failed"), text
+    return ("held" if fixed else "busted"), text
 
 
 def _c12(backoffs_ok, growth_after, growth_interval, clean_taken=True):
@@ -244,7 +255,7 @@ def _c12(backoffs_ok, growth_after, growth_interval, clean_taken=True):
     each growth after ``growth_after`` clean steps (should equal ``growth_interval``)."""
     ok = (bool(backoffs_ok) and all(backoffs_ok) and bool(growth_after)
           and all(g == growth_interval for g in growth_after) and clean_taken)
-    return ("held" if ok else "failed",
+    return ("held" if ok else "busted",
             f"skip + back off on each inf/NaN: {all(backoffs_ok) if backoffs_ok else None}; "
             f"growth after {growth_after} clean steps (growth_interval {growth_interval})")
 
@@ -257,7 +268,7 @@ def _c13(same_range, flushed_bf16, val_loss_gap=None):
     if val_loss_gap is not None:
         text += f"; without a scaler it ended {val_loss_gap:.2%} from fp32's validation loss"
         ok = ok and abs(val_loss_gap) < 0.02
-    return ("held" if ok else "failed"), text
+    return ("held" if ok else "busted"), text
 
 
 def _c14(reentrant_lost_grads, reentrant_failures=(), nonreentrant_ok=True):
@@ -268,7 +279,7 @@ def _c14(reentrant_lost_grads, reentrant_failures=(), nonreentrant_ok=True):
             + (f" ({', '.join(reentrant_failures)})" if reentrant_failures else "")
             + f"; non-reentrant handles all: {nonreentrant_ok}")
     limited = reentrant_lost_grads or bool(reentrant_failures)
-    return ("held" if limited and nonreentrant_ok else "failed"), text
+    return ("held" if limited and nonreentrant_ok else "busted"), text
 
 
 def _c15(naive_extra_slope, sdpa_slope):
@@ -280,7 +291,7 @@ def _c15(naive_extra_slope, sdpa_slope):
         return "held", text
     if naive_extra_slope >= 1.8:
         return "depends", text + ": quadratic only for naive attention"
-    return "failed", text
+    return "busted", text
 
 
 def _c16(hw, bf16_vs_fp16=None, recipe=""):
@@ -293,21 +304,32 @@ def _c16(hw, bf16_vs_fp16=None, recipe=""):
     text = (f"{_gpu(hw)}: a bf16 matmul takes {bf16_vs_fp16:.2f}x fp16's time; native bf16: "
             f"{hw.native_bf16}" + (f"; recipe {recipe}" if recipe else ""))
     if hw.native_bf16:
-        return ("held" if bf16_vs_fp16 <= 1.2 else "failed"), text
-    return ("held" if bf16_vs_fp16 >= 1.5 else "failed"), text
+        return ("held" if bf16_vs_fp16 <= 1.2 else "busted"), text
+    return ("held" if bf16_vs_fp16 >= 1.5 else "busted"), text
 
 
 def _c17(grad_rel_err, undivided_ratio, k, extra_peak_bytes, grad_buffer_bytes, peak_vs_big):
     """Accumulation over ``k`` micro-batches vs one big batch: gradient difference, the norm
-    ratio without the division, the peak above one micro-batch's (should be the .grad buffer)
-    and the peak relative to the big batch's."""
-    ok = (grad_rel_err < 1e-4 and abs(undivided_ratio - k) < 0.01 * k
-          and extra_peak_bytes <= 1.05 * grad_buffer_bytes and peak_vs_big < 1)
-    return ("held" if ok else "failed",
-            f"{k} micro-batches: gradients within {grad_rel_err:.0e} of the big batch's, "
+    ratio without the division, the peak above one micro-batch's and the peak relative to the
+    big batch's. The claim has two parts: "divide the loss" (gradients equal the big batch's,
+    ``k`` times too large undivided) and "no extra memory". Held when both are true (the peak
+    exceeds one micro-batch's by at most 1 % of the .grad buffer); depends when the gradients
+    are right and the extra is the .grad buffer (at most 1.05x it): memory above one
+    micro-batch, far below the big batch's; busted otherwise."""
+    divided_ok = grad_rel_err < 1e-4 and abs(undivided_ratio - k) < 0.01 * k
+    mib = 2**20
+    text = (f"{k} micro-batches: gradients within {grad_rel_err:.0e} of the big batch's, "
             f"x{undivided_ratio:.2f} without the division; peak {peak_vs_big:.2f}x the big "
-            f"batch's, {extra_peak_bytes / 2**20:.2f} MiB above one micro-batch's (.grad buffer "
-            f"{grad_buffer_bytes / 2**20:.2f} MiB)")
+            f"batch's, {extra_peak_bytes / mib:+.2f} MiB above one micro-batch's (.grad buffer "
+            f"{grad_buffer_bytes / mib:.2f} MiB)")
+    if not divided_ok or peak_vs_big >= 1:
+        return "busted", text
+    if extra_peak_bytes <= 0.01 * grad_buffer_bytes:
+        return "held", text
+    if extra_peak_bytes <= 1.05 * grad_buffer_bytes:
+        return "depends", (text + ": dividing the loss is right; the memory is not free: the "
+                           ".grad buffer stays alive across micro-batches")
+    return "busted", text
 
 
 def _c18(clip_saw_ratio, scale, sgd_update_ratio=None, adamw_update_ratio=None):
@@ -320,7 +342,7 @@ def _c18(clip_saw_ratio, scale, sgd_update_ratio=None, adamw_update_ratio=None):
     if adamw_update_ratio is not None:
         text += (f"; AdamW's {adamw_update_ratio:.2g}x (Adam divides by the gradient's running "
                  "scale, so it hides most of it: the clip threshold is what breaks)")
-    return ("held" if clip_saw_ratio >= 0.5 * scale else "failed"), text
+    return ("held" if clip_saw_ratio >= 0.5 * scale else "busted"), text
 
 
 def _c19(hw, fp8_time=None, why_not=None):
@@ -333,7 +355,7 @@ def _c19(hw, fp8_time=None, why_not=None):
     if u:
         return u
     speedup = 1 / fp8_time.ratio
-    return ("held" if speedup >= 1.2 else "failed",
+    return ("held" if speedup >= 1.2 else "busted",
             f"{_gpu(hw)}: FP8 {speedup:.2f}x bf16's speed ({fp8_time.describe()})")
 
 
@@ -344,7 +366,7 @@ def _c20(per_token_time, budget_bytes=None):
     if u:
         return u
     budget = f" under {budget_bytes / 2**20:,.1f} MiB" if budget_bytes else ""
-    return ("held" if per_token_time.verdict == "faster" else "failed",
+    return ("held" if per_token_time.verdict == "faster" else "busted",
             per_token_time.describe(f"at the largest batch{budget}, time per token"))
 
 
@@ -355,11 +377,34 @@ _RULES = {"C1": _c1, "C2": _c2, "C3": _c3, "C4": _c4, "C5": _c5, "C6": _c6, "C7"
 _DERIVED = {"C10"}
 
 
-def verdict(claim: str, where: str = "", **measured) -> Verdict:
+def _jsonable(v):
+    """A rule input as JSON: TimeRatio and dataclasses as dicts, the rest as is or as text."""
+    import dataclasses
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {f.name: _jsonable(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def verdict(claim: str, where: str = "", record: bool | None = None, **measured) -> Verdict:
     """Judge ``claim`` from ``measured`` inputs with the claim's one rule.
 
     Each rule's inputs and thresholds are in its docstring (``help(claims._c5)``), e.g.
     ``verdict("C5", full_time=time_ratio, flops_ratio=1.22, where="02 §3")``.
+
+    Args:
+        record: write the verdict, its evidence and inputs to this machine's results store
+            (`course_utils.store`, section ``"verdicts"``); default: only inside a notebook
+            kernel (`course_utils.store.in_notebook`), so that lesson 03's ledger shows what
+            each lesson found here.
 
     Raises:
         ValueError: an unknown claim ID, or inputs the rule cannot judge.
@@ -370,7 +415,49 @@ def verdict(claim: str, where: str = "", **measured) -> Verdict:
     status, evidence = _RULES[claim](**measured)
     basis = ("none" if status == "not measured here"
              else "derived" if claim in _DERIVED else "measured")
-    return Verdict(claim, status, evidence, where, basis)
+    v = Verdict(claim, status, evidence, where, basis)
+    from . import store
+    if record or (record is None and store.in_notebook()):
+        store.record("verdicts", claim, {"status": v.status, "evidence": v.evidence,
+                                         "where": v.where, "basis": v.basis,
+                                         "inputs": _jsonable(measured)})
+    return v
+
+
+def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
+    """The verdict on ``claim`` that a lesson recorded for this machine, torch version and size
+    profile (`course_utils.store`), exactly as that lesson printed it; None if none did.
+
+    Raises:
+        ValueError: an unknown claim ID.
+    """
+    from . import store
+    if claim not in CLAIMS:
+        raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
+    rec = store.lookup("verdicts", claim, key)
+    if not rec or rec.get("status") not in STATUSES:
+        return None
+    return Verdict(claim, rec["status"], rec.get("evidence", ""), rec.get("where", ""),
+                   rec.get("basis", "measured"))
+
+
+def recorded_or_measure(claim: str, where: str, measure: Callable[[], dict], model: str,
+                        key: str | None = None) -> Verdict:
+    """The verdict a lesson recorded here (`recorded_verdict`), its ``where`` replaced by
+    ``where`` (a link to that lesson); else the claim measured again now with ``measure()``
+    (the rule's inputs), its ``where`` saying so: ``"<where>; measured again here on <model>"``
+    (``"<where>; judged here"`` when the claim cannot be measured on this machine).
+
+    Raises:
+        ValueError, TypeError: as `verdict`.
+    """
+    v = recorded_verdict(claim, key)
+    if v is not None:
+        return replace(v, where=where)
+    v = verdict(claim, where=where, record=False, **measure())
+    again = ("judged here" if v.status == "not measured here"
+             else f"measured again here on {model}")
+    return replace(v, where=f"{where}; {again}")
 
 
 def claims_table(verdicts) -> pd.DataFrame:

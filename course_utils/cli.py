@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary(df).to_string())
     print("time vs first: the median of per-round step-time ratios to the first row, shown only "
-          "outside the noise (its interquartile band excludes 1); peak x, saved x: ratio to the "
-          "first row. est: the analytic estimate (course_utils.memory_model). saved = "
-          "activations + autocast weight copies + logits.")
+          "outside the noise (its noise band, as printed, excludes 1.00). est: the analytic "
+          "estimate (course_utils.memory_model). saved: saved tensors = activations + autocast "
+          "weight copies + logits. MiB = 2^20 bytes.")
     for note in sorted(set(n for n in df["notes"] if n)):
         print(f"note: {note}")
     if args.out:

@@ -29,7 +29,7 @@ from .memory_model import estimate
 from .timing import default_budget_s, interleaved, time_ratio
 from .training import setup, train_step
 
-__all__ = ["ladder", "compare", "summary", "size_of", "time_cell"]
+__all__ = ["ladder", "compare", "summary", "size_of", "time_cell", "plain_label", "round_sig"]
 
 
 def size_of(config: RunConfig) -> str:
@@ -78,7 +78,7 @@ def compare(configs: list[RunConfig], *, budget_s: float | None = None,
     natively here is timed step by step in alternation, round after round, for about
     ``budget_s`` seconds (default: per size profile) or exactly ``steps`` rounds; an emulated
     one is timed with one step. Time ratios use the per-round ratios: a difference within
-    their interquartile band is "within noise" (`course_utils.timing.time_ratio`).
+    their noise band is "within noise" (`course_utils.timing.time_ratio`).
 
     Columns: ``label``, the config fields, for each memory field ``F`` (bytes) ``F`` measured
     and ``est_F`` estimated, ``saved_total`` / ``est_saved_total``, ``est_recompute``,
@@ -182,40 +182,141 @@ def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
     return df
 
 
+_POLICY_WORDS = (("full", "full checkpointing"), ("selective", "selective checkpointing"))
+
+
+def _policy_words(token: str) -> str | None:
+    import re
+    for short, words in _POLICY_WORDS:
+        if token == short:
+            return words
+    if m := re.fullmatch(r"every-(\d+)", token):
+        return f"checkpointing every {m.group(1)} blocks" if m.group(1) != "1" else \
+            "full checkpointing"
+    if m := re.fullmatch(r"segments:(\d+)", token):
+        return f"{m.group(1)} checkpointed segments"
+    if m := re.fullmatch(r"memory-budget:(.+)", token):
+        return f"compile memory budget {m.group(1)}"
+    return None
+
+
+def plain_label(label: str) -> str:
+    """A configuration's short label (`course_utils.config.RunConfig.label`) in words:
+    ``"bf16+full+accum2"`` -> ``"bf16 + full checkpointing, 2 micro-batches"``; anything after
+    a space (``"fp32 (baseline)"``) is kept as it is."""
+    head, sep, tail = str(label).partition(" ")
+    words, micro = [], ""
+    for token in head.split("+"):
+        if token.startswith("accum") and token[5:].isdigit():
+            micro = f", {token[5:]} micro-batches"
+        elif token == "compile":
+            words.append("torch.compile")
+        else:
+            words.append(_policy_words(token) or token)
+    return " + ".join(words) + micro + (sep + tail if sep else "")
+
+
+def round_sig(v, digits: int = 3):
+    """``v`` rounded to ``digits`` significant figures (None / NaN stay None): 68.77 -> 68.8,
+    0.06371 -> 0.0637, 4949.000996 -> 4950."""
+    import math
+    if v is None or pd.isna(v):
+        return None
+    v = float(v)
+    if v == 0 or not math.isfinite(v):
+        return v
+    return round(v, digits - 1 - int(math.floor(math.log10(abs(v)))))
+
+
 def time_cell(ratio, verdict) -> str:
     """How a table shows a time ratio: the number only when it says faster or slower
-    (``"1.31x slower"``), labelled when emulated (``"3.4x emulated"``), and the verdict alone
-    when the difference is within the noise or inconclusive."""
+    (``"1.31x slower"``, ``"1.43x faster"``: a speed-up, never ``"0.70x faster"``), labelled when
+    emulated (``"emulated, 3.40x slower"``), and the verdict alone when the difference is within
+    the noise, the rounds too few, or the size inconclusive."""
     if ratio is None or pd.isna(ratio) or verdict == "not timed":
         return "not timed"
     if verdict == "reference":
         return "1.00x (reference)"
-    if verdict in ("faster", "slower"):
-        return f"{ratio:.2f}x {verdict}"
+    if verdict == "faster":
+        return f"{1 / ratio:.2f}x faster"
+    if verdict == "slower":
+        return f"{ratio:.2f}x slower"
     if verdict == "emulated":
-        return f"{ratio:.2f}x emulated"
+        return (f"emulated, {ratio:.2f}x slower" if ratio >= 1
+                else f"emulated, {1 / ratio:.2f}x faster")
     return verdict
 
 
-def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """A readable view of `compare`'s table (and of the dashboard's history): milliseconds, MiB,
-    ratios to the first row, measured vs estimated; time ratios shown only outside the noise."""
-    def mib(col):
-        return [None if v is None or pd.isna(v) else round(v / MiB, 2) for v in df[col]]
+def _per_token(ratio, low, high, verdicts, tokens):
+    """Step-time ratios to the first row turned into time-per-token ratios: each per-round
+    ratio is multiplied by ``tokens[0] / tokens[i]``, so the median and the band are too; the
+    faster/slower/within-noise verdict is drawn again from the scaled band
+    (`course_utils.timing.printed_band`)."""
+    from .timing import printed_band
+    out = [[], [], [], []]
+    for i, (r, lo, hi, v) in enumerate(zip(ratio, low, high, verdicts)):
+        c = tokens[0] / tokens[i]
+        r2 = None if r is None or pd.isna(r) else r * c
+        lo2 = None if lo is None or pd.isna(lo) else lo * c
+        hi2 = None if hi is None or pd.isna(hi) else hi * c
+        if v in ("faster", "slower", "within noise") and None not in (r2, lo2, hi2):
+            pl, ph = printed_band(r2, lo2, hi2)
+            v = "within noise" if pl <= 1.0 <= ph else ("faster" if r2 < 1 else "slower")
+        for lst, x in zip(out, (r2, lo2, hi2, v)):
+            lst.append(x)
+    return out
 
-    out = pd.DataFrame({"config": df["label"]})
-    out["step ms"] = [None if v is None or pd.isna(v) else round(v * 1e3, 1)
+
+def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
+    """A readable view of `compare`'s table (and of the dashboard's history).
+
+    Default: one row per configuration, labelled in words (`plain_label`; with the micro-batch
+    where the rows' batches differ), and six columns: ``step ms`` (median step time),
+    ``time vs first`` (`time_cell`: a ratio only outside the noise; ``time per token vs
+    first`` where the rows process different numbers of tokens per step), ``peak MiB`` and
+    ``est peak MiB`` (peak allocated memory, measured and estimated), ``saved MiB`` and
+    ``est saved MiB`` (saved tensors); three significant figures. ``detail=True`` adds the
+    noise band, tokens/s, the ratios to the first row, the saved activations and the
+    autocast weight copies.
+    """
+    def mib(col):
+        return [round_sig(None if v is None or pd.isna(v) else v / MiB) for v in df[col]]
+
+    labels = [plain_label(v) for v in df["label"]]
+    batch = list(df["batch_size"]) if "batch_size" in df else [None] * len(df)
+    accum = list(df["grad_accum_steps"]) if "grad_accum_steps" in df else [1] * len(df)
+    tokens = [None if b is None else b * a for b, a in zip(batch, accum)]
+    per_token = len(set(tokens)) > 1 and None not in tokens
+    if per_token:  # different batches: say each row's, and compare time per token
+        labels = [f"{lab} of {b}" if a > 1 else f"{lab}, micro-batch {b}"
+                  for lab, b, a in zip(labels, batch, accum)]
+    elif len(set(batch)) > 1:  # accumulation at the same tokens per step: say the split
+        labels = [f"{lab} of {b}" if a > 1 else lab for lab, b, a in zip(labels, batch, accum)]
+    out = pd.DataFrame({"config": labels})
+    out["step ms"] = [round_sig(None if v is None or pd.isna(v) else v * 1e3)
                       for v in df["step_time_s"]]
-    out["time vs first"] = [time_cell(r, v) for r, v in zip(df["time_ratio"], df["time_verdict"])]
-    out["tokens/s"] = [None if v is None or pd.isna(v) else int(v) for v in df["tokens_per_s"]]
+    ratio, low, high, verdicts = (list(df[c]) if c in df else [None] * len(df)
+                                  for c in ("time_ratio", "time_ratio_low", "time_ratio_high",
+                                            "time_verdict"))
+    if per_token:  # per-round ratios scale exactly by the tokens: so do the median and band
+        ratio, low, high, verdicts = _per_token(ratio, low, high, verdicts, tokens)
+    cells = [time_cell(r, v) for r, v in zip(ratio, verdicts)]
+    if "oom" in df:
+        cells = ["out of memory" if o else c for o, c in zip(df["oom"], cells)]
+    out["time per token vs first" if per_token else "time vs first"] = cells
+    if detail:
+        out["noise band"] = [
+            None if lo is None or pd.isna(lo) else f"{lo:.2f}-{hi:.2f}x"
+            for lo, hi in zip(low, high)]
+        out["tokens/s"] = [round_sig(v) for v in df.get("tokens_per_s", [None] * len(df))]
     out["peak MiB"] = mib("peak_allocated")
-    out["est peak"] = mib("est_peak_allocated")
-    out["peak x"] = df["peak_ratio"].astype(float).round(3)
+    out["est peak MiB"] = mib("est_peak_allocated")
+    if detail:
+        out["peak vs first"] = [round_sig(v) for v in df["peak_ratio"]]
     out["saved MiB"] = mib("saved_total")
-    out["est saved"] = mib("est_saved_total")
-    out["saved x"] = df["saved_ratio"].astype(float).round(3)
-    out["acts MiB"] = mib("activations")
-    out["w-copies MiB"] = mib("autocast_weight_copies")
-    if df["oom"].any():
-        out["OOM"] = df["oom"]
+    out["est saved MiB"] = mib("est_saved_total")
+    if detail:
+        out["saved vs first"] = [round_sig(v) for v in df["saved_ratio"]]
+        out["activations MiB"] = mib("activations")
+        out["autocast weight copies MiB"] = mib("autocast_weight_copies")
     return out.set_index("config")

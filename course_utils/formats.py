@@ -17,7 +17,8 @@ import pandas as pd
 import torch
 
 __all__ = ["FORMATS", "FormatInfo", "resolve_dtype", "short_dtype", "format_info", "format_table",
-           "bits", "cast_table", "log2_histogram", "underflow_stats", "underflow_table"]
+           "bits", "cast_table", "log2_histogram", "underflow_stats", "underflow_table",
+           "fp32_matmul_settings", "tf32_probe"]
 
 #: The formats lesson 01 compares, by the course's short name (FP8 only where torch has it).
 FORMATS: dict[str, torch.dtype] = {
@@ -112,19 +113,28 @@ def format_info(fmt) -> FormatInfo:
                       decimal_digits=(mant + 1) * math.log10(2))
 
 
-def format_table(formats=None) -> pd.DataFrame:
-    """One row per format (default: all of `FORMATS`): bits, sign/exponent/mantissa bits, eps,
-    max, smallest normal, smallest subnormal, decimal digits; indexed by the format's name.
+def format_table(formats=None, detail: bool = False) -> pd.DataFrame:
+    """One row per format (default: all of `FORMATS`), indexed by the format's name.
+
+    Default columns (seven): ``exponent bits``, ``mantissa bits``, ``eps``, ``max``,
+    ``smallest normal``, ``smallest subnormal``, ``decimal digits``. ``detail=True`` adds the
+    ``dtype`` name, the total ``bits`` and the ``sign`` bit.
 
     Raises:
         ValueError: a name that is not a floating-point format.
     """
     infos = [format_info(f) for f in (formats if formats is not None else FORMATS)]
-    rows = [{"format": i.name, "dtype": str(i.dtype).replace("torch.", ""), "bits": i.bits,
-             "sign": i.sign_bits, "exponent": i.exponent_bits, "mantissa": i.mantissa_bits,
-             "eps": i.eps, "max": i.max, "smallest normal": i.smallest_normal,
-             "smallest subnormal": i.smallest_subnormal, "decimal digits": i.decimal_digits}
-            for i in infos]
+    rows = []
+    for i in infos:
+        row = {"format": i.name}
+        if detail:
+            row.update({"dtype": str(i.dtype).replace("torch.", ""), "bits": i.bits,
+                        "sign": i.sign_bits})
+        row.update({"exponent bits": i.exponent_bits, "mantissa bits": i.mantissa_bits,
+                    "eps": i.eps, "max": i.max, "smallest normal": i.smallest_normal,
+                    "smallest subnormal": i.smallest_subnormal,
+                    "decimal digits": i.decimal_digits})
+        rows.append(row)
     return pd.DataFrame(rows).set_index("format")
 
 
@@ -235,6 +245,15 @@ def underflow_stats(values: torch.Tensor, fmt, scale: float = 1.0) -> dict:
             "subnormal": sub / n_nz, "overflow": overflow / n_nz}
 
 
+def _case_label(fmt, scale: float) -> str:
+    """``"fp16"``, ``"fp16, loss x 2^16"`` (a power-of-two scale), ``"fp16, loss x 1000"``."""
+    name = format_info(fmt).name
+    if scale == 1:
+        return name
+    k = math.log2(scale)
+    return f"{name}, loss x 2^{k:g}" if k == int(k) else f"{name}, loss x {scale:g}"
+
+
 def underflow_table(groups: dict, cases) -> pd.DataFrame:
     """`underflow_stats` for each group of values under each (format, scale) case, in percent.
 
@@ -243,8 +262,10 @@ def underflow_table(groups: dict, cases) -> pd.DataFrame:
         cases: ``[(format, scale), ...]``, e.g. ``[("fp16", 1), ("fp16", 2**16), ("bf16", 1)]``.
 
     Returns:
-        One row per (case, group): ``format``, ``scale``, ``values`` (group name), ``nonzero``,
-        ``flushed to 0 %``, ``subnormal %``, ``overflow %``.
+        One row per (case, group), indexed by ``stored as`` (the format, with the loss scale
+        when it is not 1: ``"fp16, loss x 2^16"``) and ``gradients`` (the group's name); four
+        columns: ``nonzero values`` (count), ``flushed to 0 (%)``, ``subnormal (%)``,
+        ``overflow (%)`` (percent of the nonzero values).
 
     Raises:
         ValueError: empty ``groups`` or ``cases``, or a bad format or scale.
@@ -255,7 +276,57 @@ def underflow_table(groups: dict, cases) -> pd.DataFrame:
     for fmt, scale in cases:
         for name, vals in groups.items():
             st = underflow_stats(vals, fmt, scale)
-            rows.append({"format": format_info(fmt).name, "scale": scale, "values": name,
-                         "nonzero": st["nonzero"], "flushed to 0 %": 100 * st["flushed"],
-                         "subnormal %": 100 * st["subnormal"], "overflow %": 100 * st["overflow"]})
-    return pd.DataFrame(rows)
+            rows.append({"stored as": _case_label(fmt, scale), "gradients": name,
+                         "nonzero values": st["nonzero"], "flushed to 0 (%)": 100 * st["flushed"],
+                         "subnormal (%)": 100 * st["subnormal"],
+                         "overflow (%)": 100 * st["overflow"]})
+    return pd.DataFrame(rows).set_index(["stored as", "gradients"])
+
+
+def fp32_matmul_settings() -> dict:
+    """What an fp32 matmul means in this process: ``float32_matmul_precision``
+    (``torch.get_float32_matmul_precision()``: ``"highest"`` = full fp32, ``"high"`` = TF32
+    allowed on Ampere+ GPUs), ``cuda_matmul_tf32`` (``torch.backends.cuda.matmul.allow_tf32``)
+    and ``cudnn_tf32`` (``torch.backends.cudnn.allow_tf32``, which covers convolutions; True by
+    default). PyTorch's defaults since 1.12: matmuls in full fp32, cuDNN convolutions in TF32
+    (PyTorch docs, "TensorFloat-32 (TF32) on Ampere (and later) devices")."""
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda_matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32)}
+
+
+def tf32_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2) -> dict | None:
+    """Seconds of one ``(n x n) @ (n x n)`` fp32 matmul in full fp32 and with TF32 allowed, on an
+    NVIDIA GPU of compute capability 8.0 or more (TF32 tensor cores: Ampere and newer).
+
+    TF32 keeps fp32's 8 exponent bits and rounds the inputs of a matmul to 10 mantissa bits
+    (fp16's), accumulating in fp32. The settings in force before the call are restored after it.
+
+    Returns:
+        ``{"fp32": s, "tf32": s}`` (medians of ``torch.utils.benchmark.Timer.blocked_autorange``,
+        about ``budget_s`` seconds each), or None where TF32 does not exist (a CPU, MPS, or a GPU
+        older than Ampere).
+
+    Raises:
+        ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
+    """
+    from torch.utils import benchmark
+
+    from .hardware import require_device
+    require_device(device)
+    if n < 1 or budget_s <= 0:
+        raise ValueError(f"n and budget_s must be positive, got {n} and {budget_s}.")
+    dev = torch.device(device)
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) < (8, 0):
+        return None
+    before = torch.get_float32_matmul_precision()
+    a = torch.randn(n, n, device=dev)
+    out = {}
+    try:
+        for name, precision in (("fp32", "highest"), ("tf32", "high")):
+            torch.set_float32_matmul_precision(precision)
+            timer = benchmark.Timer("a @ a", globals={"a": a})
+            out[name] = float(timer.blocked_autorange(min_run_time=budget_s).median)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    return out

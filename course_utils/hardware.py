@@ -341,16 +341,19 @@ def _usable_cores() -> int:
     return max(1, n)
 
 
-def use_threads(sample_s: float = 0.2) -> ThreadChoice:
-    """Set torch's intra-op threads to the physical cores this process may use and that other
-    processes leave free, and say why.
+def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
+    """Set torch's intra-op threads once for this machine, the same in every lesson, and say
+    why.
 
     ``OMP_NUM_THREADS`` (e.g. set by a workshop instructor: one or two per learner) is obeyed
-    as it is. Otherwise the ceiling is the smallest of the physical cores, the CPU affinity
-    and a cgroup CPU quota, minus the CPUs other processes kept busy over ``sample_s``
-    seconds (at least 1). Measured on a 2-core CPU beside a busy 2-thread process: a small
-    training step took 11.5 ms with 1 thread but 343 ms with 2 (two threads that wait for
-    each other on shared cores), so backing off matters.
+    as it is. Otherwise, inside a notebook kernel, the count the first lesson chose on this
+    machine and torch version is reused from the results store (`course_utils.store`), so that
+    two lessons that time the same pair time it with the same threads. A first choice (or
+    ``fresh=True``, or outside a notebook) is the smallest of the physical cores, the CPU
+    affinity and a cgroup CPU quota, minus the CPUs other processes kept busy over
+    ``sample_s`` seconds (at least 1). Measured on a 2-core CPU beside a busy 2-thread process:
+    a small training step took 11.5 ms with 1 thread but 343 ms with 2 (two threads that wait
+    for each other on shared cores), so backing off matters.
 
     Returns:
         The `ThreadChoice` made (``torch.set_num_threads`` has been called with it).
@@ -359,7 +362,18 @@ def use_threads(sample_s: float = 0.2) -> ThreadChoice:
     if env.isdigit() and int(env) > 0:
         torch.set_num_threads(int(env))
         return ThreadChoice(int(env), f"OMP_NUM_THREADS={env}")
+    from . import store
+    keep = store.in_notebook()
+    key = store.context_key(size="any", hw=detect("cpu")) if keep else None
     cores = _usable_cores()
+    if keep and not fresh:
+        rec = store.lookup("protocol", "threads", key)
+        if rec and isinstance(rec.get("threads"), int) and 1 <= rec["threads"] <= cores:
+            torch.set_num_threads(rec["threads"])
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.get("recorded_at", 0)))
+            return ThreadChoice(rec["threads"], f"{rec['reason']}; chosen on {when} and kept "
+                                "for every lesson on this machine (use_threads(fresh=True) "
+                                "chooses again)")
     busy = _cpu_busy(sample_s)
     free = cores if busy is None else max(1, min(cores, round(cores - busy + 0.25)))
     torch.set_num_threads(free)
@@ -368,6 +382,8 @@ def use_threads(sample_s: float = 0.2) -> ThreadChoice:
     else:
         why = (f"{cores} usable core(s), {busy:.1f} kept busy by other processes: using {free}"
                if free < cores else f"{cores} usable core(s), all free")
+    if keep:
+        store.record("protocol", "threads", {"threads": free, "reason": why}, key)
     return ThreadChoice(free, why)
 
 

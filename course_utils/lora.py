@@ -53,6 +53,7 @@ from .memory_model import (
 from .memory_model import estimate as full_estimate
 
 __all__ = [
+    "routes_table",
     "ADAM8_BYTES",
     "NF4_BITS",
     "TARGETS",
@@ -217,10 +218,20 @@ def estimate(config: RunConfig, rank: int = 8, targets=TARGETS,
                          + (gradients if config.grad_accum_steps > 1 else 0))
     optimizer_step = gradients + 4 * largest
     peak = parameters + optimizer_state + max(start_of_backward, optimizer_step)
+    state = {"weights": parameters, "AdamW state": optimizer_state}
+    if start_of_backward >= optimizer_step:
+        held = gradients if config.grad_accum_steps > 1 else 0
+        moment, parts = "start of backward", {
+            **state, "gradients": held, "saved tensors": activations + logits,
+            "temporaries": start_of_backward - held - activations - logits}
+    else:
+        moment, parts = "optimizer step", {**state, "gradients": gradients, "saved tensors": 0,
+                                           "temporaries": 4 * largest}
     return LoraEstimate(config=config, rank=rank, parameters=parameters, gradients=gradients,
                         optimizer_state=optimizer_state, activations=activations,
                         autocast_weight_copies=0, logits=logits, peak_allocated=int(peak),
-                        recompute=recompute, n_parameters=N, n_adapter=n)
+                        recompute=recompute, n_parameters=N, peak_moment=moment,
+                        peak_components={k: int(v) for k, v in parts.items()}, n_adapter=n)
 
 
 def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_batch: int = 1,
@@ -279,3 +290,15 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
     row("next: 8-bit AdamW, full fine-tune", f"{N / 1e9:.2f}B", full,
         full.peak_allocated - adam8_saved, optimizer=full.optimizer_state - adam8_saved)
     return pd.DataFrame(rows)
+
+
+def routes_table(routes: pd.DataFrame) -> pd.DataFrame:
+    """`routes`' result as a readable table: one row per route (the index), ``trains``,
+    ``weights GiB``, ``gradients GiB``, ``optimizer GiB``, ``peak GiB`` (four significant
+    figures, as the lesson's sentences print one decimal of GiB) and ``fits``."""
+    from .experiments import round_sig
+    out = routes.set_index("route")[["trains"]].copy()
+    for col in ("weights", "gradients", "optimizer", "peak"):
+        out[f"{col} GiB"] = [round_sig(v, 4) for v in routes[col]]
+    out["fits"] = routes["fits"].to_numpy()
+    return out

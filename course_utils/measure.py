@@ -114,6 +114,19 @@ class Measurement:
         parts = (self.activations, self.autocast_weight_copies, self.logits)
         return None if any(p is None for p in parts) else sum(parts)
 
+    @property
+    def rounds(self) -> int:
+        """How many steps were timed (each round of an alternation times one)."""
+        return len(self.step_times_s)
+
+    @property
+    def step_time_band_s(self) -> tuple[float, float] | None:
+        """The first and third quartile of the timed steps (seconds), None with fewer than 2."""
+        if len(self.step_times_s) < 2:
+            return None
+        q = statistics.quantiles(self.step_times_s, n=4, method="inclusive")
+        return q[0], q[2]
+
     def add_times(self, times) -> None:
         """Append timed steps (seconds) and update the median, IQR and tokens/s."""
         self.step_times_s.extend(float(t) for t in times)
@@ -130,6 +143,7 @@ class Measurement:
             if f.name not in ("config", "notes", "step_times_s"):
                 row[f.name] = getattr(self, f.name)
         row["saved_total"] = self.saved_total
+        row["timed_rounds"] = self.rounds
         row["notes"] = " ".join(self.notes)
         return row
 

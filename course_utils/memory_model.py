@@ -80,7 +80,8 @@ from .checkpointing import parse_policy, segment_bounds
 from .config import GiB, ModelShape, RunConfig
 
 __all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_token",
-           "largest_parameter_tensor", "peak_walk", "SCALE_MODELS", "SCALE_RECIPES",
+           "largest_parameter_tensor", "peak_walk", "peak_parts", "PEAK_PARTS", "SCALE_MODELS",
+           "SCALE_RECIPES",
            "scale_config", "scale_table", "ZERO_STAGES", "ShardedState", "sharded_state_bytes",
            "sharded_estimate"]
 
@@ -94,6 +95,12 @@ class MemoryEstimate:
         peak_allocated: bytes (see the module docstring for each formula).
         recompute: bytes of the largest checkpointed segment's activations, rebuilt in backward.
         n_parameters: the parameter count ``N``.
+        peak_moment: the moment of the step where the estimated peak falls (a moment of
+            `peak_parts`: ``"start of backward"``, ``"backward of block 3"`` (or ``"backward
+            of blocks 0-1"`` for a checkpointed segment), ``"optimizer step"``, with
+            `` (later micro-batch)`` under accumulation).
+        peak_components: bytes alive at that moment, by part of `PEAK_PARTS`; they sum to
+            ``peak_allocated`` (up to rounding to whole bytes).
     """
 
     config: RunConfig
@@ -106,6 +113,14 @@ class MemoryEstimate:
     peak_allocated: int
     recompute: int
     n_parameters: int
+    peak_moment: str
+    peak_components: dict
+
+    @property
+    def peak_at(self) -> str:
+        """Where the estimated peak falls, in words: ``"the optimizer step"``, ``"the start of
+        backward"``, ``"the backward of block 3"``."""
+        return _moment_words(self.peak_moment)
 
     @property
     def saved_total(self) -> int:
@@ -167,9 +182,19 @@ def _units(config: RunConfig) -> list[tuple[int, object]]:
     return [(L, float(p.arg))]
 
 
-def peak_walk(config: RunConfig) -> list[tuple[str, float]]:
-    """The checkpoints of the peak model (see the module docstring): ``(moment, bytes)`` above
-    parameters + AdamW state, in the order they happen in one training step.
+#: The parts of the bytes alive at a moment of the step, as `peak_parts` names them.
+PEAK_PARTS = ("weights", "AdamW state", "gradients", "saved tensors", "temporaries")
+
+
+def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
+    """The checkpoints of the peak model (see the module docstring), in the order they happen
+    in one training step: ``(moment, {part: bytes})`` for every part of `PEAK_PARTS` alive then.
+
+    ``saved tensors`` are what forward kept for backward and has not been freed yet (block
+    activations, autocast weight copies, the logits bucket); ``temporaries`` are what exists
+    only at that moment: the loss's gradient with respect to the logits (start of backward),
+    a checkpointed unit's recomputation plus one block's backward buffers and the gradient of
+    the hidden state (backward of a unit), AdamW's temporaries (optimizer step).
 
     Raises:
         ValueError: through `RunConfig` validation only.
@@ -203,25 +228,53 @@ def peak_walk(config: RunConfig) -> list[tuple[str, float]]:
     head_copy = V * d * a if low else 0
     kept = embedding + sum(u[0] for u in units)
     grads_all = 4 * parameter_count(config)
+    state = {"weights": 4 * parameter_count(config),
+             "AdamW state": 8 * parameter_count(config) + 4 * (5 + 12 * config.n_layers)}
     walk = []
     # With accumulation, micro-batches after the first run with every .grad buffer alive.
     for later in ((False, True) if config.grad_accum_steps > 1 else (False,)):
         tag, held = (" (later micro-batch)", grads_all) if later else ("", 0)
         walk.append(("start of backward" + tag,
-                     held + kept + logits + head_copy + BT * V * (a + 8)))
-        level = held + kept + 4 * d * BT + (0 if later else 4 * (V * d + 2 * d))
+                     {**state, "gradients": held, "saved tensors": kept + logits + head_copy,
+                      "temporaries": BT * V * (a + 8)}))
+        grads = held + (0 if later else 4 * (V * d + 2 * d))
+        saved = kept
         for i in range(len(units) - 1, -1, -1):
             kept_u, bump, n = units[i]
+            first = sum(u[2] for u in units[:i])
+            where = f"block {first}" if n == 1 else f"blocks {first}-{first + n - 1}"
             if later:  # the unit's gradients exist already: no half-block allocated in its bump
                 bump -= grad_block / 2
-            walk.append((f"backward of unit {i}" + tag, level + bump))
-            level += (0 if later else n * grad_block) - kept_u
+            walk.append((f"backward of {where}" + tag,
+                         {**state, "gradients": grads, "saved tensors": saved,
+                          "temporaries": 4 * d * BT + bump}))
+            grads += 0 if later else n * grad_block
+            saved -= kept_u
     # AdamW's step: PyTorch's default is the foreach implementation on CUDA, which holds a
     # temporary of every parameter (4 N bytes); on a CPU the single-tensor one, which holds about
     # two temporaries of the largest parameter tensor (measured on the course model).
     temp = grads_all if config.device_type == "cuda" else 2 * 4 * largest_parameter_tensor(config)
-    walk.append(("optimizer step", grads_all + temp))
+    walk.append(("optimizer step", {**state, "gradients": grads_all, "saved tensors": 0,
+                                    "temporaries": temp}))
     return walk
+
+
+def peak_walk(config: RunConfig) -> list[tuple[str, float]]:
+    """The checkpoints of the peak model: ``(moment, bytes)`` above parameters + AdamW state,
+    in the order they happen in one training step (`peak_parts` without the weights and AdamW
+    state, summed).
+
+    Raises:
+        ValueError: through `RunConfig` validation only.
+    """
+    return [(moment, sum(v for k, v in parts.items() if k not in ("weights", "AdamW state")))
+            for moment, parts in peak_parts(config)]
+
+
+def _moment_words(moment: str) -> str:
+    """``"backward of block 3"`` -> ``"the backward of block 3"``, ``"optimizer step"`` -> ``"the
+    optimizer step"`` (for sentences)."""
+    return "the " + moment
 
 
 def estimate(config: RunConfig) -> MemoryEstimate:
@@ -266,12 +319,14 @@ def estimate(config: RunConfig) -> MemoryEstimate:
     parameters = 4 * N
     gradients = 4 * N
     optimizer_state = 8 * N + 4 * n_tensors
+    moment, parts = max(peak_parts(config), key=lambda mp: sum(mp[1].values()))
     peak = parameters + optimizer_state + max(v for _, v in peak_walk(config))
     return MemoryEstimate(
         config=config, parameters=parameters, gradients=gradients,
         optimizer_state=optimizer_state, activations=int(activations),
         autocast_weight_copies=int(wcopies), logits=int(logits), peak_allocated=int(peak),
-        recompute=int(recompute), n_parameters=N)
+        recompute=int(recompute), n_parameters=N, peak_moment=moment,
+        peak_components={k: int(v) for k, v in parts.items()})
 
 
 # --- memory at scale (estimates) -----------------------------------------------------------
@@ -314,21 +369,27 @@ def scale_config(model: str | ModelShape, batch_size: int = 1, precision: str = 
                      precision=precision, checkpoint=checkpoint, device="cuda")
 
 
-def scale_table(models=None, recipes=None, seq_len: int = 2048,
-                batch_size: int = 1) -> pd.DataFrame:
+def scale_table(models=None, recipes=None, seq_len: int = 2048, batch_size: int = 1,
+                detail: bool = False) -> pd.DataFrame:
     """Estimated memory of one training step (AdamW) per model and recipe, in GiB.
 
     Args:
         models: ``{name: ModelShape}`` (default `SCALE_MODELS`).
         recipes: ``{name: (precision, checkpoint)}`` (default `SCALE_RECIPES`).
         seq_len, batch_size: tokens per sequence and sequences per micro-batch.
+        detail: every column (below) instead of the readable seven.
 
     Returns:
-        One row per (model, recipe): ``model``, ``recipe``, ``params (B)`` (billions),
-        ``weights``, ``gradients``, ``AdamW state``, ``weight copies`` (autocast's saved
-        low-precision weight copies), ``activations`` (saved activations + the logits bucket),
-        ``peak`` in GiB (2^30 bytes), and ``bytes/param`` of weights + gradients + AdamW state.
-        All values are estimates.
+        One row per (model, recipe). Default columns: ``model``, ``recipe``, ``params (B)``
+        (billions), ``training state GiB`` (weights + gradients + AdamW state), ``saved GiB``
+        (everything forward keeps for backward: activations, autocast weight copies, logits),
+        ``peak GiB`` and ``peak at`` (the moment of the step where the estimated peak falls,
+        `MemoryEstimate.peak_at`). With ``detail``: also ``weights``, ``gradients``,
+        ``AdamW state``, ``weight copies``, ``activations`` (saved activations + the logits
+        bucket), ``bytes/param`` (weights + gradients + AdamW per parameter) and, for the parts of
+        `PEAK_PARTS`, ``at peak: <part>``: the bytes alive at the peak moment, which sum to the
+        peak. GiB = 2^30 bytes. All values are estimates. The default table's
+        ``attrs["detail"]`` holds the full one (for `course_utils.plots.scale_chart`).
 
     Raises:
         ValueError: empty ``models``/``recipes`` or invalid sizes.
@@ -341,16 +402,28 @@ def scale_table(models=None, recipes=None, seq_len: int = 2048,
     for mname, shape in models.items():
         for rname, (precision, policy) in recipes.items():
             e = estimate(scale_config(shape, batch_size, precision, policy, seq_len=seq_len))
-            rows.append({"model": mname, "recipe": rname,
-                         "params (B)": e.n_parameters / 1e9,
-                         "weights": e.parameters / GiB, "gradients": e.gradients / GiB,
-                         "AdamW state": e.optimizer_state / GiB,
-                         "weight copies": e.autocast_weight_copies / GiB,
-                         "activations": (e.activations + e.logits) / GiB,
-                         "peak": e.peak_allocated / GiB,
-                         "bytes/param": (e.parameters + e.gradients + e.optimizer_state)
-                         / e.n_parameters})
-    return pd.DataFrame(rows)
+            state = e.parameters + e.gradients + e.optimizer_state
+            row = {"model": mname, "recipe": rname,
+                   "params (B)": e.n_parameters / 1e9,
+                   "training state GiB": state / GiB,
+                   "saved GiB": e.saved_total / GiB,
+                   "peak GiB": e.peak_allocated / GiB,
+                   "peak at": e.peak_moment,
+                   "weights": e.parameters / GiB, "gradients": e.gradients / GiB,
+                   "AdamW state": e.optimizer_state / GiB,
+                   "weight copies": e.autocast_weight_copies / GiB,
+                   "activations": (e.activations + e.logits) / GiB,
+                   "bytes/param": state / e.n_parameters}
+            for part in PEAK_PARTS:
+                row[f"at peak: {part}"] = e.peak_components.get(part, 0) / GiB
+            rows.append(row)
+    full = pd.DataFrame(rows)
+    if detail:
+        return full
+    out = full[["model", "recipe", "params (B)", "training state GiB", "saved GiB", "peak GiB",
+                "peak at"]].copy()
+    out.attrs["detail"] = full
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -63,8 +63,8 @@ def encode(text: str) -> str:
 
 
 def check(question: str, answer, *, key: str, explanation: str, hint: str,
-          choices: str | None = None, digits: int | None = None) -> str:
-    """Check a learner's answer; print and return the explanation if it is right.
+          choices: str | None = None, digits: int | None = None) -> None:
+    """Check a learner's answer; print the explanation (once) if it is right.
 
     Args:
         question: the question's id (as given to `answer_key`).
@@ -76,7 +76,8 @@ def check(question: str, answer, *, key: str, explanation: str, hint: str,
         digits: for a number question, the decimals the answer is rounded to.
 
     Returns:
-        The explanation (plain text).
+        None: a cell that ends with this call shows the explanation once (printed), not a
+        second time as the cell's value.
 
     Raises:
         AssertionError: the answer is missing, not one of ``choices``, or wrong (with the hint).
@@ -95,7 +96,6 @@ def check(question: str, answer, *, key: str, explanation: str, hint: str,
         raise AssertionError(f"{question}: not this one. Hint: {hint}")
     text = base64.b64decode(explanation.encode("ascii")).decode("utf-8")
     print(textwrap.fill(f"Right. {text}", width=100))
-    return text
 
 
 def author(question: str, answer, explanation: str, digits: int | None = None,

@@ -143,15 +143,19 @@ class OpDtypeRecorder(TorchDispatchMode):
         df.index.name = "op"
         return df
 
-    def ops_by_dtype(self, module: str | None = None) -> dict:
+    def ops_by_dtype(self, module: str | None = None, exclude: str | None = None) -> dict:
         """``{output dtype: [op, ...]}``: the ops (views and casts hidden, each op once, in the
         order first seen) by the dtype of their first output, for sentences generated from a
-        recording. ``module``: only ops whose module name starts with this prefix."""
+        recording. ``module``: only ops whose module name starts with this prefix;
+        ``exclude``: leave out ops whose module name starts with this prefix (``"layers"``:
+        the ops outside the transformer blocks)."""
         out: dict = {}
         for r in self.records:
             if r.op in VIEW_OPS or r.op == "_to_copy" or not r.outputs:
                 continue
             if module is not None and not r.module.startswith(module):
+                continue
+            if exclude is not None and r.module.startswith(exclude):
                 continue
             ops = out.setdefault(r.outputs[0], [])
             if r.op not in ops:

@@ -87,15 +87,17 @@ class BatchSearch:
         return self.config.label
 
     def as_row(self) -> dict:
-        """A flat dict for a table: label, largest batch, its peak (bytes), budget, time, tokens/s,
-        number of measurements."""
+        """A readable flat dict for a table: ``config`` (in words), ``largest batch``,
+        ``tokens/step``, ``peak MiB`` (its measured peak, three significant figures) and
+        ``measurements`` (steps the search ran). The one step the search timed per batch is
+        for the chart only (`course_utils.plots.budget_chart`): `race` times them properly."""
+        from .experiments import plain_label, round_sig
         m = self.measurement
-        return {"config": self.label, "largest batch": self.batch_size,
+        return {"config": plain_label(self.label), "largest batch": self.batch_size,
                 "tokens/step": self.batch_size * self.config.seq_len * self.config.grad_accum_steps,
-                "peak_allocated": None if m is None else m.peak_allocated,
-                "budget_bytes": self.budget_bytes,
-                "step_time_s": None if m is None else m.step_time_s,
-                "tokens_per_s": self.tokens_per_s, "measurements": len(self.probes)}
+                "peak MiB": None if m is None or m.peak_allocated is None
+                else round_sig(m.peak_allocated / 2**20),
+                "measurements": len(self.probes)}
 
 
 def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:

@@ -104,6 +104,19 @@ class Timeline:
                 if any(p.start_ms <= t <= p.end_ms for p in spans)]
         return max([0, *vals])
 
+    def peak_moment(self) -> tuple[str | None, float | None]:
+        """Where the peak falls: ``(phase name, fraction of that phase elapsed, 0 to 1)`` at the
+        first event with the highest ``allocated``; ``(None, None)`` when no marked phase
+        contains it (or nothing was allocated)."""
+        if not self.allocated or self.peak_bytes <= 0:
+            return None, None
+        t = self.t_ms[self.allocated.index(max(self.allocated))]
+        for p in self.phases:
+            if p.start_ms <= t <= p.end_ms:
+                span = p.end_ms - p.start_ms
+                return p.name, (t - p.start_ms) / span if span > 0 else 0.0
+        return None, None
+
     def to_frame(self) -> pd.DataFrame:
         """The events as a DataFrame with columns ``t_ms`` and ``allocated_bytes``."""
         return pd.DataFrame({"t_ms": self.t_ms, "allocated_bytes": self.allocated})

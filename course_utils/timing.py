@@ -7,11 +7,13 @@
   round after round, so that a change in the machine's load hits all of them alike
   (`time_step`: one call, the accelerator synchronised).
 * **Noise.** `time_ratio` compares two series of step times taken in the same rounds: the
-  per-round ratios' median, and their interquartile band. A difference whose band contains 1 is
-  "within noise", never faster or slower; at the ``smoke`` size every time comparison is
-  "inconclusive at this size" (fixed per-step overheads dominate a tiny model); a precision that
-  is emulated on this hardware gives an "emulated" comparison, whose number is not the speed
-  of real hardware.
+  per-round ratios' median, and a noise band that covers both their interquartile range and the
+  spread between consecutive blocks of rounds (the drift a second run of the lesson would see).
+  A difference whose band, *as printed* (two decimals), contains 1 is "within noise", never
+  faster or slower; fewer than `MIN_ROUNDS` paired rounds decide nothing ("too few rounds");
+  at the ``smoke`` size every time comparison is "inconclusive at this size" (fixed per-step
+  overheads dominate a tiny model); a precision that is emulated on this hardware gives an
+  "emulated" comparison, whose number is not the speed of real hardware.
 """
 from __future__ import annotations
 
@@ -24,11 +26,14 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["VERDICTS", "MIN_ROUNDS", "default_budget_s", "steps_for_budget", "time_step",
-           "interleaved", "TimeRatio", "time_ratio", "spread"]
+           "interleaved", "TimeRatio", "time_ratio", "spread", "BLOCKS", "printed_band"]
 
 #: The words a time comparison can end in.
-VERDICTS = ("faster", "slower", "within noise", "inconclusive at this size", "emulated",
-            "not timed")
+VERDICTS = ("faster", "slower", "within noise", "too few rounds", "inconclusive at this size",
+            "emulated", "not timed")
+
+#: Consecutive blocks of rounds whose medians widen the noise band (run-to-run drift).
+BLOCKS = 3
 
 _BUDGET_S = {"smoke": 0.3, "cpu": 3.0}
 
@@ -40,7 +45,7 @@ MIN_ROUNDS = 5
 def default_budget_s(size: str) -> float:
     """Seconds of timed steps per comparison at a size profile (``smoke`` 0.3, ``cpu`` 3, GPU
     profiles 4): enough repeats for a median and a spread, little enough for a lesson to stay
-    near two minutes."""
+    near a minute."""
     return _BUDGET_S.get(size, 4.0)
 
 
@@ -127,14 +132,25 @@ def spread(samples: Sequence[float]) -> float | None:
     return q[2] - q[0]
 
 
+def printed_band(ratio: float, low: float, high: float) -> tuple[float, float]:
+    """The noise band as a sentence prints it (two decimals): ``(low, high)`` of the time
+    ratio when ``ratio >= 1`` ("1.26x slower"), else of the speed-up ``1/ratio`` ("1.43x
+    faster", band ``1/high .. 1/low``). The verdict rule reads this band, so a printed
+    interval that contains 1.00 is never called faster or slower."""
+    if ratio >= 1:
+        return round(low, 2), round(high, 2)
+    return round(1 / high, 2), round(1 / low, 2)
+
+
 @dataclass(frozen=True)
 class TimeRatio:
     """Step time of a configuration divided by a reference's, measured in the same rounds.
 
     Attributes:
-        ratio: median of the per-round ratios (None if not timed).
-        low, high: the first and third quartile of the per-round ratios (None with fewer than
-            3 rounds).
+        ratio: median of the per-round ratios (None if not timed); below 1 is faster.
+        low, high: the noise band of the ratio: the wider of the per-round ratios' quartiles
+            and the range of the medians of `BLOCKS` consecutive blocks of rounds (None with
+            fewer than 3 rounds).
         rounds: the number of paired rounds.
         verdict: one of `VERDICTS`.
     """
@@ -151,50 +167,90 @@ class TimeRatio:
         arithmetic, at a size that means something)."""
         return self.verdict in ("faster", "slower")
 
+    @property
+    def factor(self) -> float | None:
+        """How many times faster (``1/ratio``, when ratio < 1) or slower (``ratio``)."""
+        if self.ratio is None:
+            return None
+        return 1 / self.ratio if self.ratio < 1 else self.ratio
+
+    def band_text(self) -> str:
+        """``"noise band 1.24-1.30x over 9 rounds"`` (in the direction the ratio is printed)."""
+        n = f"{self.rounds} round{'s' * (self.rounds != 1)}"
+        if self.low is None:
+            return n
+        lo, hi = printed_band(self.ratio, self.low, self.high)
+        return f"noise band {lo:.2f}-{hi:.2f}x over {n}"
+
     def describe(self, what: str = "step time") -> str:
-        """``"step time 1.31x (IQR 1.27-1.36x over 9 rounds): slower"`` and the like."""
+        """``"step time 1.31x slower (noise band 1.27-1.36x over 9 rounds)"``,
+        ``"step time 1.43x faster (...)"``, ``"step time 1.02x (...): within noise"`` and the
+        like: a faster ratio is printed as a speed-up, never as "0.70x faster"."""
         if self.ratio is None:
             return f"{what}: not timed"
-        band = (f" (IQR {self.low:.2f}-{self.high:.2f}x over {self.rounds} rounds)"
-                if self.low is not None else f" ({self.rounds} round{'s' * (self.rounds != 1)})")
-        word = {"emulated": "emulated here, not the speed of real hardware"}.get(self.verdict,
-                                                                                self.verdict)
-        return f"{what} {self.ratio:.2f}x{band}: {word}"
+        band = self.band_text()
+        if self.verdict == "emulated":
+            direction = "slower" if self.ratio >= 1 else "faster"
+            return (f"{what} {self.factor:.2f}x {direction} ({band}; emulated here, not the "
+                    "speed of real hardware)")
+        if self.verdict == "faster":
+            return f"{what} {1 / self.ratio:.2f}x faster ({band})"
+        if self.verdict == "slower":
+            return f"{what} {self.ratio:.2f}x slower ({band})"
+        return f"{what} {self.ratio:.2f}x ({band}): {self.verdict}"
+
+
+def _band(ratios: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(ratios, n=4, method="inclusive")
+    low, high = q[0], q[2]
+    n = len(ratios)
+    if n >= BLOCKS:  # the medians of consecutive blocks (sizes differ by at most one): how far
+        # a re-run of the comparison could land
+        edges = [round(i * n / BLOCKS) for i in range(BLOCKS + 1)]
+        medians = [statistics.median(ratios[a:b]) for a, b in zip(edges, edges[1:])]
+        low, high = min(low, *medians), max(high, *medians)
+    return low, high
 
 
 def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str = "",
-               emulated: bool = False) -> TimeRatio:
-    """Compare step times ``times`` with ``reference`` (seconds, paired by round).
+               emulated: bool = False, min_rounds: int = MIN_ROUNDS) -> TimeRatio:
+    """Compare step times ``times`` with ``reference`` (seconds, paired by round, in the order
+    they were taken).
 
     Rule: no times -> "not timed"; an emulated precision on either side -> "emulated" (the
-    ratio is reported, labelled); size ``smoke`` -> "inconclusive at this size"; fewer than 3
-    paired rounds -> "inconclusive at this size" unless the ratio is beyond 2x either way;
-    otherwise "within noise" when the interquartile band of the per-round ratios contains 1,
-    else "faster" (< 1) or "slower" (> 1).
+    ratio is reported, labelled); size ``smoke`` -> "inconclusive at this size"; fewer than
+    ``min_rounds`` paired rounds -> "too few rounds" unless the ratio is beyond 2x either way
+    (measured run-to-run noise on a busy 2-core machine stays within 1-7 %); otherwise
+    "within noise" when the noise band as printed (`printed_band`) contains 1, else "faster"
+    (< 1) or "slower" (> 1). The band: the per-round ratios' interquartile range, widened to
+    the medians of `BLOCKS` consecutive blocks of rounds (as equal as the count allows).
     """
-    pairs = [(t, r) for t, r in zip(times, reference) if t and r]
+    # paired only when taken in the same rounds: as many steps each (an emulated precision's one
+    # profiled step is not paired with the reference's first round, but set against its median)
+    pairs = [(t, r) for t, r in zip(times, reference) if t and r] \
+        if len(times) == len(reference) else []
     if not pairs:
         if times and reference:  # timed, but not in the same rounds (e.g. one step each)
             ratio = statistics.median(times) / statistics.median(reference)
             return TimeRatio(ratio, None, None, 1, "emulated" if emulated else
                              ("slower" if ratio > 2 else "faster" if ratio < 0.5
-                              else "inconclusive at this size"))
+                              else "too few rounds"))
         return TimeRatio(None, None, None, 0, "not timed")
     ratios = [t / r for t, r in pairs]
     ratio = statistics.median(ratios)
     low = high = None
     if len(ratios) >= 3:
-        q = statistics.quantiles(ratios, n=4, method="inclusive")
-        low, high = q[0], q[2]
+        low, high = _band(ratios)
     if emulated:
         verdict = "emulated"
     elif size == "smoke":
         verdict = "inconclusive at this size"
-    elif low is None:
-        verdict = ("slower" if ratio > 2 else "faster" if ratio < 0.5
-                   else "inconclusive at this size")
-    elif low <= 1 <= high:
-        verdict = "within noise"
+    elif len(ratios) < min_rounds or low is None:
+        verdict = ("slower" if ratio > 2 else "faster" if ratio < 0.5 else "too few rounds")
     else:
-        verdict = "faster" if ratio < 1 else "slower"
+        lo, hi = printed_band(ratio, low, high)
+        if lo <= 1.0 <= hi:
+            verdict = "within noise"
+        else:
+            verdict = "faster" if ratio < 1 else "slower"
     return TimeRatio(ratio, low, high, len(ratios), verdict)

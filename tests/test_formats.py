@@ -38,8 +38,12 @@ def test_format_table_matches_ieee_layouts():
     if "fp8 e4m3" in FORMATS:
         expect.update({"fp8 e4m3": (4, 3), "fp8 e5m2": (5, 2)})
     for name, (e, m) in expect.items():
-        assert (t.loc[name, "exponent"], t.loc[name, "mantissa"]) == (e, m), name
-        assert t.loc[name, "sign"] + e + m == t.loc[name, "bits"]
+        assert (t.loc[name, "exponent bits"], t.loc[name, "mantissa bits"]) == (e, m), name
+    full = format_table(detail=True)
+    for name in expect:
+        assert full.loc[name, "sign"] + full.loc[name, "exponent bits"] \
+            + full.loc[name, "mantissa bits"] == full.loc[name, "bits"]
+    assert len(t.columns) <= 7 < len(full.columns)
     assert t.loc["fp16", "max"] == 65504.0
     assert t.loc["fp16", "smallest normal"] == 2.0 ** -14
     assert t.loc["fp16", "smallest subnormal"] == FP16_SUB
@@ -247,12 +251,14 @@ def test_underflow_table_layout():
     groups = {"a": torch.tensor([FP16_SUB / 4, 1.0]), "b": torch.tensor([1.0])}
     t = underflow_table(groups, [("fp16", 1), ("fp16", 2.0 ** 16), ("bf16", 1)])
     assert len(t) == 6
-    assert list(t.columns) == ["format", "scale", "values", "nonzero", "flushed to 0 %",
-                               "subnormal %", "overflow %"]
-    row = t[(t["values"] == "a") & (t["scale"] == 1) & (t["format"] == "fp16")]
-    assert row["flushed to 0 %"].item() == 50.0
-    row = t[(t["values"] == "b") & (t["scale"] == 2.0 ** 16)]
-    assert row["overflow %"].item() == 100.0        # 65536 > fp16's max
+    assert list(t.columns) == ["nonzero values", "flushed to 0 (%)", "subnormal (%)",
+                               "overflow (%)"]
+    assert list(dict.fromkeys(t.index.get_level_values("stored as"))) == [
+        "fp16", "fp16, loss x 2^16", "bf16"]
+    assert t.loc[("fp16", "a"), "flushed to 0 (%)"] == 50.0
+    assert t.loc[("fp16, loss x 2^16", "b"), "overflow (%)"] == 100.0   # 65536 > fp16's max
+    assert t.loc[("fp16", "a"), "nonzero values"] == 2
+    assert underflow_table(groups, [("fp16", 1000.0)]).index[0][0] == "fp16, loss x 1000"
     with pytest.raises(ValueError):
         underflow_table({}, [("fp16", 1)])
     with pytest.raises(ValueError):
@@ -360,3 +366,14 @@ def test_capture_gradients_max_values_pools_without_bias():
     assert sampled.parameters.numel() <= 4096 + 200
     with pytest.raises(ValueError, match="max_values"):
         capture_gradients(m, max_values=0)
+
+
+def test_fp32_matmul_settings_and_tf32_probe_off_ampere():
+    from course_utils.formats import fp32_matmul_settings, tf32_probe
+    s = fp32_matmul_settings()
+    assert set(s) == {"float32_matmul_precision", "cuda_matmul_tf32", "cudnn_tf32"}
+    assert s["float32_matmul_precision"] in ("highest", "high", "medium")
+    assert tf32_probe("cpu") is None          # TF32 is an Ampere+ GPU feature
+    with pytest.raises(ValueError):
+        tf32_probe("cpu", n=0)
+    assert torch.get_float32_matmul_precision() == s["float32_matmul_precision"]

@@ -72,6 +72,9 @@ def test_memory_timeline_sees_an_allocation_and_its_free():
     make, keep = tl.phases
     assert make.start_ms <= make.end_ms <= keep.start_ms <= keep.end_ms
     assert tl.phase_peak("make") >= 3 * MB
+    where, elapsed = tl.peak_moment()  # a and b alive together: inside "make", after both allocations
+    assert where == "make" and 0 < elapsed <= 1
+    assert Timeline(device="cpu", method="test").peak_moment() == (None, None)
     frame = tl.to_frame()
     assert list(frame.columns) == ["t_ms", "allocated_bytes"] and len(frame) == len(tl.t_ms)
 
@@ -275,6 +278,61 @@ def test_hugging_face_gpt2_checkpointing_keeps_gradients_and_saves_less(cfg):
     assert ckpt_saved < plain_saved / 4
 
 
+
+def test_gpt2_saves_what_the_course_model_saves_without_dropout_and_tanh_gelu(cfg):
+    """Lesson 02 §8's explanation, checked: dropout and GPT-2's tanh GELU are the whole difference
+    between GPT-2's saved tensors and the course model's of the same shape."""
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.set_verbosity_error()
+    shape = dict(vocab_size=256, n_positions=cfg.seq_len, n_embd=cfg.d_model, n_layer=2,
+                 n_head=cfg.n_heads, bos_token_id=0, eos_token_id=0)
+    x, y = get_batch(cfg.batch_size, cfg.seq_len)
+
+    def gpt2_saved(**changes):
+        torch.manual_seed(0)
+        m = transformers.GPT2LMHeadModel(transformers.GPT2Config(**shape, **changes)).train()
+        return saved_bytes(lambda: m(input_ids=x, labels=x, use_cache=False).loss, model=m)
+
+    no_dropout = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    as_built, plain = gpt2_saved(), gpt2_saved(**no_dropout)
+    exact = gpt2_saved(**no_dropout, activation_function="gelu")
+    course = sum(measure_saved(build_model(cfg.replace(n_layers=2)), x, y).totals().values())
+    assert as_built > plain > exact
+    assert exact == course
+
+
+def test_recomputing_the_attention_core_keeps_no_seq_by_seq_tensor(cfg):
+    """Lesson 02 §7: with naive attention, keeping only the linear layers' outputs removes the
+    seq x seq matrices from what the forward keeps, and recomputes fewer FLOPs than full."""
+    from torch.utils.flop_counter import FlopCounterMode
+    aten = torch.ops.aten
+    torch.manual_seed(0)
+    c = cfg.replace(seq_len=4 * cfg.seq_len, attention="naive", n_layers=2)
+    layers = build_model(c).layers
+    x = torch.randn(1, c.seq_len, c.d_model, requires_grad=True)
+
+    def keep_linear_outputs(ctx, op, *args, **kwargs):
+        linear = op in (aten.mm.default, aten.addmm.default)
+        return CheckpointPolicy.MUST_SAVE if linear else CheckpointPolicy.PREFER_RECOMPUTE
+
+    runs = {"none": lambda: exercise02.forward_plain(layers, x),
+            "full": lambda: exercise02.forward_full(layers, x),
+            "core": lambda: exercise02.forward_selective(layers, x, keep_linear_outputs)}
+    kept, flops = {}, {}
+    for name, run in runs.items():
+        out, kept[name] = allocated_after(run)
+        del out
+        with FlopCounterMode(display=False) as counter:
+            run().sum().backward()
+        flops[name] = counter.get_total_flops()
+    heads = c.n_heads
+    square = heads * c.seq_len * c.seq_len * 4            # one block's fp32 softmax output
+    linear = 9 * c.seq_len * c.d_model * 4                # qkv 3, proj 1, fc1 4, fc2 1 (per block)
+    assert kept["none"] - kept["core"] >= 2 * square      # both blocks' seq x seq matrices gone
+    assert kept["core"] == pytest.approx(2 * linear + x.numel() * 4 * 2, rel=0.05)
+    assert flops["none"] < flops["core"] < flops["full"]
+
+
 # ------------------------------------------------------------------------------------------ charts
 
 def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
@@ -311,8 +369,10 @@ def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
                           "step_time_iqr_s": [0.1, 0.1, None],
                           "peak_allocated": [100 * MB, 50 * MB, 80 * MB]})
     ax = plots.pareto_chart(table).axes[0]
-    front = [line for line in ax.lines if line.get_label() == "Pareto front"][0]
-    assert list(front.get_xdata()) == [1000.0, 1200.0]  # c is dominated by b
+    from matplotlib.colors import same_color
+    front = sorted({float(v) for line in ax.lines if same_color(line.get_color(), "#DD8452")
+                    for v in line.get_xdata()})
+    assert front == [1000.0, 1200.0]  # the front joins a and b; c is dominated by b
     with pytest.raises(ValueError):
         plots.pareto_chart(table.assign(step_time_s=None))
 
@@ -529,3 +589,18 @@ def test_hugging_face_cells_run_without_transformers(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "pip install transformers" in out and namespace["transformers"] is None
     assert namespace["cache_bytes"](None) == 0
+
+
+def test_lesson02_has_one_measuring_box_and_teaches_the_segment_rule_as_its_formula():
+    import nbformat
+    from test_telling import machinery_share  # the issue-18 checker of lessons 03/04, the same rule
+    nb = nbformat.read(LESSON, 4)
+    boxes = [c for c in nb.cells if c.get("id") == "how-measured"]
+    assert len(boxes) == 1 and "How this lesson measures" in boxes[0].source
+    assert machinery_share(nb) <= 0.05, f"{machinery_share(nb):.1%} machinery words"
+    prose = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    # the segment rule as §4's formula gives it: sqrt(cN), one block per segment only when N <= c
+    assert "√(cN)" in prose and "N ≤ c" in prose
+    assert "for transformer blocks, checkpoint every block" not in prose.lower()
+    assert "cannot fix" not in prose
+    assert "MUST_CPU_OFFLOAD" in prose or "CPU-offload" in prose or "CPU offload" in prose

@@ -58,12 +58,15 @@ def test_the_lora_cell_is_the_library_adapter(lesson):
 
 
 def test_the_ledger_is_one_engine_call_per_claim(lesson):
+    """Each claim once, in order: lesson 03's own verdicts (``verdict``) and the other lessons'
+    (``from_lesson``: the verdict that lesson recorded here, or measured again and labelled)."""
     src = cell(lesson, "ledger").source
     tree = ast.parse(src)
-    calls = [n for n in ast.walk(tree)
-             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "verdict"]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", None) in ("verdict", "from_lesson")]
     claims = [c.args[0].value for c in calls]
     assert claims == list(CLAIMS), "each claim C1-C20 once, in order"
+    assert "claims.recorded_or_measure(" in src
     everywhere = "\n".join(c.source for c in code_cells(lesson))
     assert "Verdict(" not in everywhere, "verdicts come from claims.verdict, never built by hand"
 
@@ -124,13 +127,20 @@ def test_notebook_code_passes_ruff(path):
 
 
 def test_exercise_grades_the_step_not_bookkeeping():
+    """The step is one the lessons did not show (micro-batches of different lengths), graded
+    against plain PyTorch (one big batch), with no course step to delegate to; Part B grades
+    PyTorch's saved-tensor hooks, not the course's helpers."""
     nb = nbformat.read(SOLUTION, 4)
     step = cell(nb, "q2-solution").source
-    for piece in ("torch.autocast(", "checkpoint(block, h, use_reentrant=False)", "/ len(micro_batches)",
+    for piece in ("torch.autocast(", "checkpoint(block, h, use_reentrant=False)", "n_tokens",
                   "scaler.scale(loss).backward()", "scaler.unscale_(optimizer)", "clip_grad_norm_"):
         assert piece in step, piece
-    signature = inspect.signature(training.train_step)
-    assert f"def combined_step{signature}" in step.replace(" -> ", "")
+    assert "/ len(micro_batches)" not in step
+    setup = cell(nb, "setup").source
+    assert "train_step" not in setup and "compare" not in setup, "nothing to delegate to"
+    assert "loss.backward()" in cell(nb, "q2-helpers").source   # the reference is plain PyTorch
+    assert "saved_tensors_hooks" in cell(nb, "q3-solution").source
+    assert "evidence.time_between" not in "\n".join(c.source for c in nb.cells)
     tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     quiz = [c for c in tests if "quiz.check(" in c.source]
     assert len(quiz) == 3, "three auto-checked conceptual questions"

@@ -38,7 +38,7 @@ def test_checkpoint_keeps_c8_block_inputs_not_parameters():
     B, T, d, L = TINY.batch_size, TINY.seq_len, TINY.d_model, TINY.n_layers
     assert got["kept_bytes"] == got["expected_bytes"] == L * B * T * d * 4 + 8 * B * T + 8 * T
     assert got["param_bytes"] == 4 * parameter_count(TINY)
-    assert verdict("C8", **got).status == "failed"
+    assert verdict("C8", **got).status == "busted"
 
 
 def test_reentrant_pitfalls_c14():
@@ -133,12 +133,13 @@ def test_relative_error_refuses_mismatches():
     assert evidence.relative_error([], a) == math.inf and evidence.relative_error([None], a) == math.inf
 
 
-def test_accumulation_c17_holds_for_train_step_and_fails_without_the_division():
+def test_accumulation_c17_depends_for_train_step_and_is_busted_without_the_division():
     got = evidence.accumulation(TINY, k=4)
     assert got["grad_rel_err"] < 1e-5 and got["undivided_ratio"] == pytest.approx(4, rel=1e-4)
     assert 0 < got["extra_peak_bytes"] <= 1.05 * got["grad_buffer_bytes"]
     assert got["grad_buffer_bytes"] == 4 * parameter_count(TINY) and got["peak_vs_big"] < 1
-    assert verdict("C17", **got).status == "held"
+    # "no extra memory" is not quite true: the .grad buffer lives across micro-batches
+    assert verdict("C17", **got).status == "depends"
 
     def undivided(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
         for x, y in micro_batches:
@@ -149,7 +150,7 @@ def test_accumulation_c17_holds_for_train_step_and_fails_without_the_division():
         return loss
     bad = evidence.accumulation(TINY, k=4, step_fn=undivided)
     assert bad["grad_rel_err"] == pytest.approx(3, rel=0.01)
-    assert verdict("C17", **bad).status == "failed"
+    assert verdict("C17", **bad).status == "busted"
     with pytest.raises(ValueError, match="k >= 2"):
         evidence.accumulation(TINY, k=1)
 
@@ -270,9 +271,9 @@ def test_routes_7b_on_24_gib():
 # --------------------------------------------------------------- charts
 
 def test_adoption_story_skips_an_emulated_step_as_reference():
-    df = _table([("fp32", "fp32", [1.0, 1.02, 0.98, 1.0], 1000, False),
+    df = _table([("fp32", "fp32", [1.0, 1.02, 0.98, 1.0, 1.0], 1000, False),
                  ("bf16", "bf16", [3.0], 800, True),
-                 ("fp32+full", "fp32", [1.3, 1.32, 1.28, 1.3], 600, False)])
+                 ("fp32+full", "fp32", [1.3, 1.32, 1.28, 1.3, 1.3], 600, False)])
     story = adoption_story(df, [("fp32", "fp32"), ("+ bf16", "bf16"), ("+ compile", None),
                                       ("+ full", "fp32+full")], estimates=[("+ shard", 300)])
     assert list(story["source"]) == ["measured", "measured", "not measured here", "measured", "estimate"]
@@ -284,7 +285,7 @@ def test_adoption_story_skips_an_emulated_step_as_reference():
     assert "0.80x" in mem and "0.60x" in mem    # + full against fp32, not against emulated bf16
     assert any("0.50x" in t and "estimate" in t for t in mem)
     times = [t.get_text() for t in fig.axes[0].texts]
-    assert "1.30x\n(slower)" in times and "emulated here" in times
+    assert "1.30x slower" in times and "emulated:\nnot drawn" in times
     assert "previous adopted step" in fig.axes[0].get_title()
     with pytest.raises(ValueError, match="no row"):
         adoption_story(df, [("x", "nope")])

@@ -1,5 +1,6 @@
 """Exercise 03 grades the subject: two broken versions of the production step, graded with the
-course's grader, lose exactly the points of the check that catches their mistake.
+course's grader, lose exactly the points of the check that catches their mistake, and a step that
+delegates to the library's `train_step` fails.
 
 (Full marks for the solution and 0 for the untouched exercise are `test_grading`'s, for every
 graded notebook.) Each submission is one execution of the notebook at ``smoke`` size.
@@ -24,6 +25,10 @@ BROKEN = {
                        'enabled=precision in ("fp16", "bf16")', "ex03_make_scaler"),
 }
 
+#: A step that hands the work to the course's own step (importable from the library).
+DELEGATE = ("    from course_utils.training import train_step\n"
+            "    return train_step(model, optimizer, scaler, micro_batches, dtype, max_grad_norm)\n")
+
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
@@ -37,10 +42,32 @@ def graded(tmp_path_factory):
         cell.source = cell.source.replace(old, new)
         (folder / name).mkdir()
         nbformat.write(nb, folder / name / NAME)
+    nb = copy.deepcopy(solution)
+    cell = next(c for c in nb.cells if c.get("id") == "q2-solution")
+    head, rest = cell.source.split("### BEGIN SOLUTION\n")
+    cell.source = head + "### BEGIN SOLUTION\n" + DELEGATE + "    ### END SOLUTION" + \
+        rest.split("### END SOLUTION")[1]
+    (folder / "delegates").mkdir()
+    nbformat.write(nb, folder / "delegates" / NAME)
     sources = grading.load_sources(ROOT / "solutions")
     return {name: grading.grade_submission(folder / name / NAME, {NAME: sources[NAME]},
                                            cell_timeout=120, timeout=300)
-            for name in BROKEN}
+            for name in [*BROKEN, "delegates"]}
+
+
+def test_a_step_that_delegates_to_the_library_fails(graded):
+    """`train_step` divides by the number of micro-batches and gets a plain model: it fails the
+    checks of the gradients (micro-batches of different lengths) and of checkpointing."""
+    result = graded["delegates"]
+    assert result.error is None, result.error
+    tests = {t.grade_id: t for t in result.tests}
+    for failing in ("ex03_step_fp32", "ex03_step_low_precision", "ex03_step_scaler",
+                    "ex03_step_checkpoint"):
+        assert tests[failing].status == "fail", f"delegating should fail {failing}: {tests[failing]}"
+    assert "big batch" in tests["ex03_step_fp32"].message
+    lost = sum(tests[g].max_points for g in ("ex03_step_fp32", "ex03_step_low_precision",
+                                              "ex03_step_scaler", "ex03_step_checkpoint"))
+    assert result.score <= sum(t.max_points for t in result.tests) - lost
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))

@@ -60,3 +60,24 @@ def test_adamw_temporaries_cpu_default_and_cuda_foreach():
         assert peak_bytes(opt.step, "cpu") == pytest.approx(expected, rel=0.1), foreach
     walk = dict(peak_walk(cfg.replace(device="cuda")))
     assert walk["optimizer step"] == 8 * parameter_count(cfg)  # gradients + the foreach copy
+
+
+def test_the_estimate_says_where_its_peak_falls():
+    """The peak's moment and the parts alive then are data: the parts sum to the peak, the
+    moment is the walk's largest, and at 1B-70B with one sequence per micro-batch it is the
+    optimizer step (activations differ 9x between recipes, the peaks not at all)."""
+    from course_utils.memory_model import PEAK_PARTS, peak_parts, scale_table
+    for policy in ("none", "full", "selective", "segments:2"):
+        cfg = config_for("cpu", precision="bf16", checkpoint=policy)
+        e = estimate(cfg)
+        assert set(e.peak_components) == set(PEAK_PARTS)
+        assert abs(sum(e.peak_components.values()) - e.peak_allocated) <= len(PEAK_PARTS)
+        moments = {m: sum(p.values()) for m, p in peak_parts(cfg)}
+        assert e.peak_moment == max(moments, key=moments.get) and e.peak_at.endswith(e.peak_moment)
+    t = scale_table()
+    assert (t["peak at"] == "optimizer step").all()
+    assert t.groupby("model")["peak GiB"].nunique().eq(1).all()
+    assert len(t.columns) <= 7
+    detail = t.attrs["detail"]
+    parts = detail[[f"at peak: {p}" for p in PEAK_PARTS]].sum(axis=1)
+    assert ((parts - detail["peak GiB"]).abs() < 1e-6).all()  # the chart's bars end at the peak

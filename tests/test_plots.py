@@ -110,15 +110,19 @@ def searches() -> list:
 
 
 def scale_table() -> pd.DataFrame:
-    """`scaling.scale_table()` (GiB) for 1B, 7B and 70B."""
+    """`memory_model.scale_table(detail=True)`'s columns (GiB) for 1B, 7B and 70B, made up."""
     rows = []
     for model, params, w, acts in (("1B", 1.04, 3.9, 4.6), ("7B", 6.71, 25.0, 16.0),
                                    ("70B", 69.81, 260.0, 85.0)):
         for recipe, copies, a in (("fp32", 0.0, acts), ("bf16 autocast", 0.45 * w, acts * 0.5),
                                   ("bf16 autocast + full ckpt", 0.01 * w, acts * 0.1)):
+            parts = {"weights": w, "AdamW state": 2 * w, "gradients": w, "saved tensors": 0.0,
+                     "temporaries": w}
             rows.append({"model": model, "recipe": recipe, "params (B)": params, "weights": w,
                          "gradients": w, "AdamW state": 2 * w, "weight copies": copies,
-                         "activations": a, "peak": 4 * w + 0.1 * acts})
+                         "activations": a, "peak GiB": sum(parts.values()),
+                         "peak at": "optimizer step",
+                         **{f"at peak: {k}": v for k, v in parts.items()}})
     return pd.DataFrame(rows)
 
 
@@ -351,18 +355,19 @@ def test_time_ratio_is_printed_only_outside_the_noise():
     texts = [t.get_text() for t in figure("ladder").axes[0].texts]
     assert any("within noise" in t for t in texts)  # bf16+selective: 1.02x, inside the noise
     assert not any("1.02x" in t for t in texts)
-    assert sum("emulated here" in t for t in texts) == 2  # no ratio for an emulated time
+    assert sum("not drawn" in t for t in texts) == 2  # an emulated time: no bar, no ratio
     assert not any(RATIO.search(t) for t in texts)
-    assert len([b for b in _bars(figure("ladder").axes[0]) if b.get_hatch()]) == 2
+    assert len(_bars(figure("ladder").axes[0])) == len(figure("ladder").axes[0].get_xticks()) - 2
+    assert "Not drawn on the time axis" in figure("ladder").legends[-1].get_title().get_text()
 
     texts = _texts(figure("pareto"))
-    assert "fp32+every-2: ≈1x (within noise)" in texts and "fp32+full: 1.26x (slower)" in texts
+    assert "fp32+every-2: ≈1x (within noise)" in texts and "fp32+full: 1.26x slower" in texts
     assert "fp32+selective: inconclusive" in texts and not any("1.69x" in t for t in texts)
 
     texts = [t.get_text() for t in figure("dashboard").axes[0].texts]
     assert any("within noise" in t for t in texts) and not any("1.03x" in t for t in texts)
     assert any("1.31x" in t and "slower" in t for t in texts)
-    assert any("emulated here" in t for t in texts) and not any("3.80x" in t for t in texts)
+    assert any("not drawn" in t for t in texts) and not any("3.80x" in t for t in texts)
 
     texts = [t.get_text() for t in plots.adoption_chart(story()).axes[0].texts]
     assert any("within noise" in t for t in texts) and not any("1.03x" in t for t in texts)
@@ -453,3 +458,18 @@ def test_no_pyplot_and_one_inline_image_in_a_kernel(kernel_run):
     assert cells[3][0]["text"] == "False", "a chart imported matplotlib.pyplot"
     assert [o["mimes"] for o in cells[4]] == [["image/png", "text/plain"], ["text/plain"]]
     assert [o["mimes"] for o in cells[5]] == [["image/png", "text/plain"]]
+
+
+def test_pareto_front_treats_times_within_the_noise_as_ties():
+    """b is 2 % slower than a but within the noise: a tie in time, so b's smaller peak puts it on
+    the front and a, no smaller, is dominated; c is faster outside the noise and stays."""
+    MB = 2**20
+    table = pd.DataFrame({
+        "label": ["a", "b", "c"], "step_time_s": [1.0, 1.02, 0.7],
+        "step_time_iqr_s": [0.05, 0.05, 0.01], "peak_allocated": [100 * MB, 60 * MB, 120 * MB],
+        "time_ratio": [1.0, 1.02, 0.7], "time_ratio_low": [0.97, 0.98, 0.68],
+        "time_ratio_high": [1.03, 1.06, 0.72],
+        "time_verdict": ["reference", "within noise", "faster"], "emulated": [False] * 3})
+    ax = plots.pareto_chart(table).axes[0]
+    front = [line for line in ax.lines if line.get_label() == "Pareto front"][0]
+    assert list(front.get_xdata()) == [700.0, 1020.0]   # a (1000 ms, 100 MiB) is out: b ties it

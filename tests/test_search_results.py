@@ -121,7 +121,7 @@ def test_scale_models_have_their_names_parameter_counts():
 
 
 def test_scale_table_16_bytes_per_parameter_and_checkpointing_shrinks_activations():
-    t = memory_model.scale_table()
+    t = memory_model.scale_table(detail=True)
     assert len(t) == len(memory_model.SCALE_MODELS) * len(memory_model.SCALE_RECIPES)
     assert ((t["bytes/param"] - 16).abs() < 1e-3).all()  # 4 weights + 4 grads + 8 AdamW
     seven = t[t["model"] == "7B"].set_index("recipe")
@@ -133,7 +133,7 @@ def test_scale_table_16_bytes_per_parameter_and_checkpointing_shrinks_activation
     ckpt = seven.loc["bf16 autocast + full ckpt", "activations"]
     assert ckpt < 0.2 * seven.loc["bf16 autocast", "activations"]
     # a larger micro-batch raises activations, not the 16 bytes/param
-    t8 = memory_model.scale_table(batch_size=8)
+    t8 = memory_model.scale_table(batch_size=8, detail=True)
     assert (t8["activations"] > t["activations"]).all()
     assert (t8["weights"] == t["weights"]).all()
 
@@ -212,7 +212,7 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     assert "0.80x" in texts and any("0.50x" in t and "estimate" in t for t in texts)
     assert any("not measured" in t.get_text() for t in fig.axes[0].texts)
 
-    ledger = claims_table([Verdict("C2", "failed", "peak 0.8x <fp32>", "[03 §1](#1.-The-ladder)"),
+    ledger = claims_table([Verdict("C2", "busted", "peak 0.8x <fp32>", "[03 §1](#1.-The-ladder)"),
                            Verdict("C1", "not measured here", "no GPU", "01")])
     html = plots.styled_claims(ledger).to_html()
     assert '<a href="#1.-The-ladder">03 §1</a>' in html

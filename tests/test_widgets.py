@@ -574,9 +574,9 @@ def test_history_table_is_the_course_summary(quick_chart):
     d.checkpoint.value = "full"
     d.run_button.click()
     t = history_table(d.history)
-    assert t["config"].tolist() == ["fp32 (baseline)", "fp32+full"]
-    assert {"#", "size", "step ms", "time vs baseline", "peak MiB", "est peak", "saved x",
-            "saved dtypes"} <= set(t.columns)
+    assert t["config"].tolist() == ["fp32 (baseline)", "fp32 + full checkpointing"]
+    assert {"#", "size", "step ms", "time vs baseline", "peak MiB", "est peak MiB",
+            "saved MiB", "saved dtypes"} <= set(t.columns)
     assert t["time vs baseline"].tolist() == ["1.00x (reference)", "inconclusive at this size"]
     assert t["size"].tolist() == ["b4 s32 L2"] * 2
 

@@ -16,11 +16,13 @@ import numpy as np
 from ._style import column, nan
 
 #: The verdicts `compare` gives a row's step time against its reference row.
-VERDICTS = ("faster", "slower", "within noise", "inconclusive at this size", "emulated",
-            "not timed")
+VERDICTS = ("faster", "slower", "within noise", "too few rounds", "inconclusive at this size",
+            "emulated", "not timed")
 #: What a bar says for each verdict that is not a ratio.
 WITHIN_NOISE, INCONCLUSIVE, EMULATED, NOT_TIMED = ("≈1x (within noise)", "inconclusive",
                                                    "emulated here", "not timed")
+#: What stands where an emulated time would be: emulated times are never drawn on a time axis.
+NOT_DRAWN = "emulated:\nnot drawn"
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,13 @@ def time_note(ratio, verdict=None, emulated=False, low=np.nan, high=np.nan,
     if verdict is None and band is not None:  # a spread but no verdict: read it from the spread
         verdict = "faster" if high < 1 else ("slower" if low > 1 else "within noise")
     verdict = verdict or iqr_verdict
-    if verdict in ("faster", "slower"):
-        return TimeNote(f"{ratio:.2f}x ({verdict})", verdict, False, band)
+    if verdict == "faster":
+        return TimeNote(f"{1 / ratio:.2f}x faster", verdict, False, band)
+    if verdict == "slower":
+        return TimeNote(f"{ratio:.2f}x slower", verdict, False, band)
     if verdict == "within noise":
         return TimeNote(WITHIN_NOISE, verdict, False, band)
-    if verdict == "inconclusive at this size":
+    if verdict in ("inconclusive at this size", "too few rounds"):
         return TimeNote(INCONCLUSIVE, verdict, False, band)
     if verdict is None:
         return TimeNote(f"{ratio:.2f}x (noise unknown)", "unknown", False, band)
@@ -129,3 +133,26 @@ def error_bars(heights, notes) -> np.ndarray | None:
             err[0, i] = max(0.0, h * (1 - n.band[0]))
             err[1, i] = max(0.0, h * (n.band[1] - 1))
     return err
+
+
+def emulated_caption(labels, t_ms, notes, reference_ms=None) -> str:
+    """The sentence under a chart that leaves emulated step times off its time axis:
+    ``"Not drawn on the time axis: bf16 (emulated here, 4,300 ms a step, 15.9x fp32's time):
+    emulated arithmetic is not this hardware's speed."`` ("" when nothing is emulated).
+
+    Args:
+        labels, t_ms, notes: per row, its name, step time (ms) and `TimeNote`.
+        reference_ms: ``(name, ms)`` of the row the ratio is to, or None.
+    """
+    parts = []
+    for lab, t, n in zip(labels, t_ms, notes):
+        if n is None or not n.emulated or not np.isfinite(nan(t)):
+            continue
+        ratio = ""
+        if reference_ms and np.isfinite(nan(reference_ms[1])) and reference_ms[1] > 0:
+            ratio = f", {t / reference_ms[1]:.1f}x {reference_ms[0]}'s time"
+        parts.append(f"{lab} ({t:,.0f} ms a step{ratio})")
+    if not parts:
+        return ""
+    return ("Not drawn on the time axis: " + "; ".join(parts) + ". Emulated arithmetic is not "
+            "this hardware's speed for that precision.")

@@ -8,13 +8,13 @@ from types import MappingProxyType
 
 # One colour per status of course_utils.claims.STATUSES.
 _STATUS_STYLE = MappingProxyType({
-    "held": "background-color: #C8E6C9", "failed": "background-color: #FFCDD2",
+    "held": "background-color: #C8E6C9", "busted": "background-color: #FFCDD2",
     "depends": "background-color: #FFE0B2", "inconclusive": "background-color: #FFF9C4",
     "not measured here": "background-color: #E0E0E0"})
 
 
 def styled_claims(table):
-    """`course_utils.claims.claims_table` as an HTML table: status coloured (held green, failed
+    """`course_utils.claims.claims_table` as an HTML table: status coloured (held green, busted
     red, depends orange, inconclusive yellow, not measured here grey), markdown links
     ``[text](href)`` in ``where`` made clickable, text left-aligned.
 

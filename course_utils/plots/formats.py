@@ -13,7 +13,7 @@ def format_range_chart(table, title: str = "what each format can represent"):
     """Representable magnitudes of each format on a log axis (one horizontal bar per format).
 
     Args:
-        table: `course_utils.precision.format_table()` (columns ``smallest subnormal``,
+        table: `course_utils.formats.format_table()` (columns ``smallest subnormal``,
             ``smallest normal``, ``max``, ``eps``; indexed by format name).
         title: the axes title (a property of the formats, not a measurement: no size).
 
@@ -58,7 +58,7 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
     """Histograms of ``floor(log2|g|)`` against a format's limits.
 
     Args:
-        hists: ``{name: pd.Series}`` from `course_utils.precision.log2_histogram` (index: the
+        hists: ``{name: pd.Series}`` from `course_utils.formats.log2_histogram` (index: the
             exponent bin ``k`` of ``[2^k, 2^(k+1))``, values: counts).
         fmt: the format whose limits are shaded: below half its smallest subnormal values round
             to 0 (red), below its smallest normal they are subnormal (yellow), above its max they

@@ -19,13 +19,12 @@ from ._style import (
     HATCH,
     MUTED_COLOR,
     TIME_COLOR,
-    emulated_handle,
     mib,
     nan,
     new_figure,
     set_title,
 )
-from ._timing import NOT_TIMED, TimeNote, error_bars, time_notes
+from ._timing import NOT_DRAWN, NOT_TIMED, TimeNote, emulated_caption, error_bars, time_notes
 
 _SAVED = (("activations", "activations"), ("autocast_weight_copies", "autocast weight copies"),
           ("logits", "logits + loss"))
@@ -43,8 +42,11 @@ def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None) ->
     for i, (xi, ti, note) in enumerate(zip(x, t_ms, notes)):
         if np.isnan(ti):
             continue
-        face, hatch = (("white", EMULATED_HATCH) if note.emulated else (colors[i], None))
-        ax.bar(xi, ti, color=face, edgecolor=colors[i], hatch=hatch, lw=1.2,
+        if note.emulated:  # never on a time axis: the caption under the chart gives it
+            ax.annotate(NOT_DRAWN, (xi, 0), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
+            continue
+        ax.bar(xi, ti, color=colors[i], edgecolor=colors[i], lw=1.2,
                yerr=None if err is None else err[:, i:i + 1], capsize=3,
                error_kw={"ecolor": "black", "elinewidth": 1})
         if note.text:
@@ -52,9 +54,31 @@ def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None) ->
             ax.annotate(note.text.replace(" (", "\n("), (xi, top), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8,
                         color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
-    top = np.nanmax(np.append(t_ms + (0 if err is None else err[1]), 0))
+    drawn = np.array([np.nan if n.emulated else v for v, n in zip(t_ms, notes)], dtype=float)
+    top = np.nanmax(np.append(drawn + (0 if err is None else err[1]), 0))
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
     return shows
+
+
+def _caption(fig, labels, t_ms, notes, reference: int | None = 0) -> None:
+    """Say under ``fig`` which emulated times its time axis leaves out."""
+    ref = None if reference is None else (labels[reference], t_ms[reference])
+    text = emulated_caption(labels, t_ms, notes, ref)
+    if text:
+        _put_caption(fig, text)
+
+
+def _put_caption(fig, text: str, width: int = 150) -> None:
+    """``text`` under the chart: as the title of the figure's legend below the panels when it
+    has one (so the two do not overlap), else as the figure's x label."""
+    import textwrap
+    wrapped = textwrap.fill(text, width)
+    if fig.legends:
+        legend = fig.legends[-1]
+        legend.set_title(wrapped, prop={"size": 8})
+        legend.get_title().set_color(MUTED_COLOR)
+    else:
+        fig.supxlabel(wrapped, fontsize=8, color=MUTED_COLOR)
 
 
 def comparison_chart(df, title: str = "", size: str | None = None):
@@ -119,10 +143,9 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     handles = [Patch(color=COLORS["parameters"], label="peak allocated (measured)")]
     handles += [Patch(color=COLORS[k], label=f"saved: {name}") for k, name in _SAVED]
     handles.append(Line2D([], [], color="black", lw=2, label="estimate"))
-    if any(nt.emulated for nt in notes):
-        handles.append(emulated_handle())
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=8,
                frameon=False)
+    _caption(fig, labels, t, notes, 0 if not notes[0].emulated else None)
     set_title(fig, title, size)
     return fig
 
@@ -191,8 +214,7 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
                             ha="center", color=ALERT_COLOR, fontsize=9, fontweight="bold")
     ax_t.set_ylabel("step time (ms)")
     ax_t.set_title("step time (ratio to the baseline, where outside the noise)", fontsize=10)
-    if any(nt.emulated for nt in notes):
-        fig.legend(handles=[emulated_handle()], fontsize=7, loc="outside lower left", frameon=False)
+    _caption(fig, labels, t, notes, None)
 
     bottom = np.zeros(n)
     for kind, name in _BREAKDOWN:
@@ -255,7 +277,9 @@ def adoption_chart(story, title: str = "", size: str | None = None):
             (axes[0], "step_time_s", 1e3, "step time (ms)", TIME_COLOR),
             (axes[1], "peak_allocated", 1 / MiB, "peak allocated (MiB)", COLORS["parameters"])):
         vals = np.array([nan(v) for v in story[col]], dtype=float) * scale
-        top = np.nanmax(vals) if np.isfinite(vals).any() else 1.0
+        shown = np.array([np.nan if col == "step_time_s" and n.emulated else v
+                          for v, n in zip(vals, notes)], dtype=float)
+        top = np.nanmax(shown) if np.isfinite(shown).any() else 1.0
         prev = None
         for i, (xi, v, src) in enumerate(zip(x, vals, story["source"])):
             if np.isnan(v):
@@ -263,6 +287,10 @@ def adoption_chart(story, title: str = "", size: str | None = None):
                             color=MUTED_COLOR)
                 continue
             est, emulated = src != "measured", col == "step_time_s" and notes[i].emulated
+            if emulated:  # never on a time axis: the caption under the chart gives it
+                ax.annotate(NOT_DRAWN, (xi, 0), xytext=(0, 3), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
+                continue
             if col == "step_time_s":
                 note = "" if notes[i].text == NOT_TIMED else notes[i].text.replace(" (", "\n(")
             else:
@@ -282,6 +310,7 @@ def adoption_chart(story, title: str = "", size: str | None = None):
     previous = "previous step" if all(adopted) else "previous adopted step"
     axes[0].set_title(f"step time; ratio to the {previous}", fontsize=10)
     axes[1].set_title(f"peak memory; ratio to the {previous}", fontsize=10)
+    _caption(fig, list(story["step"]), t * 1e3, notes, 0 if not notes[0].emulated else None)
     set_title(fig, title, size)
     return fig
 

@@ -258,52 +258,57 @@ def _stack_labels(fig, placed) -> None:
 
 def scale_chart(table, gpus=None, title: str = ""):
     """Estimated memory per model and recipe (GiB = 2^30 bytes), one panel per model, for
-    `course_utils.scaling.scale_table` (estimates only: nothing here is measured).
+    `course_utils.memory_model.scale_table` (estimates only: nothing here is measured).
 
-    Stacked horizontal bars: weights, gradients, AdamW state, autocast weight copies, saved
-    activations (+ logits); the estimated peak of a step (which also counts temporaries such as
-    AdamW's) as a black tick, its value written after the bar; ``gpus`` (``{name: GiB}``) as
-    dashed vertical lines where they fall within 1.3x of a panel's largest value, named in a band
-    above the bars (on separate rows where names would collide), clear of bars and their labels.
+    Each bar is the estimated peak of a step, split into what is alive at that moment
+    (`course_utils.memory_model.PEAK_PARTS`: weights, AdamW state, gradients, saved tensors,
+    temporaries), so the bar's end *is* the peak; the moment is written after the bar with the
+    value. ``gpus`` (``{name: GiB}``) are dashed vertical lines where they fall within 1.3x of a
+    panel's largest value, named in a band above the bars (on separate rows where names would
+    collide), clear of bars and their labels.
 
     Args:
-        table: columns ``model``, ``recipe``, ``params (B)``, ``weights``, ``gradients``,
-            ``AdamW state``, ``weight copies``, ``activations``, ``peak`` (GiB).
+        table: `scale_table`'s result (its ``attrs["detail"]``, or a ``detail=True`` table:
+            columns ``model``, ``recipe``, ``params (B)``, ``peak GiB``, ``peak at`` and
+            ``at peak: <part>``).
         gpus: ``{name: memory in GiB}``; title: the figure's title.
 
     Raises:
-        ValueError: an empty table.
+        ValueError: an empty table, or one without the peak's parts.
     """
+    from ..memory_model import PEAK_PARTS
     if len(table) == 0:
         raise ValueError("scale_chart() needs a non-empty scale_table().")
+    table = table.attrs.get("detail", table)
+    if f"at peak: {PEAK_PARTS[0]}" not in table.columns:
+        raise ValueError("scale_chart() needs memory_model.scale_table()'s result (the parts "
+                         "alive at the peak).")
     gpus = gpus or {}
     models = list(dict.fromkeys(table["model"]))
     per = max(len(table[table["model"] == m]) for m in models)
     fig = new_figure((11, 1.0 + len(models) * (0.55 * per + 1.1)))
     axes = fig.subplots(len(models), 1, squeeze=False)
-    parts = (("weights", "parameters"), ("gradients", "gradients"),
-             ("AdamW state", "optimizer_state"), ("weight copies", "autocast_weight_copies"),
-             ("activations", "activations"))
+    colors = {"weights": COLORS["parameters"], "AdamW state": COLORS["optimizer_state"],
+              "gradients": COLORS["gradients"], "saved tensors": COLORS["activations"],
+              "temporaries": COLORS["autocast_weight_copies"]}
     placed = {}
     for ax, model in zip(axes[:, 0], models):
         sub = table[table["model"] == model]
         y = np.arange(len(sub))[::-1]
         left = np.zeros(len(sub))
-        for col, key in parts:
-            vals = sub[col].to_numpy(dtype=float)
-            ax.barh(y, vals, left=left, color=COLORS[key], label=col, height=0.65)
+        for part in PEAK_PARTS:
+            vals = sub[f"at peak: {part}"].to_numpy(dtype=float)
+            ax.barh(y, vals, left=left, color=colors[part], label=part, height=0.65)
             left = left + vals
-        peak = sub["peak"].to_numpy(dtype=float)
-        ax.scatter(peak, y, marker="|", s=400, color="black", linewidths=2, zorder=3,
-                   label="estimated peak of a step")
-        for yi, pk, end in zip(y, peak, left):
-            ax.annotate(f"peak {pk:,.0f} GiB", (max(pk, end), yi), xytext=(6, 0),
+        peak = sub["peak GiB"].to_numpy(dtype=float)
+        for yi, pk, end, at in zip(y, peak, left, sub["peak at"]):
+            ax.annotate(f"peak {pk:,.0f} GiB, at the {at}", (max(pk, end), yi), xytext=(6, 0),
                         textcoords="offset points", va="center", fontsize=8)
         ax.set_yticks(y)
         ax.set_yticklabels(sub["recipe"], fontsize=9)
         top = max(peak.max(), left.max())
         shown = {name: g for name, g in gpus.items() if g <= 1.3 * top}
-        ax.set_xlim(0, max([top] + list(shown.values())) * 1.22)
+        ax.set_xlim(0, max([top] + list(shown.values())) * 1.45)
         texts = []
         for name, gib in shown.items():
             ax.axvline(gib, color=ALERT_COLOR, ls="--", lw=1)

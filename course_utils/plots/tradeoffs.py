@@ -21,17 +21,32 @@ from ._style import (
     set_title,
     with_size,
 )
-from ._timing import time_notes
+from ._timing import emulated_caption, time_notes
+
+
+def _tied(notes, bands, i: int, j: int) -> bool:
+    """Rows ``i`` and ``j`` take the same time within the noise: both within noise of the first
+    row, or their noise bands ``bands[i]`` (ratios to the first row, or None) overlap."""
+    a, b = notes[i], notes[j]
+    if a is None or b is None:
+        return False
+    if {a.verdict, b.verdict} <= {"within noise", "reference"}:
+        return True
+    return bool(bands[i] and bands[j] and bands[i][0] <= bands[j][1]
+                and bands[j][0] <= bands[i][1])
 
 
 def pareto_chart(df, title: str = "step time vs peak memory", size: str | None = None):
     """Each configuration as a point (step time in ms, peak allocated memory in MiB = 2^20
     bytes), the non-dominated ones joined by a line (the Pareto front: nothing is both faster
-    and smaller). Emulated configurations are open circles, left out of the front.
+    and smaller). Two configurations whose times are within the noise of each other are a tie
+    in time: the smaller one dominates, and tied points on the front are joined by a dotted
+    line. Emulated configurations are not drawn (their time is not this hardware's speed): a
+    caption under the chart names them.
 
     Each point is labelled with its configuration and, against the first row, its time ratio
-    only where the difference is outside the noise ("≈1x (within noise)", "inconclusive",
-    "emulated here" otherwise). Horizontal error bars show the ratio's spread
+    only where the difference is outside the noise ("≈1x (within noise)", "inconclusive"
+    otherwise). Horizontal error bars show the ratio's spread
     (``time_ratio_low``/``time_ratio_high``) where given, else the interquartile range
     (``step_time_iqr_s``) where one was measured; the axis label says which, or that none was.
 
@@ -47,12 +62,15 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
     iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
     peak = mib(df["peak_allocated"])
-    ok = ~(np.isnan(t) | np.isnan(peak))
-    if not ok.any():
-        raise ValueError("pareto_chart needs rows with a step time and a peak.")
     labels = list(df["label"])
     notes = time_notes(df, [0] * len(df)) if "time_ratio" in df.columns else [None] * len(df)
-    emulated = np.array([bool(n and n.emulated) for n in notes])
+    emulated = np.array([bool(n and n.emulated) for n in notes], dtype=bool)
+    ok = ~(np.isnan(t) | np.isnan(peak)) & ~emulated
+    if not ok.any():
+        raise ValueError("pareto_chart needs rows with a step time and a peak, timed natively.")
+    low, high = (np.array([nan(v) for v in df.get(c, [np.nan] * len(df))])
+                 for c in ("time_ratio_low", "time_ratio_high"))
+    bands = [(lo, hi) if np.isfinite([lo, hi]).all() else None for lo, hi in zip(low, high)]
     fig = new_figure((8, 5))
     ax = fig.subplots()
     if any(n and n.band for n in notes):
@@ -65,27 +83,34 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
         err, bars = np.vstack([np.nan_to_num(iqr)] * 2), "bars: interquartile range"
     else:
         err, bars = None, "no spread measured"
-    for group, face in ((ok & ~emulated, TIME_COLOR), (ok & emulated, "white")):
-        if group.any():
-            ax.errorbar(t[group], peak[group], xerr=None if err is None else err[:, group], fmt="o",
-                        color=TIME_COLOR, mfc=face, ecolor="#9bb0d6", capsize=3, markersize=7,
-                        zorder=3)
+    ax.errorbar(t[ok], peak[ok], xerr=None if err is None else err[:, ok], fmt="o",
+                color=TIME_COLOR, ecolor="#9bb0d6", capsize=3, markersize=7, zorder=3)
     texts = []
     for i in np.flatnonzero(ok):
         note = notes[i]
         text = labels[i] if note is None or not note.text else f"{labels[i]}: {note.text}"
         texts.append(ax.annotate(text, (t[i], peak[i]), xytext=(6, 5), textcoords="offset points",
                                  fontsize=8))
-    front = ok & ~emulated
-    idx = [i for i in np.flatnonzero(front)
-           if not any((t[j] <= t[i] and peak[j] <= peak[i]) and (t[j] < t[i] or peak[j] < peak[i])
-                      for j in np.flatnonzero(front))]
+
+    def faster(j, i):  # j is faster than i, outside the noise
+        return t[j] < t[i] and not _tied(notes, bands, i, j)
+
+    def dominates(j, i):
+        same_time = _tied(notes, bands, i, j) or t[j] == t[i]
+        return ((faster(j, i) or same_time) and peak[j] <= peak[i]
+                and (faster(j, i) or peak[j] < peak[i]))
+
+    idx = [i for i in np.flatnonzero(ok) if not any(dominates(j, i) for j in np.flatnonzero(ok))]
     idx.sort(key=lambda i: t[i])
     ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label="Pareto front")
     handles = [Line2D([], [], color="#DD8452", label="Pareto front")]
-    if emulated[ok].any():
-        handles.append(Line2D([], [], marker="o", ls="", color=TIME_COLOR, mfc="white",
-                              label="emulated here (not this hardware's real speed)"))
+    ties = [(a, b) for a, b in zip(idx, idx[1:]) if _tied(notes, bands, a, b)]
+    for a, b in ties:  # a tie: the segment drawn dotted (white under it hides the solid line)
+        ax.plot(t[[a, b]], peak[[a, b]], "-", color="white", lw=3, zorder=2.1)
+        ax.plot(t[[a, b]], peak[[a, b]], ":", color="#DD8452", lw=1.5, zorder=2.2)
+    if ties:
+        handles.append(Line2D([], [], color="#DD8452", ls=":",
+                              label="tie: times within the noise of each other"))
     ax.set_xlabel(f"step time (ms, median; {bars})")
     ax.set_ylabel("peak allocated memory (MiB)")
     ax.set_title(with_size(title, size))
@@ -97,6 +122,10 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     ax.grid(alpha=0.3)
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8,
                frameon=False)
+    caption = emulated_caption(labels, t, notes, None if emulated[0] else (labels[0], t[0]))
+    if caption:
+        from .ladder import _put_caption
+        _put_caption(fig, caption, width=110)
     place_point_labels(fig, ax, texts)
     return fig
 
