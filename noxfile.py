@@ -12,8 +12,9 @@ Stacks (``nox -l`` lists them):
 * ``colab``: Google Colab's GPU runtime as published mid-2026 (Python 3.12, torch 2.11,
   ipywidgets 7.7.1, ipykernel 6.17.1, IPython 7.34, transformers 5.9). torch is PyPI's
   standard wheel, run here on a CPU.
-* ``floor``: the lowest versions ``pyproject.toml`` declares (Python 3.10, torch 2.6: the first
-  torch with the public ``torch.distributed.fsdp.fully_shard`` that lesson 04 imports).
+* ``floor``: the lowest versions ``pyproject.toml`` declares (Python 3.10, torch 2.7: lesson 04
+  runs FSDP2's public ``fully_shard`` (new in 2.6) on CPU ranks, which needs the CPU stream's
+  ``record_event`` (new in 2.7; torch 2.6 fails inside ``foreach_all_gather``)).
 * ``newest``: the newest torch on PyPI when this was written (2.15) on Python 3.13.
 
 PyPI's torch wheels carry CUDA libraries (about 3 GB per stack); nothing here is run by CI.
@@ -37,7 +38,7 @@ STACKS = {
     "colab": {"python": "3.12", "torch": "2.11.0",
               "pins": ["ipywidgets==7.7.1", "ipykernel==6.17.1", "ipython==7.34.0",
                        "transformers==5.9.0"]},
-    "floor": {"python": "3.10", "torch": "2.6.0", "pins": []},
+    "floor": {"python": "3.10", "torch": "2.7.1", "pins": []},
     "newest": {"python": "3.13", "torch": "2.15.0", "pins": []},
 }
 
