@@ -63,9 +63,12 @@ temporaries of the largest parameter tensor (measured on the course model); on C
 ``foreach`` implementation holds one temporary of every parameter, ``4 N`` bytes (measured with
 ``foreach=True`` on a CPU: ``tests/test_memory_model.py``). With gradient accumulation, the
 micro-batches after the first run with every ``.grad`` buffer (``4 N``) alive.
-Where the peak falls moves with the policy: at the start of backward without checkpointing,
-late in backward for ``full`` and ``segments:N`` (the first units recompute when most gradients
-exist), in the middle for ``every-K``. Measured against the CPU profiler's peak: within 2% for
+Where the peak falls moves with the policy: early in backward without checkpointing (the last
+block's backward), late in backward for ``full`` and ``segments:N`` (the first units recompute
+when most gradients exist), in the middle for ``every-K``, at the optimizer step when the
+micro-batch is small next to the model. `peak_parts` lists every moment with the parts alive
+then; `estimate` reports the largest as ``peak_moment`` / ``peak_at`` with its
+``peak_components``, which sentences and charts read instead of re-deriving them. Measured against the CPU profiler's peak: within 2% for
 every policy in fp32 and bf16 at the ``cpu`` size (batches 1-16); within 5% for widths 128-384,
 and -6% at the ``smoke`` width (64, where the 256-byte vocabulary dominates) with ``full`` at
 batch 12 (``tests/test_memory_model.py``).

@@ -175,11 +175,13 @@ class TimeRatio:
         return 1 / self.ratio if self.ratio < 1 else self.ratio
 
     def band_text(self) -> str:
-        """``"noise band 1.24-1.30x over 9 rounds"`` (in the direction the ratio is printed)."""
+        """``"noise band 1.24-1.30x over 9 rounds"``, in the direction the ratio is printed: as a
+        speed-up (``1/high .. 1/low``) after "faster", as the time ratio otherwise."""
         n = f"{self.rounds} round{'s' * (self.rounds != 1)}"
         if self.low is None:
             return n
-        lo, hi = printed_band(self.ratio, self.low, self.high)
+        lo, hi = (printed_band(self.ratio, self.low, self.high) if self.verdict == "faster"
+                  else (self.low, self.high))
         return f"noise band {lo:.2f}-{hi:.2f}x over {n}"
 
     def describe(self, what: str = "step time") -> str:
@@ -190,8 +192,7 @@ class TimeRatio:
             return f"{what}: not timed"
         band = self.band_text()
         if self.verdict == "emulated":
-            direction = "slower" if self.ratio >= 1 else "faster"
-            return (f"{what} {self.factor:.2f}x {direction} ({band}; emulated here, not the "
+            return (f"{what} {self.ratio:.2f}x the reference's ({band}; emulated here, not the "
                     "speed of real hardware)")
         if self.verdict == "faster":
             return f"{what} {1 / self.ratio:.2f}x faster ({band})"
@@ -249,7 +250,7 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
         verdict = ("slower" if ratio > 2 else "faster" if ratio < 0.5 else "too few rounds")
     else:
         lo, hi = printed_band(ratio, low, high)
-        if lo <= 1.0 <= hi:
+        if lo <= 1.0 <= hi or round(low, 2) <= 1.0 <= round(high, 2):  # either printed form
             verdict = "within noise"
         else:
             verdict = "faster" if ratio < 1 else "slower"

@@ -24,11 +24,15 @@ def test_the_peak_moves_with_the_policy():
     recompute with full checkpointing, in block 2's recompute with every-2 (after the plain
     block 3 freed its tensors), at the optimizer step for a tiny batch."""
     def where(**kw):
-        walk = peak_walk(config_for("cpu", device="cpu", **kw))
-        return max(walk, key=lambda m: m[1])[0]
-    assert where(checkpoint="none", batch_size=8) == "backward of unit 3"
-    assert where(checkpoint="full", batch_size=8) == "backward of unit 0"
-    assert where(checkpoint="every-2", batch_size=8) == "backward of unit 2"
+        cfg = config_for("cpu", device="cpu", **kw)
+        walk = peak_walk(cfg)
+        moment = max(walk, key=lambda m: m[1])[0]
+        assert estimate(cfg).peak_moment == moment   # the estimate reports the walk's moment
+        return moment
+    assert where(checkpoint="none", batch_size=8) == "backward of block 3"
+    assert where(checkpoint="full", batch_size=8) == "backward of block 0"
+    assert where(checkpoint="every-2", batch_size=8) == "backward of block 2"
+    assert where(checkpoint="segments:2", batch_size=8).startswith("backward of blocks ")
     assert where(checkpoint="none", batch_size=1, seq_len=8) == "optimizer step"
 
 

@@ -314,3 +314,20 @@ def test_store_writes_nothing_outside_its_folder(results_dir):
     claims.verdict("C10", where="03 §6", record=True)
     assert [p.name for p in Path(results_dir).iterdir()] == ["results.json"]
     assert config_for("smoke").batch_size > 0 and MiB == 2**20
+
+
+def check_ratio_inside_band(text: str) -> None:
+    """The printed ratio lies inside its printed band (same direction)."""
+    for m in re.finditer(r"(\d+\.\d+)x(?: faster| slower)? \(noise band (\d+\.\d+)-(\d+\.\d+)x", text):
+        r, lo, hi = (float(g) for g in m.groups())
+        assert lo <= r <= hi, f"{m.group(0)!r}: the ratio lies outside its band"
+
+
+def test_a_printed_ratio_lies_inside_its_printed_band():
+    rng = np.random.default_rng(1)
+    for centre in np.linspace(0.6, 1.4, 33):
+        for spread in (0.01, 0.1, 0.3):
+            ratios = centre * np.exp(spread * rng.standard_normal(7))
+            check_ratio_inside_band(time_ratio(list(ratios), [1.0] * 7, size="cpu").describe())
+    with pytest.raises(AssertionError):   # lesson 03's C20 line before this check existed
+        check_ratio_inside_band("time per token 0.88x (noise band 0.93-1.68x over 5 rounds): within noise")
