@@ -13,7 +13,7 @@ import html
 import pandas as pd
 
 from .config import MiB, RunConfig
-from .experiments import summary
+from .experiments import summary, time_cell
 from .hardware import HardwareInfo, recommend_precision
 from .memory_model import estimate
 
@@ -95,12 +95,16 @@ def time_words(row: dict, size: str) -> str:
     verdict, ratio = row.get("time_verdict"), row.get("time_ratio")
     low, high = row.get("time_ratio_low"), row.get("time_ratio_high")
     if verdict in ("faster", "slower"):
-        band = (f": the per-round ratios' interquartile range {low:.2f}-{high:.2f}x excludes 1"
-                if pd.notna(low) and pd.notna(high) else "")
-        return f"step time {ratio:.2f}x the baseline's, {verdict} ({row.get('timing')}{band})"
+        band = ""
+        if pd.notna(low) and pd.notna(high):  # the band in the words' own direction
+            lo, hi = (1 / high, 1 / low) if verdict == "faster" else (low, high)
+            band = f", noise band {lo:.2f}-{hi:.2f}x"
+        return f"step time {time_cell(ratio, verdict)} than the baseline's ({row.get('timing')}{band})"
     if verdict == "within noise":
-        return ("step time: within noise of the baseline's (the spread of the per-round ratios "
-                f"includes no difference; {row.get('timing')})")
+        return ("step time: within noise of the baseline's (its noise band includes 1.00x; "
+                f"{row.get('timing')})")
+    if verdict == "too few rounds":
+        return f"step time: too few rounds to tell ({row.get('timing')})"
     if verdict == "inconclusive at this size":
         why = ("the 'smoke' size is too small to time" if size == "smoke"
                else "too few rounds to tell")

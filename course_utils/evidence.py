@@ -6,7 +6,8 @@ the inputs of its claim's rule in `course_utils.claims`, so that a ledger is one
 Lessons 01 and 02 teach claims C6, C8, C11-C15 and C18 in depth and record their verdicts in this
 machine's results store (`course_utils.store`); lesson 03's ledger shows those, and measures a
 claim again here, on a tiny model (``smoke``: well under a second each on a laptop CPU), only
-where no lesson recorded it (`course_utils.claims.recorded_or_measure`, which says so). `accumulation` (C17) measures the production step itself,
+where no lesson recorded it (`course_utils.claims.recorded_or_measure`, which says so).
+`accumulation` (C17) measures the production step itself,
 and `time_between` / `memory_between` read the rule inputs of C1, C2, C4, C5 and C7 off a
 `course_utils.experiments.compare` table.
 

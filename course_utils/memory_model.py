@@ -68,7 +68,8 @@ block's backward), late in backward for ``full`` and ``segments:N`` (the first u
 when most gradients exist), in the middle for ``every-K``, at the optimizer step when the
 micro-batch is small next to the model. `peak_parts` lists every moment with the parts alive
 then; `estimate` reports the largest as ``peak_moment`` / ``peak_at`` with its
-``peak_components``, which sentences and charts read instead of re-deriving them. Measured against the CPU profiler's peak: within 2% for
+``peak_components``, which sentences and charts read instead of re-deriving them. Measured against
+the CPU profiler's peak: within 2% for
 every policy in fp32 and bf16 at the ``cpu`` size (batches 1-16); within 5% for widths 128-384,
 and -6% at the ``smoke`` width (64, where the 256-byte vocabulary dominates) with ``full`` at
 batch 12 (``tests/test_memory_model.py``).

@@ -217,7 +217,9 @@ def test_the_baseline_is_the_recipe_here_not_always_fp32(quick_chart):
     # a ratio whose per-round spread includes 1
     ("cpu", [0.40, 0.30, 1.20, 0.35, 1.50], "within noise", "0.40"),
     # outside the noise: the ratio and its verdict
-    ("cpu", [1.31, 1.30, 1.33, 1.29, 1.32], "1.31x the baseline's, slower", None),
+    ("cpu", [1.31, 1.30, 1.33, 1.29, 1.32], "1.31x slower than the baseline's", None),
+    # a speed-up in its own words: 1.43x faster, never "0.70x ... faster"
+    ("cpu", [0.70, 0.71, 0.69, 0.70, 0.70], "1.43x faster than the baseline's", "0.70x"),
 ])
 def test_a_time_ratio_is_shown_only_outside_the_noise(size, times, shown, hidden, quick_chart):
     def fake_times(c):
@@ -232,6 +234,9 @@ def test_a_time_ratio_is_shown_only_outside_the_noise(size, times, shown, hidden
     assert shown in msg
     if hidden is None:
         assert "1.31x slower" in table and "1.31x" in chart and "slower" in chart
+        return
+    if "faster" in shown:
+        assert hidden not in msg and "1.43x faster" in table
         return
     assert hidden not in msg and hidden not in table and hidden not in chart
     assert not TIME_WORDS.search(msg + table + chart)
