@@ -42,8 +42,15 @@ import pandas as pd
 import torch
 
 from .config import MiB, device_kind
-from .profiling import ModelSpec, ProfileConfig, _batch_info, find_blocks, measure_config, \
-    parse_model_policy
+from .profiling import (
+    ModelSpec,
+    ProfileConfig,
+    _batch_info,
+    block_of,
+    find_blocks,
+    measure_config,
+    parse_model_policy,
+)
 
 __all__ = ["PolicyFit", "Extrapolation", "PredictionCheck", "extrapolate", "check_prediction",
            "block_input_bytes"]
@@ -138,15 +145,15 @@ class Extrapolation:
             ValueError: an unknown policy.
         """
         mode, k = parse_model_policy(policy, self.n_blocks)
-        L, S, I = self.n_blocks, self.block_saved, self.block_input
+        L, S, In = self.n_blocks, self.block_saved, self.block_input
         out = self.outside[0] + self.outside[1] * batch
         if mode == "none":
             per = L * S
         elif mode == "full":
-            per = L * I
+            per = L * In
         elif mode == "every-k":
             c = math.ceil(L / k)
-            per = c * I + (L - c) * S
+            per = c * In + (L - c) * S
         elif mode in ("offload", "offload+checkpoint"):
             per = 0.0
         else:
@@ -264,9 +271,7 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
             per_block, outside = [], []
             for n, m in zip(b, ms):
                 df = m.saved_modules
-                prefix = f"{blocks_path}." if blocks_path else ""
-                inside = df["module"].map(lambda s: s.startswith(prefix) and
-                                          s[len(prefix):].split(".")[0].isdigit())
+                inside = df["module"].map(lambda name: block_of(name, blocks_path) is not None)
                 per_block.append(df.loc[inside, "nbytes"].sum() / L / n)
                 outside.append(df.loc[~inside, "nbytes"].sum())
             ex.block_saved = per_block[1]

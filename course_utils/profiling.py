@@ -67,7 +67,7 @@ from .timing import default_budget_s, interleaved, time_ratio
 
 __all__ = ["POLICIES", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
-           "wrap_blocks", "parse_model_policy", "default_loss", "call_model", "profile",
+           "wrap_blocks", "parse_model_policy", "block_of", "default_loss", "call_model", "profile",
            "measure_config", "static_bytes"]
 
 #: The policies `profile` takes (K: an integer from 1 to the number of blocks).
@@ -150,6 +150,16 @@ def find_blocks(model: nn.Module, blocks: str | nn.Module | None = None) -> tupl
             f"parameters, and it has none ({_describe(model)}). Put the repeated part of the "
             "model in an nn.ModuleList, or name it with blocks='path.to.list'.")
     return max(cands, key=lambda c: (_n_params(c[1]), len(c[1])))
+
+
+def block_of(module_name: str, blocks_path: str) -> int | None:
+    """The index of the block that a module named ``module_name`` (as in ``named_modules()``)
+    belongs to, for blocks at ``blocks_path``; None outside the blocks."""
+    prefix = f"{blocks_path}." if blocks_path else ""
+    if not module_name.startswith(prefix):
+        return None
+    head = module_name[len(prefix):].split(".")[0]
+    return int(head) if head.isdigit() else None
 
 
 def _describe(model: nn.Module) -> str:
@@ -723,14 +733,10 @@ class Profile:
         (``block 0``...) and ``outside the blocks``; columns ``bytes`` and ``MiB``."""
         m = self.get(precision, policy)
         df = m.saved_modules
-        prefix = f"{self.blocks}." if self.blocks else ""
 
         def where(name: str) -> str:
-            if name.startswith(prefix):
-                head = name[len(prefix):].split(".")[0]
-                if head.isdigit():
-                    return f"block {head}"
-            return "outside the blocks"
+            i = block_of(name, self.blocks)
+            return "outside the blocks" if i is None else f"block {i}"
         g = df.assign(where=df["module"].map(where)).groupby("where", sort=False)["nbytes"].sum()
         out = g.to_frame("bytes")
         out["MiB"] = out["bytes"] / MiB
