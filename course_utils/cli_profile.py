@@ -164,8 +164,9 @@ def _zoo(args, parser):
         return model_zoo.hf_causal_lm(args.hf_config, vocab_size=args.vocab_size, **dims), 4
     except ImportError as e:
         parser.error(str(e))
-    except (ValueError, KeyError) as e:
-        parser.error(f"--hf-config {args.hf_config!r}: {e}")
+    except (ValueError, KeyError):
+        parser.error(f"--hf-config {args.hf_config!r} is not a transformers model type (for example "
+                     "gpt2, llama, mistral, qwen2: the keys of transformers.CONFIG_MAPPING)")
 
 
 def main(argv=None) -> int:

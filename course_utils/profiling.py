@@ -574,6 +574,10 @@ def _memory(state: _State) -> dict:
     return out
 
 
+def _size(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.2f} MiB" if n >= MiB else f"{n} bytes"
+
+
 def _fits_or_raise(spec: ModelSpec, budget_bytes: int | None, hw) -> None:
     from .hardware import available_memory_bytes
     model = spec.build()
@@ -587,8 +591,8 @@ def _fits_or_raise(spec: ModelSpec, budget_bytes: int | None, hw) -> None:
         if need > limit:
             raise ModelDoesNotFit(
                 f"{spec.name} does not fit before the first step: its parameters, gradients and "
-                f"AdamW state take {need / GiB:.2f} GiB (16 bytes per fp32 parameter) and {what} "
-                f"is {limit / GiB:.2f} GiB, before any activation. No checkpoint policy or batch "
+                f"AdamW state take {_size(need)} (16 bytes per fp32 parameter) and {what} "
+                f"is {_size(limit)}, before any activation. No checkpoint policy or batch "
                 "size changes that: shard the optimizer state (lesson 04), freeze most "
                 "parameters (LoRA, lesson 03), or use a device with more memory.")
 
