@@ -311,3 +311,14 @@ def test_cli_prints_the_card_and_writes_json(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["--course-gpt", "--cnn"])
     assert math.isfinite(data["extrapolation"]["fp32"]["per_sample_bytes"]["none"])
+
+
+@pytest.mark.parametrize("model", [["--cnn"], ["--hf-config", "gpt2"], ["--hf-config", "llama"]])
+def test_cli_on_the_other_models(model, capsys):
+    if "--hf-config" in model:
+        pytest.importorskip("transformers")  # the [hf] extra: make test installs it
+    status = cli_main([*model, "--size", "smoke", "--budget", "64MiB", "--device", "cpu",
+                       "--policies", "none,full", "--precisions", "fp32", "--time-budget", "0.05",
+                       "--batch-size", "2", "--no-check"])
+    text = capsys.readouterr().out
+    assert status == 0 and "recipe      : fp32 + no checkpointing" in text
