@@ -161,6 +161,7 @@ def _zoo(args, parser):
     if dims["d_model"] % dims["n_heads"]:
         parser.error(f"--d-model {dims['d_model']} must be divisible by --n-head {dims['n_heads']}")
     try:
+        model_zoo.require_transformers().utils.logging.set_verbosity_error()  # a CLI prints the card only
         return model_zoo.hf_causal_lm(args.hf_config, vocab_size=args.vocab_size, **dims), 4
     except ImportError as e:
         parser.error(str(e))
