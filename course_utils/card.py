@@ -204,8 +204,9 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
                             "largest batch": b,
                             "peak at it (MiB)": round(e.peak(b, policy) / MiB, 1) if b else None,
                             "step ms": None if m.step_time_s is None else round(m.step_time_s * 1e3, 1),
-                            "time vs none": r.verdict if r.ratio is None or m.config.checkpoint == "none"
-                            else f"{r.ratio:.2f}x {r.verdict}", "emulated": m.emulated})
+                            "time vs none": "reference" if m.config.checkpoint == "none" else
+                            r.verdict if r.ratio is None else f"{r.ratio:.2f}x {r.verdict}",
+                            "emulated": m.emulated})
     on_cuda = hw.device == "cuda"
     mine = [o for o in options if o["precision"] == precision and o["largest batch"] > 0
             and (on_cuda or not o["policy"].startswith("offload"))]
