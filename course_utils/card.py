@@ -18,8 +18,10 @@ The rule, in order:
    card). When none qualifies, the policy with the largest micro-batch wins. Off CUDA the
    offloading policies are not candidates: device and host are the same memory there, so they
    save nothing (the card gives the bytes they would move instead).
-3. **Micro-batch and accumulation**: ``micro = min(largest batch, target)``,
-   ``accumulation = ceil(target / micro)``; effective batch ``micro x accumulation``.
+3. **Micro-batch and accumulation**: ``accumulation = ceil(target / min(largest batch,
+   target))``, ``micro = ceil(target / accumulation)``; effective batch ``micro x
+   accumulation``. Without a target, the target is the largest micro-batch of the first policy in
+   `PREFERENCE` that fits at all (no accumulation).
 4. **Check**: one real step at the chosen micro-batch (`course_utils.extrapolate.check_prediction`)
    gives the measured peak next to the predicted one.
 """
@@ -215,7 +217,8 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
         raise ValueError(f"nothing fits {budget_bytes / MiB:.1f} MiB in {precision}, even at "
                          f"batch 1: the smallest predicted peak is {smallest / MiB:.1f} MiB. Give a "
                          "larger budget, a shorter sequence, or profile 'full' and 'offload'.")
-    want = target_batch or max(o["largest batch"] for o in mine)
+    # no target: the largest micro-batch of the policy that adds the least work (no accumulation)
+    want = target_batch or min(mine, key=lambda o: _rank(o["policy"]))["largest batch"]
     need = min(want, measured_batch)
     qualified = [o for o in mine if o["largest batch"] >= need]
     if qualified:
@@ -279,7 +282,8 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
     if check:
         c = check_prediction(ex, budget_bytes, policy, batch_size=micro)
         measured_peak, note = c.measured_peak, c.note
-        reasons.append(f"Checked with one real step: {note}")
+        reasons.append(f"Checked with one real step: {note}" if c.measured_peak or c.oom
+                       else f"Not checked: {note}")
     return Card(profile.name, first.device_name, profile.unit, int(budget_bytes), budget_source,
                 precision, policy, micro, accum, want, micro * accum, predicted, measured_peak,
                 note, r.ratio, r.low, r.high, r.verdict, m.tokens_per_s, measured_batch,

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from .config import MiB, device_kind
+from .config import GiB, MiB, device_kind
 from .profiling import (
     ModelSpec,
     ProfileConfig,
@@ -52,7 +52,7 @@ from .profiling import (
     parse_model_policy,
 )
 
-__all__ = ["PolicyFit", "Extrapolation", "PredictionCheck", "extrapolate", "check_prediction",
+__all__ = ["RAM_FRACTION", "PolicyFit", "Extrapolation", "PredictionCheck", "extrapolate", "check_prediction",
            "block_input_bytes"]
 
 
@@ -191,6 +191,15 @@ class PredictionCheck:
     note: str
 
 
+def _size(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+#: On a CPU, `check_prediction` does not run a step whose predicted peak exceeds this fraction of
+#: the RAM free now (nothing would stop it short of the kernel's out-of-memory killer).
+RAM_FRACTION = 0.8
+
+
 def block_input_bytes(spec: ModelSpec, batch_size: int, precision: str = "fp32") -> int:
     """Bytes of block 0's first tensor argument in one forward at ``batch_size`` (its storage),
     under ``precision``'s autocast, read by a forward pre-hook; no backward is run."""
@@ -288,7 +297,9 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
 
     On CUDA the budget is enforced for the step (``set_per_process_memory_fraction`` of the
     device's total, restored afterwards): an out-of-memory error is caught and reported. On a
-    CPU nothing enforces it; the measured peak is compared with it.
+    CPU nothing enforces it; the measured peak is compared with it, and a step predicted to need
+    more than `RAM_FRACTION` of the RAM free now is not run (``measured_peak`` None, ``note``
+    says why).
 
     Raises:
         ValueError: a non-positive budget, or a budget where not even batch 1 is predicted to
@@ -299,10 +310,18 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
         raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
     b = batch_size or ex.largest_batch(budget_bytes, policy)
     if b < 1:
-        raise ValueError(f"not even batch 1 fits {budget_bytes / MiB:.1f} MiB with {policy}: its "
-                         f"predicted peak is {ex.peak(1, policy) / MiB:.1f} MiB.")
+        raise ValueError(f"not even batch 1 fits {_size(budget_bytes)} with {policy}: its "
+                         f"predicted peak is {_size(ex.peak(1, policy))}.")
     predicted = ex.peak(b, policy)
     spec = ex.spec
+    if device_kind(spec.device) == "cpu":  # nothing stops a CPU step from exhausting the RAM
+        from .hardware import available_memory_bytes, detect
+        free = available_memory_bytes(detect("cpu"))
+        if free and predicted > RAM_FRACTION * free:
+            return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, False,
+                                   f"batch {b} with {policy} not run: its predicted peak, "
+                                   f"{_size(predicted)}, is more than {RAM_FRACTION:.0%} of the "
+                                   f"{_size(free)} of RAM free now.")
     cfg = ProfileConfig(spec.name, ex.precision, policy, b, spec.device, ex.unit,
                         ex.items_per_sample, seed=spec.seed)
     cuda = device_kind(spec.device) == "cuda"
@@ -317,14 +336,14 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
             torch.cuda.set_per_process_memory_fraction(1.0, dev)
     if m.oom:
         return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, True,
-                               f"batch {b} ran out of memory under the {budget_bytes / MiB:.0f} "
-                               f"MiB budget: the prediction was too low. {m.error}")
+                               f"batch {b} ran out of memory under the {_size(budget_bytes)} "
+                               f"budget: the prediction was too low. {m.error}")
     measured = m.peak_allocated
     err = (predicted - measured) / measured
     fits = measured <= budget_bytes
-    note = (f"batch {b} with {policy}: predicted {predicted / MiB:.1f} MiB, measured "
-            f"{measured / MiB:.1f} MiB ({err:+.1%}); "
+    note = (f"batch {b} with {policy}: predicted {_size(predicted)}, measured "
+            f"{_size(measured)} ({err:+.1%}); "
             + ("within the budget." if fits else
-               f"over the {budget_bytes / MiB:.1f} MiB budget by {(measured - budget_bytes) / MiB:.1f}"
-               " MiB: the prediction was too low."))
+               f"over the {_size(budget_bytes)} budget by {_size(measured - budget_bytes)}: the "
+               "prediction was too low."))
     return PredictionCheck(policy, b, budget_bytes, predicted, measured, err, fits, False, note)

@@ -322,3 +322,23 @@ def test_cli_on_the_other_models(model, capsys):
                        "--batch-size", "2", "--no-check"])
     text = capsys.readouterr().out
     assert status == 0 and "recipe      : fp32 + no checkpointing" in text
+
+
+def test_a_cpu_check_that_would_exhaust_the_ram_is_not_run(monkeypatch):
+    import course_utils.hardware as hardware
+    z = zoo("cnn")
+    ex = extrapolate(z.build, z.make_batch, batches=(1, 2), device="cpu", **z.kwargs())
+    monkeypatch.setattr(hardware, "available_memory_bytes", lambda hw: ex.peak(4) // 2)
+    c = check_prediction(ex, ex.peak(4), "none")
+    assert c.batch_size == 4 and c.measured_peak is None and not c.fits
+    assert "not run" in c.note and "of RAM free now" in c.note
+
+
+def test_card_without_a_target_uses_the_largest_batch_without_recomputation():
+    z = zoo("gpt")
+    prof, exs, card = profile_and_recommend(
+        z.build, z.make_batch, budget_bytes=8 * MiB, precisions=("fp32",), policies=("none", "full"),
+        batch_size=2, device="cpu", budget_s=0.05, check=False, progress=False)
+    largest = exs["fp32"].largest_batch(8 * MiB, "none")
+    assert (card.policy, card.micro_batch, card.accum_steps) == ("none", largest, 1)
+    assert card.measured_peak is None and card.check_note == "not checked"
