@@ -11,10 +11,14 @@ The data flow::
       -> compare / ladder -> table (noise-aware times)                       experiments, timing
       -> verdict per claim                                                   claims
       -> plots, widgets (dashboard), cli (course-bench)
+    any nn.Module -> profile (blocks found, wrapped per policy) -> Profile    profiling, offload
+      -> extrapolate (peak at any batch) -> recommendation card          extrapolate, card
+      -> cli_profile (course-profile)
 
 Submodules not imported here (import them by name): ``plots`` (matplotlib), ``widgets``
 (ipywidgets), ``formats``, ``recorder``, ``gradients`` (lesson 01's tools), ``timeline``,
-``search`` (largest batch under a budget), ``results``, ``quiz``, ``cli``.
+``search`` (largest batch under a budget), ``results``, ``quiz``, ``cli``, ``extrapolate``,
+``card``, ``model_zoo`` (lesson 05's models), ``offload``, ``cli_profile``.
 """
 from .checkpointing import MODES, apply_checkpointing, segment_bounds
 from .claims import CLAIMS, Verdict, claims_table, verdict
@@ -26,6 +30,7 @@ from .hardware import detect, is_emulated, recommend_precision, report, use_thre
 from .measure import Measurement, measure
 from .memory_model import MemoryEstimate, estimate, parameter_count
 from .models import GPT, build_model
+from .profiling import Profile, find_blocks, profile, wrap_blocks
 from .saved_tensors import measure_saved, saved_by_module, saved_bytes
 from .timing import TimeRatio, time_ratio
 from .training import setup, train, train_step
@@ -36,4 +41,5 @@ __all__ = ["MODES", "apply_checkpointing", "segment_bounds", "CLAIMS", "Verdict"
            "detect", "is_emulated", "recommend_precision", "report", "use_threads",
            "Measurement", "measure", "measure_saved", "saved_bytes", "saved_by_module",
            "MemoryEstimate", "estimate", "parameter_count", "GPT", "build_model", "TimeRatio",
-           "time_ratio", "setup", "train", "train_step"]
+           "time_ratio", "setup", "train", "train_step", "Profile", "find_blocks", "profile",
+           "wrap_blocks"]

@@ -253,9 +253,10 @@ def sac_kept(forward_contexts) -> list[torch.Tensor] | None:
 
 
 def selective_contexts(model: nn.Module) -> list[SelectiveContexts]:
-    """The `SelectiveContexts` of ``model``'s selective-checkpointing regions."""
+    """The `SelectiveContexts` of ``model``'s selective-checkpointing regions: the
+    ``context_fn`` of any wrapper module (`Checkpointed`, lesson 05's per-block wrapper)."""
     return [m.context_fn for m in model.modules()
-            if isinstance(m, Checkpointed) and isinstance(m.context_fn, SelectiveContexts)]
+            if isinstance(getattr(m, "context_fn", None), SelectiveContexts)]
 
 
 # --- one function per mode ----------------------------------------------------------------

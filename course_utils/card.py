@@ -1,0 +1,338 @@
+"""The recommendation card: which recipe to train your model with, under a memory budget.
+
+`recommend(profile, extrapolations, budget_bytes, target_batch)` reads what
+`course_utils.profiling.profile` timed and what `course_utils.extrapolate.extrapolate` predicts,
+and picks a precision, a checkpoint policy, a micro-batch and a number of accumulation steps for
+a target effective batch. Every sentence of the card is generated from those numbers.
+
+The rule, in order:
+
+1. **Precision**: this machine's recipe (`course_utils.hardware.recommend_precision`) if it was
+   profiled, else the first precision profiled. A precision that is only emulated here is never
+   recommended for speed; its memory is reported.
+2. **Policy**: the largest micro-batch each policy fits under the budget comes from the
+   extrapolation (``largest_batch``). Policies whose micro-batch reaches ``min(target, measured
+   batch)`` qualify (at the measured batch the throughput is known); among them the one that
+   adds the least work wins, in the order `PREFERENCE` (no checkpointing first: recomputation
+   and copies only add work; the measured step-time ratios, with their noise band, are on the
+   card). When none qualifies, the policy with the largest micro-batch wins. Off CUDA the
+   offloading policies are not candidates: device and host are the same memory there, so they
+   save nothing (the card gives the bytes they would move instead).
+3. **Micro-batch and accumulation**: ``accumulation = ceil(target / min(largest batch,
+   target))``, ``micro = ceil(target / accumulation)``; effective batch ``micro x
+   accumulation``. Without a target, the target is the largest micro-batch of the first policy in
+   `PREFERENCE` that fits at all (no accumulation).
+4. **Check**: one real step at the chosen micro-batch (`course_utils.extrapolate.check_prediction`)
+   gives the measured peak next to the predicted one.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from .config import GiB, MiB
+from .offload import PCIE_GBPS, transfer_time_estimate
+
+__all__ = ["PREFERENCE", "Card", "recommend", "budget_from_device", "profile_and_recommend"]
+
+#: Policies from the least added work to the most: none; selective (recomputes pointwise ops);
+#: offload (copies every saved tensor to the host and back); every-K; full and HF's own (recompute
+#: whole blocks); offload+checkpoint (both).
+PREFERENCE = ("none", "selective", "offload", "every-", "full", "hf", "offload+checkpoint")
+
+
+def _rank(policy: str) -> int:
+    return next((i for i, p in enumerate(PREFERENCE) if policy == p or
+                 (p.endswith("-") and policy.startswith(p))), len(PREFERENCE))
+
+
+def budget_from_device(device: str, fraction: float = 0.9) -> tuple[int, str]:
+    """A budget (bytes) and where it comes from: ``fraction`` of the GPU memory free now
+    (``torch.cuda.mem_get_info``).
+
+    Raises:
+        ValueError: ``device`` is not an available CUDA device (a CPU has no device memory to
+            budget: give a number of bytes).
+    """
+    from .search import memory_budget
+    try:
+        return memory_budget(fraction, device), f"{fraction:.0%} of the GPU memory free now"
+    except ValueError:
+        raise ValueError(f"device {device!r} has no GPU memory to read a budget from: give a "
+                         "budget in bytes (course-profile --budget 2GiB).") from None
+
+
+@dataclass
+class Card:
+    """A recommended recipe and why (bytes, seconds; see the module docstring for the rule).
+
+    Attributes:
+        model, device_name, unit: what was profiled, where, and what a throughput counts.
+        budget_bytes, budget_source: the memory budget and where it came from.
+        precision, policy, micro_batch, accum_steps, target_batch, effective_batch: the recipe.
+        predicted_peak: the extrapolated peak at ``micro_batch`` (bytes); ``measured_peak``: one
+            real step's (None if not checked or out of memory); ``check_note``: that check in words.
+        time_ratio, time_ratio_low, time_ratio_high, time_verdict: the policy's step time
+            against no checkpointing in the same precision, at the measured batch.
+        throughput: items (``unit``) per second measured at ``measured_batch``.
+        options: one dict per (precision, policy) considered: largest batch, predicted peak at
+            it, step time, verdict.
+        reasons: the card's sentences.
+    """
+
+    model: str
+    device_name: str
+    unit: str
+    budget_bytes: int
+    budget_source: str
+    precision: str
+    policy: str
+    micro_batch: int
+    accum_steps: int
+    target_batch: int
+    effective_batch: int
+    predicted_peak: int
+    measured_peak: int | None
+    check_note: str
+    time_ratio: float | None
+    time_ratio_low: float | None
+    time_ratio_high: float | None
+    time_verdict: str
+    throughput: float | None
+    measured_batch: int
+    options: list = field(default_factory=list)
+    reasons: list = field(default_factory=list)
+
+    @property
+    def recipe(self) -> str:
+        """``bf16 autocast + full checkpointing, micro-batch 12 x 3 accumulation steps``."""
+        prec = "fp32" if self.precision == "fp32" else f"{self.precision} autocast"
+        if self.precision == "fp16":
+            prec += " + GradScaler"
+        pol = {"none": "no checkpointing", "full": "full checkpointing",
+               "selective": "selective checkpointing", "offload": "activation offloading",
+               "offload+checkpoint": "checkpointing + offloading of block inputs",
+               "hf": "Hugging Face's gradient checkpointing"}.get(self.policy, self.policy)
+        return (f"{prec} + {pol}, micro-batch {self.micro_batch} x {self.accum_steps} "
+                f"accumulation step{'s' * (self.accum_steps != 1)}")
+
+    def text(self) -> str:
+        """The card as text: a title, the recipe, the numbers, the reasons."""
+        lines = [f"Recommendation for {self.model} on {self.device_name}",
+                 f"  recipe      : {self.recipe} (effective batch {self.effective_batch})",
+                 f"  budget      : {_size(self.budget_bytes)} ({self.budget_source})",
+                 f"  peak        : predicted {_size(self.predicted_peak)}"
+                 + (f", measured {_size(self.measured_peak)}" if self.measured_peak else "")]
+        if self.throughput:
+            lines.append(f"  throughput  : {self.throughput:,.0f} {self.unit}/s (measured at "
+                         f"micro-batch {self.measured_batch})")
+        lines.append("  why:")
+        lines += [f"   - {r}" for r in self.reasons]
+        return "\n".join(lines)
+
+    def options_table(self) -> pd.DataFrame:
+        """The options considered, one row each."""
+        return pd.DataFrame(self.options).set_index("config")
+
+    def as_dict(self) -> dict:
+        """All fields as JSON-ready values (``course-profile --out``)."""
+        d = asdict(self)
+        d["recipe"] = self.recipe
+        return json.loads(json.dumps(d, default=str))
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+def _ratio_words(r) -> str:
+    if r.ratio is None:
+        return "not timed"
+    if r.verdict in ("faster", "slower"):
+        band = f" (IQR {r.low:.2f}-{r.high:.2f}x)" if r.low is not None else ""
+        return f"{r.ratio:.2f}x the step time of no checkpointing{band}"
+    if r.verdict == "within noise":
+        return f"a step time within the noise of no checkpointing ({r.ratio:.2f}x)"
+    return f"a step time {r.ratio:.2f}x that of no checkpointing ({r.verdict})"
+
+
+def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch: int | None = None,
+              budget_source: str = "given", check: bool = True, hw=None) -> Card:
+    """The card for ``profile`` (timed at one batch) and its ``extrapolations`` (one
+    `course_utils.extrapolate.Extrapolation` per precision, fitted for the same policies).
+
+    Args:
+        profile: a `course_utils.profiling.Profile`.
+        extrapolations: ``{precision: Extrapolation}``.
+        budget_bytes: the memory budget in bytes (`budget_from_device` reads a GPU's).
+        target_batch: the effective batch wanted (default: the chosen policy's largest
+            micro-batch, no accumulation).
+        budget_source: where the budget comes from, in words.
+        check: run one real step at the chosen micro-batch.
+        hw: `course_utils.hardware.HardwareInfo` (default: detected).
+
+    Raises:
+        ValueError: a non-positive budget or target; no configuration fits the budget even at
+            batch 1 (the message gives the smallest predicted peak and what to try).
+    """
+    from .extrapolate import check_prediction
+    from .hardware import detect, recommend_precision
+    if not budget_bytes or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
+    if target_batch is not None and (isinstance(target_batch, bool) or
+                                     not isinstance(target_batch, int) or target_batch < 1):
+        raise ValueError(f"target_batch must be a positive integer, got {target_batch!r}.")
+    first = profile.measurements[0]
+    hw = hw or detect(first.config.device)
+    recipe = recommend_precision(hw).precision
+    native = [p for p in extrapolations if not any(
+        m.emulated for m in profile.measurements if m.config.precision == p)]
+    precision = recipe if recipe in native else (native[0] if native else next(iter(extrapolations)))
+    ex = extrapolations[precision]
+    measured_batch = first.config.batch_size
+    options = []
+    for pr, e in extrapolations.items():
+        for policy in e.fits:
+            try:
+                m = profile.get(pr, policy)
+            except KeyError:
+                continue
+            b = e.largest_batch(budget_bytes, policy)
+            r = profile.ratio(m)
+            options.append({"config": m.config.label, "precision": pr, "policy": policy,
+                            "largest batch": b,
+                            "peak at it (MiB)": round(e.peak(b, policy) / MiB, 1) if b else None,
+                            "step ms": None if m.step_time_s is None else round(m.step_time_s * 1e3, 1),
+                            "time vs none": "reference" if m.config.checkpoint == "none" else
+                            r.verdict if r.ratio is None else f"{r.ratio:.2f}x {r.verdict}",
+                            "emulated": m.emulated})
+    on_cuda = hw.device == "cuda"
+    mine = [o for o in options if o["precision"] == precision and o["largest batch"] > 0
+            and (on_cuda or not o["policy"].startswith("offload"))]
+    if not mine:
+        smallest = min(ex.peak(1, p) for p in ex.fits)
+        raise ValueError(f"nothing fits {budget_bytes / MiB:.1f} MiB in {precision}, even at "
+                         f"batch 1: the smallest predicted peak is {smallest / MiB:.1f} MiB. Give a "
+                         "larger budget, a shorter sequence, or profile 'full' and 'offload'.")
+    # no target: the largest micro-batch of the policy that adds the least work (no accumulation)
+    want = target_batch or min(mine, key=lambda o: _rank(o["policy"]))["largest batch"]
+    need = min(want, measured_batch)
+    qualified = [o for o in mine if o["largest batch"] >= need]
+    if qualified:
+        chosen = min(qualified, key=lambda o: _rank(o["policy"]))
+    else:
+        chosen = max(mine, key=lambda o: o["largest batch"])
+    policy = chosen["policy"]
+    accum = math.ceil(want / min(chosen["largest batch"], want))
+    micro = math.ceil(want / accum)  # the smallest micro-batch that reaches the target in accum steps
+    m = profile.get(precision, policy)
+    r = profile.ratio(m)
+    predicted = ex.peak(micro, policy)
+
+    reasons = []
+    plain = next((o for o in mine if o["policy"] == "none"), None)
+    none_b = plain["largest batch"] if plain else 0
+    if policy == "none":
+        if none_b >= want:
+            reasons.append(f"Without checkpointing a micro-batch of {none_b} fits the budget, "
+                           f"enough for the target of {want}: nothing needs recomputing.")
+        else:
+            reasons.append(f"Without checkpointing a micro-batch of {none_b} fits, at least the "
+                           f"{need} at which throughput was measured; {accum} accumulation steps "
+                           f"reach the target of {want} with no recomputation.")
+    else:
+        if none_b == 0:
+            reasons.append(f"Without checkpointing not even a batch of 1 fits "
+                           f"({ex.peak(1, 'none') / MiB:.1f} MiB predicted).")
+        elif none_b < need:
+            reasons.append(f"Without checkpointing only {none_b} samples fit, fewer than the "
+                           f"{need} at which throughput was measured.")
+        better = [o["policy"] for o in mine if _rank(o["policy"]) < _rank(policy)]
+        if better:
+            reasons.append(f"{', '.join(better)} add less work but do not reach a micro-batch "
+                           f"of {need} under the budget.")
+        reasons.append(f"With {policy} a micro-batch of {chosen['largest batch']} fits, at "
+                       f"{_ratio_words(r)}.")
+    others = sorted((o for o in mine if o is not chosen), key=lambda o: -o["largest batch"])
+    if others:
+        reasons.append("Largest micro-batch under the budget by policy: " + ", ".join(
+            f"{o['policy']} {o['largest batch']}" for o in [chosen, *others]) + ".")
+    for o in options:
+        if o["precision"] != precision and o["policy"] == policy and o["largest batch"]:
+            why = " (emulated on this machine: not recommended for speed)" if o["emulated"] else ""
+            reasons.append(f"In {o['precision']} the same policy would fit a micro-batch of "
+                           f"{o['largest batch']}{why}.")
+    off = next((mm for mm in profile.measurements if mm.config.checkpoint == "offload"
+                and mm.config.precision == precision), None)
+    if off is not None and off.bytes_to_host:
+        moved = off.bytes_to_host
+        if hw.device == "cuda":
+            ro = profile.ratio(off)
+            reasons.append(f"Offloading moved {moved / MiB:.1f} MiB per step to the host and back "
+                           f"(measured at micro-batch {measured_batch}): {_ratio_words(ro)}.")
+        else:
+            reasons.append(f"Offloading would move {moved / MiB:.1f} MiB per step to the host and "
+                           f"back at micro-batch {measured_batch}: about "
+                           f"{transfer_time_estimate(moved) * 1e3:.1f} ms over a {PCIE_GBPS:g} GB/s "
+                           "PCIe link (an estimate: on a CPU nothing is moved).")
+    measured_peak, note = None, "not checked"
+    if check:
+        c = check_prediction(ex, budget_bytes, policy, batch_size=micro)
+        measured_peak, note = c.measured_peak, c.note
+        reasons.append(f"Checked with one real step: {note}" if c.measured_peak or c.oom
+                       else f"Not checked: {note}")
+    return Card(profile.name, first.device_name, profile.unit, int(budget_bytes), budget_source,
+                precision, policy, micro, accum, want, micro * accum, predicted, measured_peak,
+                note, r.ratio, r.low, r.high, r.verdict, m.tokens_per_s, measured_batch,
+                options, reasons)
+
+
+def profile_and_recommend(model, make_batch, loss_fn=None, *, budget_bytes: int | None = None,
+                          target_batch: int | None = None, precisions=None,
+                          policies=("none", "full", "selective", "offload"), batch_size: int = 4,
+                          device: str | None = None, blocks=None, forward=None,
+                          budget_s: float | None = None, name: str | None = None,
+                          check: bool = True, progress: bool = True):
+    """Profile, extrapolate and recommend in one call (what ``course-profile`` runs).
+
+    Runs `course_utils.profiling.profile` at ``batch_size`` (time and memory of every precision
+    and policy), `course_utils.extrapolate.extrapolate` per precision at batches
+    ``(batch_size // 2, batch_size)`` (``(1, 2)`` for a batch of 1), then `recommend`.
+
+    Args:
+        budget_bytes: the memory budget; default on CUDA: `budget_from_device`.
+        precisions: default: fp32 and this machine's recipe precision (fp16 on a CPU left out:
+            emulated, minutes per step at real sizes).
+        the rest: as `profile`.
+
+    Returns:
+        ``(profile, {precision: Extrapolation}, Card)``.
+
+    Raises:
+        ValueError: no budget on a device without GPU memory, and what `profile`,
+            `extrapolate` and `recommend` raise.
+    """
+    from .config import default_device
+    from .extrapolate import extrapolate
+    from .hardware import detect, recommend_precision
+    from .profiling import profile
+    device = device or default_device()
+    hw = detect(device)
+    source = "given"
+    if budget_bytes is None:
+        budget_bytes, source = budget_from_device(device)
+    if precisions is None:
+        precisions = tuple(dict.fromkeys(["fp32", recommend_precision(hw).precision]))
+    batches = (batch_size // 2, batch_size) if batch_size >= 2 else (1, 2)
+    kw = dict(device=device, blocks=blocks, forward=forward, name=name)
+    prof = profile(model, make_batch, loss_fn, batch_size=batch_size, precisions=precisions,
+                   policies=policies, budget_s=budget_s, budget_bytes=budget_bytes,
+                   progress=progress, **kw)
+    exs = {p: extrapolate(model, make_batch, loss_fn, precision=p, policies=policies,
+                          batches=batches, **kw) for p in precisions}
+    card = recommend(prof, exs, budget_bytes, target_batch=target_batch, budget_source=source,
+                     check=check, hw=hw)
+    return prof, exs, card

@@ -1,0 +1,350 @@
+"""An estimate for models the analytic model does not know: measure small, extrapolate, check.
+
+`course_utils.memory_model.estimate` knows one architecture (the course's GPT) in closed form.
+For any other model, `extrapolate` measures instead:
+
+1. **Two small batches** ``b1 < b2``, one training step each, per checkpoint policy: the peak
+   of forward + backward (``P(b1)``, ``P(b2)``) and the peak of the optimizer step (``O``).
+   Activation memory grows linearly with the batch, so the forward + backward peak is a line,
+   ``P(b) = P0 + s b`` with ``s = (P(b2) - P(b1)) / (b2 - b1)`` bytes per sample and
+   ``P0 = P(b1) - s b1`` (parameters, optimizer state, gradients, what does not scale). The
+   optimizer step's peak does not depend on the batch. Predicted peak::
+
+       peak(b) = max(P0 + s b, O)
+
+2. **One block's saved tensors**, per sample, from the meter's by-module records of the
+   ``none`` run (`course_utils.profiling.Profile.saved_by_block`): ``S`` bytes per sample saved
+   inside one block, ``I`` bytes per sample of a block's input, and what is saved outside the
+   blocks (a line in the batch, like the peak). With ``L`` blocks the saved tensors of a policy
+   are predicted without running it: ``none`` ``out + L S b``; ``full`` ``out + L I b``;
+   ``every-K`` ``out + (c I + (L - c) S) b`` with ``c = ceil(L / K)`` checkpointed blocks;
+   ``offload`` and ``offload+checkpoint`` ``out`` on the device.
+
+3. **A check**: `check_prediction` runs one real step at the largest batch the prediction fits
+   under a budget and reports the predicted and measured peak and the error. On CUDA the budget
+   is enforced by the allocator (``torch.cuda.set_per_process_memory_fraction``): a step that
+   needs more raises an out-of-memory error, which is caught and reported.
+
+Assumptions, and where they break: the peak is linear in the batch between and beyond the
+measured batches (allocator rounding makes small batches on CUDA noisier: measure at batches
+that are not tiny); the sequence length is fixed (attention without a fused kernel grows with
+seq^2: extrapolate in the batch only). On the course's GPT, where the analytic model is the
+reference, the prediction at 4x the larger measured batch agrees with
+`course_utils.memory_model.estimate` within 5 % (``tests/test_profiling.py``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from .config import GiB, MiB, device_kind
+from .guard import available_memory_bytes
+from .hardware import detect
+from .profiling import (
+    ModelSpec,
+    ProfileConfig,
+    _batch_info,
+    block_of,
+    find_blocks,
+    measure_config,
+    parse_model_policy,
+)
+
+__all__ = ["RAM_FRACTION", "PolicyFit", "Extrapolation", "PredictionCheck", "extrapolate", "check_prediction",
+           "block_input_bytes"]
+
+
+@dataclass(frozen=True)
+class PolicyFit:
+    """The peak of one policy as a line in the batch (bytes; see the module docstring).
+
+    Attributes:
+        policy: the checkpoint policy.
+        batches: the two measured batches ``(b1, b2)``.
+        peaks: their measured forward + backward peaks (bytes, parameters and optimizer state
+            included).
+        per_sample: ``s``, bytes per sample; ``intercept``: ``P0``, bytes.
+        optimizer_peak: the optimizer step's peak ``O`` (bytes), the larger of the two measured.
+        measured_peak: the whole step's measured peak at ``b2`` (bytes).
+    """
+
+    policy: str
+    batches: tuple
+    peaks: tuple
+    per_sample: float
+    intercept: float
+    optimizer_peak: int
+    measured_peak: int
+
+    def peak(self, batch: int) -> int:
+        """Predicted peak bytes of one step at ``batch``: ``max(P0 + s b, O)``."""
+        return int(max(self.intercept + self.per_sample * batch, self.optimizer_peak))
+
+    def largest_batch(self, budget_bytes: int, cap: int = 1 << 20) -> int:
+        """The largest batch whose predicted peak is at most ``budget_bytes`` (0 if not even 1;
+        at most ``cap`` when the peak does not grow with the batch)."""
+        if self.peak(1) > budget_bytes:
+            return 0
+        if self.per_sample <= 0:
+            return cap
+        return int(min(cap, math.floor((budget_bytes - self.intercept) / self.per_sample)))
+
+
+@dataclass
+class Extrapolation:
+    """What `extrapolate` measured and what it predicts.
+
+    Attributes:
+        name: the model; ``precision`` its autocast precision; ``device``.
+        unit, items_per_sample: what a sample is (``tokens`` and the sequence length, or
+            ``samples`` and 1).
+        n_blocks: ``L``; ``block_saved``: ``S``, saved bytes per sample of one plain block;
+            ``block_input``: ``I``, bytes per sample of a block's input; ``outside``:
+            ``(intercept, per sample)`` of the bytes saved outside the blocks.
+        fits: `PolicyFit` per measured policy.
+        measurements: every `course_utils.profiling.ProfileMeasurement` taken.
+    """
+
+    name: str
+    precision: str
+    device: str
+    unit: str
+    items_per_sample: int
+    n_blocks: int
+    block_saved: float
+    block_input: float
+    outside: tuple
+    fits: dict = field(default_factory=dict)
+    measurements: list = field(default_factory=list)
+    spec: Any = field(default=None, repr=False)
+
+    def _fit(self, policy: str) -> PolicyFit:
+        if policy not in self.fits:
+            raise KeyError(f"policy {policy!r} was not measured: measured {sorted(self.fits)}.")
+        return self.fits[policy]
+
+    def peak(self, batch: int, policy: str = "none") -> int:
+        """Predicted peak bytes of one step at ``batch`` with ``policy`` (a measured one).
+
+        Raises:
+            KeyError: ``policy`` was not measured.
+        """
+        return self._fit(policy).peak(batch)
+
+    def largest_batch(self, budget_bytes: int, policy: str = "none") -> int:
+        """The largest batch predicted to fit ``budget_bytes`` with ``policy`` (0 if none)."""
+        return self._fit(policy).largest_batch(budget_bytes)
+
+    def saved(self, batch: int, policy: str = "none") -> int | None:
+        """Saved-tensor bytes on the device predicted from one block (the module docstring);
+        None for a policy the block model cannot predict (``selective``, ``hf``).
+
+        Raises:
+            ValueError: an unknown policy.
+        """
+        mode, k = parse_model_policy(policy, self.n_blocks)
+        L, S, In = self.n_blocks, self.block_saved, self.block_input
+        out = self.outside[0] + self.outside[1] * batch
+        if mode == "none":
+            per = L * S
+        elif mode == "full":
+            per = L * In
+        elif mode == "every-k":
+            c = math.ceil(L / k)
+            per = c * In + (L - c) * S
+        elif mode in ("offload", "offload+checkpoint"):
+            per = 0.0
+        else:
+            return None
+        return int(out + per * batch)
+
+    def table(self, batches) -> pd.DataFrame:
+        """Predicted peak (MiB) per batch (rows) and measured policy (columns)."""
+        return pd.DataFrame({p: [f.peak(b) / MiB for b in batches] for p, f in self.fits.items()},
+                            index=pd.Index(list(batches), name="batch")).round(2)
+
+
+@dataclass(frozen=True)
+class PredictionCheck:
+    """One real step at the batch the prediction picked (`check_prediction`).
+
+    Attributes:
+        policy, batch_size: what ran.
+        budget_bytes: the budget the batch was chosen for.
+        predicted_peak, measured_peak: bytes (measured None after an out-of-memory error).
+        error: ``(predicted - measured) / measured`` (None if not measured).
+        fits: the measured peak is at most the budget (False after an out-of-memory error).
+        oom: the step ran out of device memory (CUDA, under the enforced budget).
+        note: what happened, in words.
+    """
+
+    policy: str
+    batch_size: int
+    budget_bytes: int
+    predicted_peak: int
+    measured_peak: int | None
+    error: float | None
+    fits: bool
+    oom: bool
+    note: str
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+#: On a CPU, `check_prediction` does not run a step whose predicted peak exceeds this fraction of
+#: the RAM free now (nothing would stop it short of the kernel's out-of-memory killer).
+RAM_FRACTION = 0.8
+
+
+def block_input_bytes(spec: ModelSpec, batch_size: int, precision: str = "fp32") -> int:
+    """Bytes of block 0's first tensor argument in one forward at ``batch_size`` (its storage),
+    under ``precision``'s autocast, read by a forward pre-hook; no backward is run."""
+    model = spec.fresh("none")
+    _, container = find_blocks(model, spec.blocks)
+    seen = []
+
+    def hook(module, args, kwargs):
+        ts = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if ts and not seen:
+            seen.append(ts[0].untyped_storage().nbytes())
+    h = container[0].register_forward_pre_hook(hook, with_kwargs=True)
+    cfg = ProfileConfig(spec.name, precision, device=spec.device)
+    try:
+        with torch.no_grad(), torch.autocast(cfg.device_type, dtype=cfg.dtype,
+                                             enabled=cfg.dtype is not None):
+            spec.forward(model, spec.batch(batch_size))
+    finally:
+        h.remove()
+    if not seen:
+        raise ValueError("the first block received no tensor argument: cannot measure its input.")
+    return seen[0]
+
+
+def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = None, *,
+                precision: str = "fp32", policies=("none", "full"), batches=(2, 4),
+                device: str | None = None, blocks=None, forward: Callable | None = None,
+                seed: int = 0, lr: float = 1e-3, name: str | None = None) -> Extrapolation:
+    """Measure one step at two small batches per policy and one block's saved tensors; return
+    the `Extrapolation` that predicts the peak at any batch (see the module docstring).
+
+    Args:
+        model, make_batch, loss_fn, device, blocks, forward, seed, lr, name: as
+            `course_utils.profiling.profile`.
+        precision: one precision (fp32, bf16, fp16).
+        policies: the policies to fit (``none`` is always measured: the block model needs it).
+        batches: the two batch sizes ``(b1, b2)``, ``b1 < b2``.
+
+    Raises:
+        ValueError: ``batches`` not two increasing positive integers, an unknown precision or
+            policy, an out-of-memory error at a measured batch; and what `profile` raises.
+    """
+    b = tuple(batches)
+    if len(b) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in b) \
+            or b[0] >= b[1]:
+        raise ValueError(f"batches must be two increasing positive integers (b1, b2), got "
+                         f"{batches!r}.")
+    spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,
+                            device=device, seed=seed, name=name)
+    _, container = find_blocks(spec.build(), spec.blocks)
+    L = len(container)
+    policies = list(dict.fromkeys(["none", *policies]))
+    for p in policies:
+        parse_model_policy(p, L)
+    _, unit, per = _batch_info(spec.batch(b[0]))
+    ex = Extrapolation(spec.name, precision, spec.device, unit, per, L, 0.0, 0.0, (0.0, 0.0),
+                       spec=spec)
+    blocks_path = spec.blocks
+    for policy in policies:
+        ms = []
+        for n in b:
+            cfg = ProfileConfig(spec.name, precision, policy, n, spec.device, unit, per, seed=seed)
+            m, _, _ = measure_config(spec, cfg, lr=lr)
+            if m.oom:
+                raise ValueError(f"{cfg.label} ran out of memory at batch {n}, one of the small "
+                                 f"batches measured: {m.error}")
+            if m.peak_forward_backward is None:
+                raise ValueError(f"no peak-memory counter on {spec.device}: nothing to "
+                                 "extrapolate from.")
+            ms.append(m)
+        ex.measurements += ms
+        (p1, p2) = (ms[0].peak_forward_backward, ms[1].peak_forward_backward)
+        s = (p2 - p1) / (b[1] - b[0])
+        ex.fits[policy] = PolicyFit(policy, b, (p1, p2), s, p1 - s * b[0],
+                                    max(ms[0].peak_optimizer, ms[1].peak_optimizer),
+                                    ms[1].peak_allocated)
+        if policy == "none":
+            per_block, outside = [], []
+            for n, m in zip(b, ms):
+                df = m.saved_modules
+                inside = df["module"].map(lambda name: block_of(name, blocks_path) is not None)
+                per_block.append(df.loc[inside, "nbytes"].sum() / L / n)
+                outside.append(df.loc[~inside, "nbytes"].sum())
+            ex.block_saved = per_block[1]
+            slope = (outside[1] - outside[0]) / (b[1] - b[0])
+            ex.outside = (outside[0] - slope * b[0], slope)
+    ex.block_input = block_input_bytes(spec, b[1], precision) / b[1]
+    return ex
+
+
+def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
+                     batch_size: int | None = None) -> PredictionCheck:
+    """Run one real step at the largest batch ``ex`` predicts to fit ``budget_bytes`` with
+    ``policy`` (or at ``batch_size``), and compare its peak with the prediction.
+
+    On CUDA the budget is enforced for the step (``set_per_process_memory_fraction`` of the
+    device's total, restored afterwards): an out-of-memory error is caught and reported. On a
+    CPU nothing enforces it; the measured peak is compared with it, and a step predicted to need
+    more than `RAM_FRACTION` of the RAM free now is not run (``measured_peak`` None, ``note``
+    says why).
+
+    Raises:
+        ValueError: a non-positive budget, or a budget where not even batch 1 is predicted to
+            fit (the message gives the predicted peak at batch 1).
+        KeyError: ``policy`` was not measured by ``ex``.
+    """
+    if not budget_bytes or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
+    b = batch_size or ex.largest_batch(budget_bytes, policy)
+    if b < 1:
+        raise ValueError(f"not even batch 1 fits {_size(budget_bytes)} with {policy}: its "
+                         f"predicted peak is {_size(ex.peak(1, policy))}.")
+    predicted = ex.peak(b, policy)
+    spec = ex.spec
+    if device_kind(spec.device) == "cpu":  # nothing stops a CPU step from exhausting the RAM
+        free = available_memory_bytes(detect("cpu"))
+        if free and predicted > RAM_FRACTION * free:
+            return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, False,
+                                   f"batch {b} with {policy} not run: its predicted peak, "
+                                   f"{_size(predicted)}, is more than {RAM_FRACTION:.0%} of the "
+                                   f"{_size(free)} of RAM free now.")
+    cfg = ProfileConfig(spec.name, ex.precision, policy, b, spec.device, ex.unit,
+                        ex.items_per_sample, seed=spec.seed)
+    cuda = device_kind(spec.device) == "cuda"
+    if cuda:
+        dev = torch.device(spec.device)
+        total = torch.cuda.get_device_properties(dev).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), dev)
+    try:
+        m, _, _ = measure_config(spec, cfg)
+    finally:
+        if cuda:
+            torch.cuda.set_per_process_memory_fraction(1.0, dev)
+    if m.oom:
+        return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, True,
+                               f"batch {b} ran out of memory under the {_size(budget_bytes)} "
+                               f"budget: the prediction was too low. {m.error}")
+    measured = m.peak_allocated
+    err = (predicted - measured) / measured
+    fits = measured <= budget_bytes
+    note = (f"batch {b} with {policy}: predicted {_size(predicted)}, measured "
+            f"{_size(measured)} ({err:+.1%}); "
+            + ("within the budget." if fits else
+               f"over the {_size(budget_bytes)} budget by {_size(measured - budget_bytes)}: the "
+               "prediction was too low."))
+    return PredictionCheck(policy, b, budget_bytes, predicted, measured, err, fits, False, note)

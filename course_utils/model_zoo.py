@@ -1,0 +1,164 @@
+"""Models for lesson 05 and ``course-profile``: built from code or configuration, never downloaded.
+
+Each function returns a `ZooModel`: a factory of a fresh model, ``make_batch(batch_size)``, and
+(where the default does not apply) a ``loss_fn`` and ``forward`` for
+`course_utils.profiling.profile`.
+
+* `hf_causal_lm`: a Hugging Face causal LM with random weights from a configuration class that
+  ships with ``transformers`` (``AutoConfig.for_model(model_type, ...)``: no download), e.g. a
+  small GPT-2 or a Llama-style model (RMSNorm, rotary embeddings, SwiGLU). Batches are byte-level
+  text of the course's corpus (`course_utils.data.get_batch`), ``labels=input_ids``.
+* `small_cnn`: a plain residual CNN (no transformer) on random 32 x 32 images, 10 classes.
+* `course_gpt`: the course's own GPT (`course_utils.models.GPT`) at a size profile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .data import get_batch
+
+__all__ = ["ZooModel", "HF_SIZES", "hf_causal_lm", "ResBlock", "SmallCNN", "small_cnn",
+           "course_gpt", "require_transformers"]
+
+
+@dataclass
+class ZooModel:
+    """A model to profile: ``build()`` -> a fresh ``nn.Module``; ``make_batch(n)`` -> a batch;
+    ``loss_fn`` / ``forward`` for `profile` (None: its defaults); ``describe``: one line."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    make_batch: Callable[[int], Any]
+    loss_fn: Callable | None = None
+    forward: Callable | None = None
+    describe: str = ""
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of `profile` / `extrapolate` this model needs."""
+        return {"loss_fn": self.loss_fn, "forward": self.forward, "name": self.name}
+
+
+def require_transformers():
+    """Import ``transformers``, or raise ImportError saying how to install it (the ``hf`` extra)."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError("Hugging Face models need transformers: pip install -e '.[hf]' "
+                          "(or pip install transformers).") from e
+    return transformers
+
+
+#: Default dimensions of `hf_causal_lm` per size profile: layers, width, heads, sequence.
+HF_SIZES = {"smoke": dict(n_layers=2, d_model=64, n_heads=2, seq_len=32),
+            "cpu": dict(n_layers=4, d_model=256, n_heads=4, seq_len=128)}
+
+
+def hf_causal_lm(model_type: str = "gpt2", *, n_layers: int = 2, d_model: int = 64,
+                 n_heads: int = 2, seq_len: int = 32, vocab_size: int = 256,
+                 dropout: float | None = None, **config_overrides) -> ZooModel:
+    """A Hugging Face causal LM with random weights, from its configuration class.
+
+    Args:
+        model_type: a ``transformers`` model type (``gpt2``, ``llama``, ``mistral``...), as
+            ``AutoConfig.for_model`` takes it (the configuration class's defaults; nothing is
+            downloaded).
+        n_layers, d_model, n_heads, seq_len, vocab_size: set through the configuration's
+            standard names (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
+            ``max_position_embeddings``, ``vocab_size``); a Llama-style MLP gets
+            ``intermediate_size = 4 d`` and as many key/value heads as heads.
+        dropout: GPT-2's dropout probabilities (``resid_pdrop``, ``embd_pdrop``,
+            ``attn_pdrop``) if given (default: the configuration's).
+        config_overrides: any other configuration field.
+
+    Raises:
+        ImportError: transformers is not installed (with the command to install it).
+        ValueError: an unknown model type (transformers' message).
+    """
+    transformers = require_transformers()
+    kw = dict(num_hidden_layers=n_layers, hidden_size=d_model, num_attention_heads=n_heads,
+              max_position_embeddings=seq_len, vocab_size=vocab_size, bos_token_id=0,
+              eos_token_id=0, pad_token_id=0)
+    cls = transformers.AutoConfig.for_model(model_type).__class__
+    probe = cls()
+    if hasattr(probe, "intermediate_size"):
+        kw.update(intermediate_size=4 * d_model, num_key_value_heads=n_heads)
+    if dropout is not None:
+        for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout"):
+            if hasattr(probe, k):
+                kw[k] = dropout
+    kw.update(config_overrides)
+    config = cls(**kw)
+    config._attn_implementation = "sdpa"
+
+    def build():
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+    def make_batch(n: int) -> dict:
+        ids, _ = get_batch(n, seq_len)
+        return {"input_ids": ids, "labels": ids, "use_cache": False}  # training: no KV cache
+
+    return ZooModel(f"{cls.__name__.removesuffix('Config')}-{n_layers}L-{d_model}d", build,
+                    make_batch, describe=f"{cls.__name__}({n_layers} layers, d {d_model}, "
+                    f"{n_heads} heads, seq {seq_len}, vocab {vocab_size}), random weights")
+
+
+class ResBlock(nn.Module):
+    """``x + conv(relu(bn(conv(relu(bn(x))))))``: a pre-activation residual block (He et al.
+    2016, arXiv 1603.05027), channels and resolution unchanged."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.relu(self.bn1(x)))
+        return x + self.conv2(F.relu(self.bn2(h)))
+
+
+class SmallCNN(nn.Module):
+    """Stem conv -> ``blocks`` (an ``nn.Sequential`` of `ResBlock`) -> pooled linear head.
+    Input ``(batch, 3, H, W)`` float; output logits ``(batch, n_classes)``."""
+
+    def __init__(self, channels: int = 32, n_blocks: int = 4, n_classes: int = 10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.blocks = nn.Sequential(*[ResBlock(channels) for _ in range(n_blocks)])
+        self.head = nn.Linear(channels, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blocks(self.stem(x))
+        return self.head(F.relu(h).mean(dim=(2, 3)))
+
+
+def small_cnn(channels: int = 32, n_blocks: int = 4, image: int = 32,
+              n_classes: int = 10) -> ZooModel:
+    """`SmallCNN` on random ``(batch, 3, image, image)`` images with random labels; the batch is
+    ``(images, labels)``, the loss cross-entropy."""
+    def make_batch(n: int):
+        return torch.randn(n, 3, image, image), torch.randint(0, n_classes, (n,))
+
+    return ZooModel(f"SmallCNN-{n_blocks}x{channels}", lambda: SmallCNN(channels, n_blocks, n_classes),
+                    make_batch, loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]),
+                    forward=lambda model, batch: model(batch[0]),
+                    describe=f"residual CNN, {n_blocks} blocks of {channels} channels, "
+                    f"{image}x{image} images")
+
+
+def course_gpt(size: str | None = None, **overrides) -> ZooModel:
+    """The course's GPT at a size profile (`course_utils.config.config_for`), batches of its
+    text (``(x, y)``; the model returns ``(logits, loss)``)."""
+    from .config import config_for
+    from .models import GPT
+    cfg = config_for(size, **overrides)
+    return ZooModel(f"course GPT ({cfg.n_layers}L-{cfg.d_model}d)", lambda: GPT(cfg.shape),
+                    lambda n: get_batch(n, cfg.seq_len),
+                    describe=f"the course's GPT: {cfg.n_layers} blocks, d {cfg.d_model}, "
+                    f"seq {cfg.seq_len}")

@@ -1,0 +1,842 @@
+"""The course's measurements applied to *your* model: `profile(model, make_batch, ...)`.
+
+Everything else in the course measures its own byte-level GPT through a `RunConfig`. This module
+takes any ``nn.Module`` (a Hugging Face model, a CNN, your own) and a function that makes a batch,
+and measures what lessons 01-03 measure, in the same record type: one
+`course_utils.measure.Measurement` (a `ProfileMeasurement`) per precision and checkpoint policy,
+with step time and its noise band, peak allocated memory, and saved tensors by module.
+
+How a policy reaches your model: its **repeated blocks** are found (`find_blocks`: the
+``nn.ModuleList`` or ``nn.Sequential`` of same-class modules holding the most parameters, or the
+one you name) and each block is replaced, in place, by a wrapper (`wrap_blocks`):
+
+=========================  ==============================================================
+``none``                   the blocks run plain.
+``full``                   every block checkpointed (`CheckpointedBlock`: non-reentrant
+                           ``torch.utils.checkpoint.checkpoint``; keyword arguments pass
+                           through, as Hugging Face decoder layers need).
+``every-K``                blocks 0, K, 2K, ... checkpointed, the others plain.
+``selective``              every block checkpointed with the course's save list
+                           (`course_utils.checkpointing.save_matmuls_and_attention`): matmul
+                           and attention outputs kept, pointwise ops recomputed.
+``offload``                every block's saved tensors moved to CPU memory
+                           (`course_utils.offload.OffloadedBlock`, ``save_on_cpu``).
+``offload+checkpoint``     every block checkpointed, its input moved to CPU memory.
+``hf``                     a Hugging Face model's own ``gradient_checkpointing_enable()``
+                           (``activation_checkpointing_enable()`` in transformers 5), to
+                           compare with ``full``.
+=========================  ==============================================================
+
+How each number is taken (as `course_utils.measure.measure` takes them for the course's GPT):
+
+* **saved tensors**: `course_utils.saved_tensors.SavedTensorMeter` around the forward and loss of
+  one step, by module (deduplicated by storage, parameters excluded, autocast's weight copies in
+  their own bucket); tensors that ``offload`` moved to the host are not on the device and are
+  counted in ``bytes_to_host`` instead.
+* **peak allocated**: parameters + optimizer state + the peak above the step's start
+  (`course_utils.timeline.memory_timeline`: CUDA allocator history or the CPU profiler), split
+  into the forward+backward phase and the optimizer phase (`ProfileMeasurement`).
+* **step time**: every configuration timed step by step in alternation
+  (`course_utils.timing.interleaved`); ratios to ``none`` in the same precision by round
+  (`course_utils.timing.time_ratio`), so a difference inside the noise is called so.
+* **gradients**: the first step's gradients of every configuration are compared with those of
+  ``none`` in the same precision (``grad_max_diff``): a policy must not change them.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint, noop_context_fn
+from tqdm.auto import tqdm
+
+from .checkpointing import SelectiveContexts, save_matmuls_and_attention
+from .config import GiB, MiB, autocast_dtype, default_device, device_kind
+from .guard import available_memory_bytes
+from .measure import EMULATED_TIMING, Measurement, OutOfMemory
+from .offload import OffloadedBlock, offloaded_bytes
+from .saved_tensors import SavedTensorMeter, storage_bytes
+from .timeline import memory_timeline, phase
+from .timing import default_budget_s, interleaved, time_ratio
+
+__all__ = ["POLICIES", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
+           "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
+           "wrap_blocks", "parse_model_policy", "block_of", "default_loss", "call_model", "profile",
+           "measure_config", "static_bytes"]
+
+#: The policies `profile` takes (K: an integer from 1 to the number of blocks).
+POLICIES = ("none", "full", "every-K", "selective", "offload", "offload+checkpoint", "hf")
+
+#: Bytes per parameter alive before any activation: fp32 weight, fp32 gradient and AdamW's two
+#: fp32 moments (PyTorch ``torch.optim.AdamW``; claim C9 of the course).
+STATIC_BYTES_PER_PARAMETER = 16
+
+
+class NoRepeatedBlocks(ValueError):
+    """The model has no ``nn.ModuleList`` / ``nn.Sequential`` of same-class blocks to wrap."""
+
+
+class ModelDoesNotFit(ValueError):
+    """Parameters, gradients and optimizer state alone exceed the memory available, before any
+    activation: no policy or batch can help."""
+
+
+# --- finding and wrapping the repeated blocks ------------------------------------------------
+
+def _n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
+            kinds = {type(c) for c in m}
+            if len(kinds) == 1 and _n_params(m) > 0:
+                out.append((name, m))
+    return out
+
+
+def find_blocks(model: nn.Module, blocks: str | nn.Module | None = None) -> tuple[str, nn.Module]:
+    """The repeated blocks of ``model``: ``(path, container)``.
+
+    Args:
+        model: any ``nn.Module``.
+        blocks: ``None`` to find them: among the ``nn.ModuleList`` and ``nn.Sequential``
+            containers of ``model`` with at least 2 children, all of one class, and parameters,
+            the one with the most parameters (then the most children). Or a dotted path
+            (``"model.layers"``, as in ``model.named_modules()``), or the container itself.
+
+    Returns:
+        ``path`` (``""`` for ``model`` itself) and the container (an ``nn.ModuleList`` or
+        ``nn.Sequential``).
+
+    Raises:
+        NoRepeatedBlocks: none found, with the containers that exist and why they do not
+            qualify; or ``blocks`` names no such container.
+        TypeError: ``model`` is not an ``nn.Module``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"profile needs a torch.nn.Module (or a function returning one), got "
+                        f"{type(model).__name__}.")
+    if isinstance(blocks, str):
+        try:
+            found = model.get_submodule(blocks) if blocks else model
+        except AttributeError:
+            raise NoRepeatedBlocks(f"{type(model).__name__} has no submodule {blocks!r}; its "
+                                   f"lists of blocks: {_describe(model)}.") from None
+        if not isinstance(found, (nn.ModuleList, nn.Sequential)) or len(found) < 1:
+            raise NoRepeatedBlocks(f"{blocks!r} is a {type(found).__name__}, not an "
+                                   "nn.ModuleList or nn.Sequential of blocks.")
+        return blocks, found
+    if isinstance(blocks, nn.Module):
+        for name, m in model.named_modules():
+            if m is blocks:
+                return find_blocks(model, name)
+        raise NoRepeatedBlocks("the blocks you passed are not a submodule of this model.")
+    if blocks is not None:
+        raise TypeError(f"blocks is a dotted path, a module or None, got {type(blocks).__name__}.")
+    cands = _candidates(model)
+    if not cands:
+        raise NoRepeatedBlocks(
+            f"no repeated blocks found in {type(model).__name__}: checkpoint policies wrap the "
+            "modules of an nn.ModuleList or nn.Sequential of at least 2 same-class modules with "
+            f"parameters, and it has none ({_describe(model)}). Put the repeated part of the "
+            "model in an nn.ModuleList, or name it with blocks='path.to.list'.")
+    return max(cands, key=lambda c: (_n_params(c[1]), len(c[1])))
+
+
+def block_of(module_name: str, blocks_path: str) -> int | None:
+    """The index of the block that a module named ``module_name`` (as in ``named_modules()``)
+    belongs to, for blocks at ``blocks_path``; None outside the blocks."""
+    prefix = f"{blocks_path}." if blocks_path else ""
+    if not module_name.startswith(prefix):
+        return None
+    head = module_name[len(prefix):].split(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+def _describe(model: nn.Module) -> str:
+    lists = [f"{name or '(the model)'}: {len(m)} x "
+             f"{'/'.join(sorted({type(c).__name__ for c in m}))}"
+             for name, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
+    return "; ".join(lists[:6]) if lists else "no nn.ModuleList or nn.Sequential at all"
+
+
+class CheckpointedBlock(nn.Module):
+    """One block, checkpointed: ``checkpoint(block, *args, use_reentrant=False, **kwargs)``.
+
+    Only the block's inputs stay saved; backward runs its forward again. Positional and
+    keyword arguments pass through (Hugging Face decoder layers take ``attention_mask``,
+    ``position_embeddings``...). ``context_fn`` is ``checkpoint``'s (selective checkpointing
+    passes one: a `course_utils.checkpointing.SelectiveContexts`, so that the course's meter counts
+    what it keeps).
+    """
+
+    def __init__(self, block: nn.Module, context_fn=noop_context_fn):
+        super().__init__()
+        self.block = block
+        self.context_fn = context_fn
+
+    def forward(self, *args, **kwargs):
+        return checkpoint(self.block, *args, use_reentrant=False, context_fn=self.context_fn,
+                          **kwargs)
+
+
+def parse_model_policy(policy: str, n_blocks: int) -> tuple[str, int | None]:
+    """``(mode, K)`` of a policy of `POLICIES` for a model of ``n_blocks`` blocks.
+
+    Raises:
+        ValueError: an unknown policy, or K outside 1..n_blocks; the message lists `POLICIES`.
+    """
+    p = policy.strip().lower() if isinstance(policy, str) else None
+    if p in ("none", "full", "selective", "offload", "offload+checkpoint", "hf"):
+        return p, None
+    if p and p.startswith("every-") and p[6:].isdigit() and 1 <= int(p[6:]) <= n_blocks:
+        return "every-k", int(p[6:])
+    raise ValueError(f"checkpoint policy {policy!r} does not fit a model of {n_blocks} blocks: "
+                     f"valid policies are {', '.join(POLICIES)} (K from 1 to {n_blocks}).")
+
+
+def _selective_block(block: nn.Module) -> CheckpointedBlock:
+    # SelectiveContexts lets the course's meter read SAC's cache (out of the hooks' sight)
+    return CheckpointedBlock(block, SelectiveContexts(save_matmuls_and_attention))
+
+
+def _enable_hf(model: nn.Module) -> None:
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model, "gradient_checkpointing_enable"):  # transformers 4.x
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise ValueError(f"policy 'hf' calls a Hugging Face model's gradient_checkpointing_enable(),"
+                         f" and {type(model).__name__} has none: use 'full' instead.")
+
+
+def wrap_blocks(model: nn.Module, policy: str, blocks: str | nn.Module | None = None) -> nn.Module:
+    """Apply ``policy`` (one of `POLICIES`) to ``model``'s repeated blocks, in place; return it.
+
+    Each block ``container[i]`` is replaced by its wrapper (`CheckpointedBlock`,
+    `course_utils.offload.OffloadedBlock`); parameters stay the same objects (an optimizer made
+    before still works), under longer names. ``hf`` calls the model's own method instead.
+
+    Raises:
+        NoRepeatedBlocks: see `find_blocks`.
+        ValueError: an unknown policy, ``hf`` on a model without the method, or blocks that are
+            wrapped already.
+    """
+    path, container = find_blocks(model, blocks)
+    mode, k = parse_model_policy(policy, len(container))
+    if any(isinstance(b, (CheckpointedBlock, OffloadedBlock)) for b in container):
+        raise ValueError(f"the blocks of {path!r} are wrapped already: wrap a fresh copy.")
+    if mode == "hf":
+        _enable_hf(model)
+        return model
+    for i, block in enumerate(list(container)):
+        if mode == "full" or (mode == "every-k" and i % k == 0):
+            container[i] = CheckpointedBlock(block)
+        elif mode == "selective":
+            container[i] = _selective_block(block)
+        elif mode in ("offload", "offload+checkpoint"):
+            container[i] = OffloadedBlock(block, checkpointed=mode == "offload+checkpoint")
+    return model
+
+
+# --- batches, losses, the step ----------------------------------------------------------------
+
+def call_model(model: nn.Module, batch):
+    """The default forward: ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or
+    list, ``model(batch)`` for a tensor."""
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def default_loss(output, batch) -> torch.Tensor:
+    """The loss in ``output``: ``output.loss`` (Hugging Face), the second element of a
+    ``(logits, loss)`` tuple (the course's GPT), or ``output`` itself if it is a tensor.
+
+    Raises:
+        ValueError: no loss found (pass ``loss_fn``).
+    """
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, (tuple, list)) and len(output) >= 2 \
+            and isinstance(output[1], torch.Tensor):
+        loss = output[1]
+    if loss is None and isinstance(output, torch.Tensor):
+        loss = output
+    if loss is None:
+        raise ValueError(f"no loss in the model's output ({type(output).__name__}): pass "
+                         "loss_fn=lambda output, batch: ... returning a scalar tensor (or give "
+                         "a Hugging Face model labels=... in the batch).")
+    return loss
+
+
+def _check_loss(loss) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor):
+        raise ValueError(f"the loss must be a scalar tensor, got {type(loss).__name__}.")
+    if loss.dim() != 0:
+        raise ValueError(f"the loss is a tensor of shape {tuple(loss.shape)}, not a scalar: "
+                         "backward needs one number. Reduce it (loss.mean()) or pass loss_fn, e.g. "
+                         "loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]).")
+    if not loss.requires_grad:
+        raise ValueError("the loss does not require grad: it does not depend on the model's "
+                         "parameters (is the model in no_grad mode, or frozen?).")
+    return loss
+
+
+def _tensors(batch) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        return [t for t in batch if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _batch_info(batch) -> tuple[int, str, int]:
+    """``(batch size, unit, items per sample)``: unit ``tokens`` when the first tensor is an
+    integer ``(batch, seq, ...)`` tensor (token ids), else ``samples``."""
+    ts = _tensors(batch)
+    if not ts or ts[0].dim() == 0:
+        raise ValueError("make_batch must return a tensor, a tuple/list or a dict of tensors "
+                         "whose first dimension is the batch.")
+    first = ts[0]
+    n = first.shape[0]
+    if not first.is_floating_point() and not first.is_complex() and first.dim() >= 2:
+        return n, "tokens", first[0].numel()
+    return n, "samples", 1
+
+
+def _to(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: _to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to(v, device) for v in batch)
+    return batch
+
+
+# --- records -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """What one row of a profile ran: a model, a precision, a policy, a micro-batch.
+
+    It stands where `Measurement` has a `RunConfig`, with the same names where they exist.
+
+    Attributes:
+        model: the model's name (its class name unless given).
+        precision: ``fp32``, ``bf16`` or ``fp16`` (autocast; fp16 with GradScaler).
+        checkpoint: the policy (one of `POLICIES`).
+        batch_size: samples per micro-batch.
+        device: ``cpu``, ``cuda``, ``cuda:N``, ``mps``.
+        unit: ``tokens`` (a language model: integer ``(batch, seq)`` input) or ``samples``.
+        items_per_sample: tokens per sample (sequence length), or 1.
+        grad_accum_steps: micro-batches per optimizer step (the profile runs 1).
+        seed: the seed set before each model is built and each batch is made.
+    """
+
+    model: str
+    precision: str = "fp32"
+    checkpoint: str = "none"
+    batch_size: int = 1
+    device: str = "cpu"
+    unit: str = "samples"
+    items_per_sample: int = 1
+    grad_accum_steps: int = 1
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        """``fp32``, ``bf16+full``... as `RunConfig.label`."""
+        return self.precision + ("" if self.checkpoint == "none" else f"+{self.checkpoint}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Items (tokens, or samples: ``unit``) per optimizer step."""
+        return self.batch_size * self.items_per_sample * self.grad_accum_steps
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return autocast_dtype(self.precision)
+
+    @property
+    def device_type(self) -> str:
+        return device_kind(self.device)
+
+    def replace(self, **changes) -> "ProfileConfig":
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ProfileMeasurement(Measurement):
+    """A `Measurement` of any model (``config`` is a `ProfileConfig`; ``tokens_per_s`` counts
+    ``config.unit``), with what a profile adds.
+
+    Attributes:
+        peak_forward_backward: peak bytes allocated during forward + backward (parameters and
+            optimizer state included, as ``peak_allocated``).
+        peak_optimizer: the same during the optimizer step.
+        bytes_to_host: bytes the ``offload`` policies copied to host memory in the forward
+            (backward copies them back); 0 for other policies. ``weight_bytes_to_host``: the
+            part of them that are weights saved by matmuls (``save_on_cpu`` copies those too).
+        grad_max_diff: largest absolute difference between this configuration's first-step
+            gradients and those of ``none`` in the same precision (None where not compared).
+        saved_modules: saved bytes by module (DataFrame ``module``, ``module_type``,
+            ``nbytes``, ``bucket``), from the meter.
+    """
+
+    peak_forward_backward: int | None = None
+    peak_optimizer: int | None = None
+    bytes_to_host: int = 0
+    weight_bytes_to_host: int = 0
+    grad_max_diff: float | None = None
+    saved_modules: Any = field(default=None, repr=False)
+
+    def as_row(self) -> dict:
+        row = super().as_row()
+        row.pop("saved_modules", None)
+        return row
+
+
+def static_bytes(model: nn.Module) -> int:
+    """Bytes alive before any activation: parameters, their gradients and AdamW's state:
+    ``16 x`` the trainable parameters (+ 4 bytes per frozen one), fp32 parameters assumed as
+    stored (`STATIC_BYTES_PER_PARAMETER`)."""
+    total = 0
+    for p in model.parameters():
+        total += p.numel() * p.element_size() * (4 if p.requires_grad else 1)
+    return total
+
+
+@dataclass
+class ModelSpec:
+    """A model to profile: how to build a fresh copy, make a batch, run it and take its loss.
+
+    Built by `profile` from its arguments; `course_utils.extrapolate` reuses it.
+    """
+
+    build: Callable[[], nn.Module]
+    make_batch: Callable[[int], Any]
+    loss_fn: Callable
+    forward: Callable
+    name: str
+    blocks: str | None
+    device: str
+    seed: int = 0
+
+    @classmethod
+    def create(cls, model, make_batch, loss_fn=None, *, forward=None, blocks=None, device=None,
+               seed: int = 0, name: str | None = None) -> "ModelSpec":
+        """Check the arguments (see `profile`) and return a spec.
+
+        Raises:
+            TypeError: ``model`` is neither a module nor a callable returning one;
+                ``make_batch`` not callable.
+            NoRepeatedBlocks: see `find_blocks`.
+        """
+        from .hardware import require_device
+        device = device or default_device()
+        require_device(device)
+        if not callable(make_batch):
+            raise TypeError("make_batch must be a function: make_batch(batch_size) -> batch.")
+        if isinstance(model, nn.Module):
+            template = model
+
+            def build(template=template):
+                return copy.deepcopy(template)
+        elif callable(model):
+            def build(factory=model):
+                torch.manual_seed(seed)
+                m = factory()
+                if not isinstance(m, nn.Module):
+                    raise TypeError(f"the model factory returned {type(m).__name__}, not an "
+                                    "nn.Module.")
+                return m
+            template = build()
+        else:
+            raise TypeError(f"profile needs an nn.Module or a function returning one, got "
+                            f"{type(model).__name__}.")
+        path, _ = find_blocks(template, blocks)
+        return cls(build, make_batch, loss_fn or default_loss, forward or call_model,
+                   name or type(template).__name__, path, device, seed)
+
+    def batch(self, batch_size: int):
+        torch.manual_seed(self.seed + 1)
+        return _to(self.make_batch(batch_size), self.device)
+
+    def fresh(self, policy: str) -> nn.Module:
+        """A fresh copy of the model with ``policy`` applied, on the device, in train mode."""
+        model = self.build()
+        wrap_blocks(model, policy, self.blocks)
+        return model.to(self.device).train()
+
+
+@dataclass
+class _State:
+    config: ProfileConfig
+    spec: ModelSpec
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    batch: Any
+    meter: SavedTensorMeter | None = None
+
+    def step(self, grads: list | None = None):
+        cfg = self.config
+        with phase("forward"):
+            if self.meter is not None:
+                self.meter.__enter__()
+            try:
+                with torch.autocast(cfg.device_type, dtype=cfg.dtype, enabled=cfg.dtype is not None):
+                    out = self.spec.forward(self.module, self.batch)
+                    loss = _check_loss(self.spec.loss_fn(out, self.batch))
+            finally:
+                if self.meter is not None:
+                    self.meter.__exit__(None, None, None)
+            del out
+        with phase("backward"):
+            self.scaler.scale(loss).backward()
+        if grads is not None:
+            grads.extend(None if p.grad is None else p.grad.detach().float().clone()
+                         for p in self.module.parameters())
+        with phase("optimizer"):
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def _setup(spec: ModelSpec, cfg: ProfileConfig, lr: float) -> _State:
+    module = spec.fresh(cfg.checkpoint)
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
+    scaler = torch.amp.GradScaler(cfg.device_type, enabled=cfg.precision == "fp16")
+    return _State(cfg, spec, module, optimizer, scaler, spec.batch(cfg.batch_size))
+
+
+def _memory(state: _State) -> dict:
+    """One step of ``state`` with the meter on its forward and memory events on: the memory
+    fields of a `ProfileMeasurement`, and the step's seconds (``step_s``)."""
+    import time
+    cfg = state.config
+    params = storage_bytes(state.module.parameters())
+    opt = storage_bytes(v for st in state.optimizer.state.values() for v in st.values()
+                        if isinstance(v, torch.Tensor))
+    state.meter = SavedTensorMeter(state.module, by_module=True)
+    grads: dict = {}
+    hooks = [p.register_post_accumulate_grad_hook(
+        lambda p: grads.__setitem__(id(p), p.grad.untyped_storage().nbytes()))
+        for p in state.module.parameters() if p.requires_grad]
+    offloaded_bytes(state.module, reset=True)
+    out = {"parameters": params, "optimizer_state": opt, "peak_reserved": None}
+    t0 = time.perf_counter()
+    try:
+        if cfg.device_type in ("cpu", "cuda"):
+            tl = memory_timeline(state.step, cfg.device)
+            fb = max(tl.phase_peak("forward"), tl.phase_peak("backward"))
+            out.update(peak_allocated=params + opt + tl.peak_bytes,
+                       peak_forward_backward=params + opt + fb,
+                       peak_optimizer=params + opt + tl.phase_peak("optimizer"),
+                       peak_method=f"parameters + optimizer state + {tl.method}")
+        else:
+            state.step()
+            out.update(peak_allocated=None, peak_method="not available: no peak-memory counter "
+                       f"on {cfg.device}")
+    finally:
+        meter, state.meter = state.meter, None
+        for h in hooks:
+            h.remove()
+    out["step_s"] = time.perf_counter() - t0
+    out.update(meter.totals())
+    out["gradients"] = sum(grads.values())
+    out["bytes_to_host"], out["weight_bytes_to_host"] = offloaded_bytes(state.module, reset=True)
+    recs = pd.DataFrame(meter.records, columns=["nbytes", "bucket", "shape", "dtype", "grad_fn",
+                                                "module", "module_type"])
+    out["saved_modules"] = recs[["module", "module_type", "bucket", "nbytes", "shape", "dtype"]]
+    return out
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.2f} MiB" if n >= MiB else f"{n} bytes"
+
+
+def _fits_or_raise(spec: ModelSpec, budget_bytes: int | None, hw) -> None:
+    model = spec.build()
+    need = static_bytes(model)
+    del model
+    free = available_memory_bytes(hw)
+    limits = [(budget_bytes, "the budget")] if budget_bytes else []
+    if free:
+        limits.append((free, f"the {'GPU memory' if hw.device == 'cuda' else 'RAM'} free now"))
+    for limit, what in limits:
+        if need > limit:
+            raise ModelDoesNotFit(
+                f"{spec.name} does not fit before the first step: its parameters, gradients and "
+                f"AdamW state take {_size(need)} (16 bytes per fp32 parameter) and {what} "
+                f"is {_size(limit)}, before any activation. No checkpoint policy or batch "
+                "size changes that: shard the optimizer state (lesson 04), freeze most "
+                "parameters (LoRA, lesson 03), or use a device with more memory.")
+
+
+def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=None,
+                   reference_grads: list | None = None, keep_state: bool = False):
+    """Build, warm up (one step) and measure the memory of one configuration.
+
+    Returns:
+        ``(measurement, state, grads)``: a `ProfileMeasurement` (memory fields, one step's
+        time in ``step_times_s`` only if the precision is emulated), the training state (None
+        unless ``keep_state``), and the first step's gradients (fp32 copies).
+        An accelerator out-of-memory error is caught: ``oom=True``, ``error`` says what to try.
+    """
+    from .hardware import detect, is_emulated
+    hw = hw or detect(cfg.device)
+    m = ProfileMeasurement(config=cfg, device_name=hw.name, emulated=is_emulated(hw, cfg.precision))
+    grads: list = []
+    state = None
+    try:
+        state = _setup(spec, cfg, lr)
+        state.step(grads=grads)
+        if reference_grads is not None and len(reference_grads) == len(grads):
+            diffs = [0.0 if (a is None and b is None) else
+                     (math.inf if (a is None or b is None) else (a - b).abs().max().item())
+                     for a, b in zip(grads, reference_grads)]
+            m.grad_max_diff = max(diffs) if diffs else 0.0
+        mem = _memory(state)
+        step_s = mem.pop("step_s")
+        for k, v in mem.items():
+            setattr(m, k, v)
+        if m.emulated:
+            m.add_times([step_s])
+            m.timing = EMULATED_TIMING
+    except OutOfMemory as e:
+        m.oom = True
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+        m.error = (f"out of memory on {hw.name} at batch {cfg.batch_size} ({cfg.label}): {first}. "
+                   "Try a smaller batch, a low precision, or a policy such as 'full'.")
+        state = None
+    finally:
+        if not keep_state:
+            state = None
+        if device_kind(cfg.device) == "cuda":
+            torch.cuda.empty_cache()
+    return m, state, grads
+
+
+@dataclass
+class Profile:
+    """What `profile` measured on one model.
+
+    Attributes:
+        name: the model's name.
+        blocks: the path of its repeated blocks (`find_blocks`), ``block_type`` their class,
+            ``n_blocks`` how many.
+        n_parameters: parameters (elements).
+        static_bytes: parameters + gradients + AdamW state (bytes, `static_bytes`).
+        unit: ``tokens`` or ``samples`` (what ``tokens_per_s`` counts).
+        measurements: one `ProfileMeasurement` per (precision, policy), in the order run.
+        size: the size profile in force (``smoke`` makes every time verdict inconclusive).
+    """
+
+    name: str
+    blocks: str
+    block_type: str
+    n_blocks: int
+    n_parameters: int
+    static_bytes: int
+    unit: str
+    measurements: list = field(default_factory=list)
+    size: str = ""
+
+    def get(self, precision: str, policy: str) -> ProfileMeasurement:
+        """The measurement of ``precision`` and ``policy``.
+
+        Raises:
+            KeyError: not measured (the message lists what was).
+        """
+        for m in self.measurements:
+            if m.config.precision == precision and m.config.checkpoint == policy:
+                return m
+        raise KeyError(f"{precision}+{policy} was not profiled: measured "
+                       f"{[m.config.label for m in self.measurements]}.")
+
+    def ratio(self, m: ProfileMeasurement):
+        """`course_utils.timing.TimeRatio` of ``m``'s step time to ``none`` in its precision
+        (per round of the alternation)."""
+        try:
+            ref = self.get(m.config.precision, "none")
+        except KeyError:
+            ref = self.measurements[0]
+        return time_ratio(m.step_times_s, ref.step_times_s, size=self.size,
+                          emulated=m.emulated or ref.emulated)
+
+    def table(self) -> pd.DataFrame:
+        """One row per configuration: `Measurement.as_row`'s fields (bytes, seconds), then
+        ``time_ratio`` / ``time_ratio_low`` / ``time_ratio_high`` / ``time_verdict`` against
+        ``none`` of the same precision, ``peak_ratio`` and ``saved_ratio`` against it."""
+        rows = []
+        for m in self.measurements:
+            row = m.as_row()
+            r = self.ratio(m)
+            try:
+                ref = self.get(m.config.precision, "none")
+            except KeyError:
+                ref = self.measurements[0]
+            row.update(time_ratio=r.ratio, time_ratio_low=r.low, time_ratio_high=r.high,
+                       time_verdict="reference" if m is ref else r.verdict)
+            row["peak_ratio"] = (m.peak_allocated / ref.peak_allocated
+                                 if m.peak_allocated and ref.peak_allocated else None)
+            row["saved_ratio"] = (m.saved_total / ref.saved_total
+                                  if m.saved_total is not None and ref.saved_total else None)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def summary(self) -> pd.DataFrame:
+        """The readable table: MiB, milliseconds, ratios to ``none`` (time ratios shown only
+        outside the noise, `course_utils.experiments.time_cell`), gradients' largest
+        difference from ``none``."""
+        from .experiments import time_cell
+        df = self.table()
+
+        def mib(col):
+            return [None if v is None or pd.isna(v) else round(v / MiB, 2) for v in df[col]]
+        out = pd.DataFrame({"config": df["label"]})
+        out["step ms"] = [None if v is None or pd.isna(v) else round(v * 1e3, 1)
+                          for v in df["step_time_s"]]
+        out["time vs none"] = [time_cell(r, v) for r, v in zip(df["time_ratio"],
+                                                               df["time_verdict"])]
+        out[f"{self.unit}/s"] = [None if v is None or pd.isna(v) else round(v, 1)
+                                 for v in df["tokens_per_s"]]
+        out["peak MiB"] = mib("peak_allocated")
+        out["saved MiB"] = mib("saved_total")
+        out["to host MiB"] = mib("bytes_to_host")
+        out["saved x"] = df["saved_ratio"].astype(float).round(3)
+        out["max |grad diff|"] = df["grad_max_diff"]
+        return out.set_index("config")
+
+    def saved_by_block(self, precision: str, policy: str) -> pd.DataFrame:
+        """Saved bytes of one configuration grouped by where they were saved: each block
+        (``block 0``...) and ``outside the blocks``; columns ``bytes`` and ``MiB``."""
+        m = self.get(precision, policy)
+        df = m.saved_modules
+
+        def where(name: str) -> str:
+            i = block_of(name, self.blocks)
+            return "outside the blocks" if i is None else f"block {i}"
+        g = df.assign(where=df["module"].map(where)).groupby("where", sort=False)["nbytes"].sum()
+        out = g.to_frame("bytes")
+        out["MiB"] = out["bytes"] / MiB
+        return out
+
+
+def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = None, *,
+            batch_size: int = 4, precisions=("fp32",), policies=("none", "full"),
+            device: str | None = None, blocks: str | nn.Module | None = None,
+            forward: Callable | None = None, budget_s: float | None = None,
+            steps: int | None = None, timed: bool = True, budget_bytes: int | None = None,
+            lr: float = 1e-3, seed: int = 0, name: str | None = None,
+            progress: bool = True) -> Profile:
+    """Measure any model in each precision and checkpoint policy, as the course measures its GPT.
+
+    Args:
+        model: an ``nn.Module`` (each configuration trains a deep copy, so all start from the same
+            weights) or a function of no arguments returning one (called after
+            ``torch.manual_seed(seed)``).
+        make_batch: ``make_batch(batch_size)`` -> a batch: a tensor, a tuple/list or a dict of
+            tensors whose first dimension is the batch (moved to ``device``). Integer
+            ``(batch, seq)`` first tensors count as tokens, anything else as samples.
+        loss_fn: ``loss_fn(output, batch)`` -> a scalar tensor (default `default_loss`: HF's
+            ``output.loss``, the course GPT's ``(logits, loss)``).
+        batch_size: samples per micro-batch.
+        precisions: any of ``fp32``, ``bf16``, ``fp16`` (autocast; fp16 with GradScaler).
+        policies: any of `POLICIES` (``none`` is added first if missing: the reference).
+        device: default: this machine's accelerator (`course_utils.config.default_device`).
+        blocks: the repeated blocks (a dotted path or the container); default: `find_blocks`.
+        forward: ``forward(model, batch)`` -> output (default `call_model`).
+        budget_s: seconds of alternated timing (default `course_utils.timing.default_budget_s`
+            of the size profile); ``steps``: exactly this many rounds instead.
+        timed: False measures memory only.
+        budget_bytes: the memory budget; a model whose parameters + gradients + AdamW state
+            exceed it (or the memory free now) is refused before any step.
+        lr: AdamW's learning rate. seed: seeds the models and batches.
+        name: the model's name in the records (default: its class name).
+        progress: show tqdm bars.
+
+    Returns:
+        A `Profile` (``profile.summary()`` is the readable table).
+
+    Raises:
+        NoRepeatedBlocks: no repeated blocks found (or ``blocks`` names none).
+        ModelDoesNotFit: the model does not fit before the first step.
+        ValueError: an unknown precision or policy, a batch without a batch dimension, a loss
+            that is not a scalar (raised by the first step), ``hf`` on a non-HF model.
+        TypeError: ``model`` or ``make_batch`` of the wrong kind.
+    """
+    from .config import size_profile
+    from .hardware import detect
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,
+                            device=device, seed=seed, name=name)
+    template = spec.build()
+    path, container = find_blocks(template, spec.blocks)
+    for p in precisions:
+        autocast_dtype(p)
+    policies = list(dict.fromkeys(["none", *policies]))
+    for p in policies:
+        parse_model_policy(p, len(container))
+    hw = detect(spec.device)
+    _fits_or_raise(spec, budget_bytes, hw)
+    n, unit, per = _batch_info(spec.batch(batch_size))
+    if n != batch_size:
+        raise ValueError(f"make_batch({batch_size}) returned a batch of {n}: its first dimension "
+                         "must be the batch size asked for.")
+    prof = Profile(spec.name, path, type(container[0]).__name__, len(container),
+                   _n_params(template), static_bytes(template), unit, size=size_profile())
+    del template
+    configs = [ProfileConfig(spec.name, pr, po, batch_size, spec.device, unit, per, seed=seed)
+               for pr in precisions for po in policies]
+    states, reference = {}, {}
+    for i, cfg in enumerate(tqdm(configs, desc="memory", disable=not progress, leave=False)):
+        ref = reference.get(cfg.precision)
+        m, st, grads = measure_config(spec, cfg, lr=lr, hw=hw, reference_grads=ref,
+                                      keep_state=timed)
+        if cfg.checkpoint == "none":
+            reference[cfg.precision] = grads
+            m.grad_max_diff = 0.0
+        prof.measurements.append(m)
+        if st is not None and not m.emulated:
+            states[i] = st
+    if states:
+        order = list(states)
+        budget = budget_s or default_budget_s(prof.size)
+        with tqdm(desc="step time", disable=not progress, leave=False) as bar:
+            try:
+                times = interleaved([states[i].step for i in order],
+                                    budget if steps is None else None, rounds=steps,
+                                    progress=bar, device=spec.device)
+            except OutOfMemory as e:
+                times = [[] for _ in order]
+                for i in order:
+                    prof.measurements[i].error = ("out of memory while timing the configurations "
+                                                  f"together: {str(e).splitlines()[0]}")
+        for i, t in zip(order, times):
+            prof.measurements[i].add_times(t)
+            prof.measurements[i].timing = (f"{len(t)} steps in alternation with the other rows"
+                                           if t else "not timed")
+    states.clear()
+    return prof
