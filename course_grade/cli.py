@@ -4,9 +4,9 @@
 
     course-grade release [--source solutions] [--dest exercises] [--check]
     course-grade release --student DIR [--source solutions] [--lessons DIR]
-    course-grade grade SUBMISSION_OR_FOLDER... [--source solutions] [--csv FILE] [--log FILE]
-                       [--json] [--cell-timeout S] [--timeout S] [--memory MIB] [--max-size MIB]
-                       [--sandbox | --no-sandbox]
+    course-grade grade SUBMISSION_OR_FOLDER... [--source solutions] [-j N] [--csv FILE]
+                       [--log FILE] [--json] [--cell-timeout S] [--timeout S] [--memory MIB]
+                       [--max-size MIB] [--sandbox | --no-sandbox]
 
 Exit status of ``grade``: 0 every submission was graded and every result written; 1 some
 submissions could not be graded; 2 bad arguments, malformed sources, or a sandbox that was asked
@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Sequence
 
 from .execute import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT
-from .grade import grade
+from .grade import grade_files, submission_files
 from .notebook import DEFAULT_MAX_SIZE, GradingError, load_sources
+from .parallel import default_jobs, threads_per_job
 from .release import check_release, release, release_student
-from .report import Journal, print_result, print_summary, write_csv
+from .report import Journal, print_progress, print_result, print_summary, write_csv
 from .results import display_path
 from .sandbox import DEFAULT_MEMORY, SandboxError, choose_sandbox
 from .stop import GradingInterrupted, Stop
@@ -49,6 +50,16 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of jobs: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 job: {text!r}")
     return value
 
 
@@ -97,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     grd.add_argument("paths", nargs="+", metavar="SUBMISSION_OR_FOLDER")
     grd.add_argument("--source", default="solutions", help="source folder (default: solutions)")
+    grd.add_argument(
+        "-j", "--jobs", type=_jobs, default=None, metavar="N",
+        help="grade N submissions at once, each in its own kernel and sandbox, with "
+        "OMP_NUM_THREADS divided among them (default: one per usable core, at most one per "
+        "2 GiB of memory)",
+    )
     grd.add_argument(
         "--csv", metavar="FILE",
         help="write one row per submission to FILE (atomically, at the end)",
@@ -177,40 +194,61 @@ def _grade(args, out) -> int:
             raise GradingError(f"{label} {display_path(path)} is a folder: give a file name")
     load_sources(args.source)  # malformed sources: an error before anything else
     written_to = [p for p in (csv_path, log_path) if p is not None]
+    files = submission_files(args.paths, written_to)
+    if not files:
+        raise GradingError("no submissions: the paths given hold no file")
+    jobs = args.jobs or default_jobs(len(files))
     sandbox, notice = choose_sandbox(args.sandbox, [args.source, *args.paths, *written_to])
     print(notice, file=err, flush=True)
+    if jobs > 1:
+        print(f"grading {len(files)} files, {jobs} at a time, OMP_NUM_THREADS="
+              f"{threads_per_job(jobs)} per kernel", file=err, flush=True)
     journal = Journal(log_path) if log_path is not None else None
 
-    results = []
+    finished: dict[int, object] = {}
     printing = [not args.json]
+    shown = [0]  # the tables are printed in the order of the files: up to this index so far
 
-    def progress(result):
-        results.append(result)
-        if journal is not None:
-            journal.append(result)  # first: durable before anything else can fail
+    def show(result) -> None:
         if printing[0]:
             try:
                 print_result(result, out)
             except (OSError, ValueError):  # a closed or broken stdout must not stop grading
                 printing[0] = False
 
+    def progress(index, result):
+        finished[index] = result
+        if journal is not None:
+            journal.append(result)  # first: durable before anything else can fail
+        if jobs > 1:
+            print_progress(result, len(finished), len(files), err)
+        while shown[0] in finished:
+            show(finished[shown[0]])
+            shown[0] += 1
+
     stop = Stop()
     interrupted = None
     remaining = []
     try:
         with stop.handling_signals():
-            grade(
-                args.paths, args.source, cell_timeout=args.cell_timeout, timeout=args.timeout,
-                progress=progress, exclude=written_to, sandbox=sandbox if sandbox else False,
-                memory=args.memory, max_size=args.max_size, stop=stop,
+            grade_files(
+                files, args.source, cell_timeout=args.cell_timeout, timeout=args.timeout,
+                progress=progress, sandbox=sandbox if sandbox else False,
+                hidden=[*args.paths, *written_to], memory=args.memory, max_size=args.max_size,
+                jobs=jobs, stop=stop,
             )
     except GradingInterrupted as stopped:
         interrupted, remaining = stopped.signum, stopped.remaining
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         interrupted = signal.SIGINT
+        remaining = [path for index, path in enumerate(files) if index not in finished]
     finally:
         if journal is not None:
             journal.close()
+    for index in sorted(finished):  # finished after one that was stopped: still shown, in order
+        if index >= shown[0]:
+            show(finished[index])
+    results = [finished[index] for index in sorted(finished)]
 
     problems = []
     if journal is not None and journal.error:
@@ -239,10 +277,14 @@ def _grade(args, out) -> int:
         print(f"course-grade: error: {problem}", file=err, flush=True)
     if interrupted is not None:
         name = signal.Signals(interrupted).name
+        tail = files[len(files) - len(remaining):] == remaining
+        which = ""
+        if remaining:
+            which = (f" (from {display_path(remaining[0])} on)" if tail
+                     else f" (the first: {display_path(remaining[0])})")
         print(
             f"course-grade: stopped by {name}: graded and kept: {len(results)}; "
-            f"not graded: {len(remaining)}"
-            + (f" (from {display_path(remaining[0])} on)" if remaining else ""),
+            f"not graded: {len(remaining)}{which}",
             file=err, flush=True,
         )
         return EXIT_SIGNAL_BASE + interrupted

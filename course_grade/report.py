@@ -171,6 +171,17 @@ def print_result(result: SubmissionResult, out: TextIO) -> None:
     print(file=out, flush=True)
 
 
+def print_progress(result: SubmissionResult, done: int, total: int, out: TextIO) -> None:
+    """One line as a submission finishes (``-j N``: the tables come in the files' order)."""
+    what = (f"{_number(result.score)}/{_number(result.max_score)} points" if result.graded
+            else "not graded")
+    try:
+        print(f"[{done}/{total}] {result.submission}: {what}, {result.seconds:.1f} s",
+              file=out, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def print_summary(results: Sequence[SubmissionResult], out: TextIO) -> None:
     """Print one line per submission: submission, graded, score, max_score."""
     if not results:
