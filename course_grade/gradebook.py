@@ -206,7 +206,8 @@ def summary_by_learner(book: Gradebook):
 
 
 def _number(value: float | None) -> str:
-    if value is None:
+    """A score as a CSV cell: ``3``, ``2.5``; empty for None or NaN (missing)."""
+    if value is None or value != value:  # NaN != NaN: pandas' missing value
         return ""
     return f"{value:g}"
 
