@@ -17,7 +17,13 @@ submissions could not be graded; 2 bad arguments, malformed sources, or a sandbo
 for and cannot be used (nothing graded); 3 graded, but the results were only partly written
 (the CSV or the log failed: the message says where the results are); 130 (Ctrl-C) or 143
 (SIGTERM): stopped early, the submissions graded before the stop are written and the others are
-not graded.
+not graded. With ``-j N`` several submissions are graded at once (see
+:mod:`course_grade.parallel`); the tables, the CSV and ``--json`` keep the files' order.
+
+``feedback`` writes one page per result of the logs (see :mod:`course_grade.feedback`): exit
+status 0, or 2 for an unreadable log or malformed sources. ``gradebook`` matches the logs'
+results to a roster (see :mod:`course_grade.gradebook`): 0, or 1 when a submission is unmatched
+or a learner misses an exercise (the files are written either way), 2 for a bad roster or log.
 """
 
 from __future__ import annotations

@@ -93,6 +93,7 @@ def markdown(report: dict) -> str:
              f"Command: `{report['command']}`", "",
              f"Machine: {report['machine']}; {report['cores']} usable cores; "
              f"python {report['python']}; COURSE_SIZE={report['course_size']}; "
+             f"OMP_NUM_THREADS={report['omp_num_threads']}; "
              f"{report['sandbox']}", "",
              "| -j | wall time (s) | load average before (1, 5, 15 min) |", "|---|---|---|"]
     lines += [f"| {r['jobs']} | {r['seconds']} | {', '.join(map(str, r['load_before']))} |"
@@ -133,6 +134,7 @@ def main(argv=None) -> int:
             else os.cpu_count(),
             "python": platform.python_version(),
             "course_size": os.environ.get("COURSE_SIZE", "smoke"),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
             "sandbox": runs[0]["sandbox"],
             "submissions": len(runs[0]["results"]),
             "identical_scores": same,
