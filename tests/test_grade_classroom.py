@@ -441,3 +441,22 @@ def test_two_exercise_04_gradings_at_once_do_not_collide(tmp_path):
         failed = {t.grade_id: t.message for t in r.tests if t.status != "pass"}
         assert r.graded and not failed and r.score == r.max_score > 0, (r.submission, failed,
                                                                          r.error)
+
+
+# --------------------------------------------------------------------------- the guide's times
+
+
+def test_the_guides_grading_times_come_from_a_committed_run():
+    guide = (ROOT / "docs" / "instructors.md").read_text()
+    links = re.findall(r"\(\.\./(results/grading-times-[^)]+/grading-times\.md)\)", guide)
+    assert links, "docs/instructors.md should cite a results/grading-times-*/ run"
+    run = ROOT / links[0]
+    report = json.loads(run.with_suffix(".json").read_text())
+    assert report["submissions"] == 24 and report["identical_scores"] is True
+    assert [r["jobs"] for r in report["runs"]] == [1, 2]
+    assert report["command"].startswith("python tools/bench_grading.py")
+    section = guide.split("**How long grading takes.**", 1)[1].split("\n## ", 1)[0]
+    quoted = [line for line in section.splitlines() if line.startswith("|")]
+    lines = run.read_text().splitlines()
+    assert len(quoted) >= 6 and all(line in lines for line in quoted), (
+        f"the guide's tables should be copied from {links[0]}")

@@ -69,7 +69,8 @@ def grade(folder: Path, jobs: int, sandbox: list[str]) -> dict:
         raise SystemExit(f"-j {jobs}: course-grade exited with {done.returncode}:\n{done.stderr}")
     results = json.loads(done.stdout)
     return {"jobs": jobs, "seconds": round(seconds, 1), "load_before": [round(x, 2) for x in load],
-            "sandbox": done.stderr.splitlines()[0][:60] if done.stderr else "",
+            "sandbox": ("bubblewrap sandbox" if done.stderr.startswith("sandbox: bubblewrap")
+                        else "unsandboxed"),
             "results": results}
 
 
