@@ -11,7 +11,8 @@ Public API (everything else is internal):
   ``SourceNotebook``, ``TestCell``, ``read_submission``;
 * release (:mod:`course_grade.release`): ``release_notebook``, ``release``, ``check_release``,
   ``release_student``;
-* grading (:mod:`course_grade.grade`): ``grade``, ``grade_submission``, ``find_submissions``,
+* grading (:mod:`course_grade.grade`): ``grade``, ``grade_files``, ``grade_submission``,
+  ``find_submissions``, ``submission_files``,
   ``Stop``, ``GradingInterrupted`` (:mod:`course_grade.stop`); results
   (:mod:`course_grade.results`): ``SubmissionResult``, ``TestResult``, ``clean_text``,
   ``display_path``;
