@@ -105,6 +105,12 @@ BENCH_DIR ?= results/lesson-timings-$(shell date +%F)$(if $(EMULATE_AVX2),-avx2,
 bench-lessons: setup-test
 	$(BIN)/python tools/bench_lessons.py --out $(BENCH_DIR) $(if $(EMULATE_AVX2),--emulate-avx2,)
 
+# The grading benchmark: 24 submissions (solutions and exercises, 3 copies) graded with -j 1
+# and -j 2; times and identical scores as JSON + Markdown under results/ (docs/instructors.md).
+GRADING_BENCH_DIR ?= results/grading-times-$(shell date +%F)
+bench-grading: setup-test
+	$(BIN)/python tools/bench_grading.py --out $(GRADING_BENCH_DIR)
+
 release: setup-test
 	$(BIN)/course-grade release
 

@@ -23,7 +23,7 @@ from .notebook import (
     nbgrader,
 )
 
-MIN_PROTECTED_SHARE = 0.5  # of the source's protected cells a submission must carry (id + text)
+MIN_PROTECTED_SHARE = 0.5  # of the source's cells a submission must carry (by cell id)
 
 
 def describe(cell: NotebookNode) -> str:
@@ -91,16 +91,25 @@ def _protected_matches(source: SourceNotebook, submission: NotebookNode) -> tupl
     return found, len(protected)
 
 
+def _cells_by_id(source: SourceNotebook, submission: NotebookNode) -> tuple[int, int]:
+    """(cells of ``source`` whose id is in ``submission``, whatever their text; cells)."""
+    keys = {_source_key(source, cell) for cell in submission.cells}
+    return sum(1 for src in source.nb.cells if src.id in keys), len(source.nb.cells)
+
+
 def check_same_exercise(
     source: SourceNotebook, submission: NotebookNode, sources: dict[str, SourceNotebook]
 ) -> None:
     """Check that ``submission`` is an exercise of ``source``, not another one renamed.
 
-    The submission must carry at least half (:data:`MIN_PROTECTED_SHARE`) of the source's test
-    and read-only cells, each under its cell id and with its released (or source) text (the
-    learner cannot edit them, so a notebook made from ``exercises/`` has them all), and no other
-    source may match a larger share of its cells. Raises GradingError ("looks like a different
-    exercise", naming the source it resembles most) otherwise.
+    A submission is refused as "a different exercise" only when another source matches it
+    better: a larger share of that source's test and read-only cells is in the submission under
+    its cell id and with its released (or source) text (a notebook made from ``exercises/``
+    has them all; ties go to ``source``). Otherwise it is graded if it holds at least half
+    (:data:`MIN_PROTECTED_SHARE`) of ``source``'s cells by cell id, whatever their text: tests
+    the learner changed are graded from the source's copy, and :func:`assemble` notes which.
+    Raises GradingError ("looks like a different exercise", naming the source it resembles
+    most; or "does not look like", with the count of cells found) otherwise.
     """
     found, total = _protected_matches(source, submission)
     share = found / total if total else 0.0
@@ -109,13 +118,18 @@ def check_same_exercise(
         other_found, other_total = _protected_matches(other, submission)
         if name != source.name and other_total and other_found / other_total > share:
             better.append((other_found / other_total, name))
-    if found >= max(1, math.ceil(MIN_PROTECTED_SHARE * total)) and not better:
-        return
-    hint = f"; it looks like {max(better)[1]}" if better else ""
-    raise GradingError(
-        f"looks like a different exercise: it has {found} of the {total} test and read-only "
-        f"cells of {source.name} (matched by cell id and text){hint}"
-    )
+    if better:
+        raise GradingError(
+            f"looks like a different exercise: it has {found} of the {total} test and read-only "
+            f"cells of {source.name} (matched by cell id and text); it looks like "
+            f"{max(better)[1]}"
+        )
+    present, cells = _cells_by_id(source, submission)
+    if present < max(1, math.ceil(MIN_PROTECTED_SHARE * cells)):
+        raise GradingError(
+            f"does not look like {source.name}: it has {present} of its {cells} cells "
+            f"(matched by cell id); was it made from exercises/{source.name}?"
+        )
 
 
 def _longest_increasing(positions: list[int]) -> set[int]:
@@ -172,13 +186,13 @@ def assemble(
     for src, rel in zip(src_cells, released, strict=True):
         mine = learner.get(src.id)
         if mine is None:
-            restored.append(describe(src))
+            restored.append(describe(rel))
         if is_protected(src):
             cell = _without_outputs(src)
-            if mine is not None and (
-                mine.source not in (rel.source, src.source) or mine.cell_type != rel.cell_type
-            ):
-                replaced.append(describe(src))
+            if mine is not None and mine.cell_type != rel.cell_type:
+                replaced.append(f"{describe(rel)} (made a {mine.cell_type} cell)")
+            elif mine is not None and mine.source not in (rel.source, src.source):
+                replaced.append(f"{describe(rel)} ({_change(rel.source, mine.source)})")
         elif mine is not None:
             cell = _without_outputs(mine)
         else:
@@ -198,9 +212,11 @@ def assemble(
             + ", ".join(describe(src_cells[position[key]]) for key in moved)
         )
     if replaced:
+        protected = sum(1 for src in src_cells if is_protected(src))
         issues.append(
-            "test or read-only cells that differ from the source (edited, or from an older "
-            f"release) were replaced by the source's copy: {', '.join(replaced)}"
+            f"{len(replaced)} of the {protected} test and read-only cells differ from the "
+            "source (edited, or from an older release); they were graded with the source's "
+            f"tests restored: {', '.join(replaced)}"
         )
 
     nb = NotebookNode(
@@ -208,6 +224,28 @@ def assemble(
         metadata=copy.deepcopy(submission.metadata), cells=cells,
     )
     return nb, index_of, issues
+
+
+def _change(released: str, mine: str) -> str:
+    """How the learner's text of a protected cell differs from the released one, in a few
+    words: lines removed, added, or edited (counts of lines, never their text)."""
+    import difflib
+
+    old, new = released.splitlines(), mine.splitlines()
+    removed = added = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new).get_opcodes():
+        if tag in ("replace", "delete"):
+            removed += i2 - i1
+        if tag in ("replace", "insert"):
+            added += j2 - j1
+    if not new or not "".join(new).strip():
+        return "emptied"
+    parts = []
+    if removed:
+        parts.append(f"{removed} line{'s' * (removed != 1)} removed or edited")
+    if added:
+        parts.append(f"{added} line{'s' * (added != 1)} added or edited")
+    return "edited: " + ", ".join(parts) if parts else "edited: whitespace"
 
 
 def _without_outputs(cell: NotebookNode) -> NotebookNode:

@@ -4,16 +4,26 @@
 
     course-grade release [--source solutions] [--dest exercises] [--check]
     course-grade release --student DIR [--source solutions] [--lessons DIR]
-    course-grade grade SUBMISSION_OR_FOLDER... [--source solutions] [--csv FILE] [--log FILE]
-                       [--json] [--cell-timeout S] [--timeout S] [--memory MIB] [--max-size MIB]
-                       [--sandbox | --no-sandbox]
+    course-grade grade SUBMISSION_OR_FOLDER... [--source solutions] [-j N] [--csv FILE]
+                       [--log FILE] [--json] [--cell-timeout S] [--timeout S] [--memory MIB]
+                       [--max-size MIB] [--sandbox | --no-sandbox] [--feedback DIR]
+                       [--feedback-format html|md]
+    course-grade feedback LOG.jsonl... --out DIR [--source solutions] [--format html|md]
+    course-grade gradebook LOG.jsonl... --roster ROSTER.csv [--source solutions]
+                       [--csv FILE] [--moodle FILE] [--canvas FILE]
 
 Exit status of ``grade``: 0 every submission was graded and every result written; 1 some
 submissions could not be graded; 2 bad arguments, malformed sources, or a sandbox that was asked
 for and cannot be used (nothing graded); 3 graded, but the results were only partly written
 (the CSV or the log failed: the message says where the results are); 130 (Ctrl-C) or 143
 (SIGTERM): stopped early, the submissions graded before the stop are written and the others are
-not graded.
+not graded. With ``-j N`` several submissions are graded at once (see
+:mod:`course_grade.parallel`); the tables, the CSV and ``--json`` keep the files' order.
+
+``feedback`` writes one page per result of the logs (see :mod:`course_grade.feedback`): exit
+status 0, or 2 for an unreadable log or malformed sources. ``gradebook`` matches the logs'
+results to a roster (see :mod:`course_grade.gradebook`): 0, or 1 when a submission is unmatched
+or a learner misses an exercise (the files are written either way), 2 for a bad roster or log.
 """
 
 from __future__ import annotations
@@ -27,10 +37,27 @@ from pathlib import Path
 from typing import Sequence
 
 from .execute import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT
-from .grade import grade
+from .feedback import FORMATS, write_feedback
+from .grade import grade_files, submission_files
+from .gradebook import (
+    build_gradebook,
+    read_roster,
+    summary_by_learner,
+    write_canvas,
+    write_moodle,
+    write_summary,
+)
 from .notebook import DEFAULT_MAX_SIZE, GradingError, load_sources
+from .parallel import default_jobs, threads_per_job
 from .release import check_release, release, release_student
-from .report import Journal, print_result, print_summary, write_csv
+from .report import (
+    Journal,
+    print_progress,
+    print_result,
+    print_summary,
+    read_log,
+    write_csv,
+)
 from .results import display_path
 from .sandbox import DEFAULT_MEMORY, SandboxError, choose_sandbox
 from .stop import GradingInterrupted, Stop
@@ -49,6 +76,16 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of jobs: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 job: {text!r}")
     return value
 
 
@@ -98,6 +135,12 @@ def _parser() -> argparse.ArgumentParser:
     grd.add_argument("paths", nargs="+", metavar="SUBMISSION_OR_FOLDER")
     grd.add_argument("--source", default="solutions", help="source folder (default: solutions)")
     grd.add_argument(
+        "-j", "--jobs", type=_jobs, default=None, metavar="N",
+        help="grade N submissions at once, each in its own kernel and sandbox, with "
+        "OMP_NUM_THREADS divided among them (default: one per usable core, at most one per "
+        "2 GiB of memory)",
+    )
+    grd.add_argument(
         "--csv", metavar="FILE",
         help="write one row per submission to FILE (atomically, at the end)",
     )
@@ -124,6 +167,13 @@ def _parser() -> argparse.ArgumentParser:
         "--max-size", type=_mebibytes, default=DEFAULT_MAX_SIZE, metavar="MIB",
         help=f"largest submission file read, in MiB (default: {DEFAULT_MAX_SIZE // 2**20})",
     )
+    grd.add_argument(
+        "--feedback", metavar="DIR",
+        help="write one feedback page per submission into DIR (score per question, failing "
+        "tests' messages, notes, question text; no solution, no hidden test)",
+    )
+    grd.add_argument("--feedback-format", choices=FORMATS, default="html",
+                     help="feedback pages as HTML or Markdown (default: html)")
     box = grd.add_mutually_exclusive_group()
     box.add_argument(
         "--sandbox", dest="sandbox", action="store_const", const=True, default=None,
@@ -133,7 +183,63 @@ def _parser() -> argparse.ArgumentParser:
         "--no-sandbox", dest="sandbox", action="store_const", const=False,
         help="run learner code unsandboxed, as your user",
     )
+    fbk = commands.add_parser(
+        "feedback", help="write feedback pages from grading logs",
+        description="Write one feedback page per submission of the grading logs (--log, "
+        "JSON lines) into DIR, as HTML or Markdown.",
+    )
+    fbk.add_argument("logs", nargs="+", metavar="LOG.jsonl")
+    fbk.add_argument("--out", required=True, metavar="DIR", help="folder for the pages")
+    fbk.add_argument("--source", default="solutions", help="source folder (default: solutions)")
+    fbk.add_argument("--format", choices=FORMATS, default="html",
+                     help="HTML or Markdown (default: html)")
+    book = commands.add_parser(
+        "gradebook", help="one row per learner from grading logs and a roster; LMS exports",
+        description="Match the results of grading logs (--log, JSON lines) to a roster and "
+        "write one row per learner, one column per exercise; list unmatched submissions and "
+        "learners missing an exercise. Exit status 0, or 1 when some submission is unmatched "
+        "or some learner misses an exercise (everything is still written).",
+    )
+    book.add_argument("logs", nargs="+", metavar="LOG.jsonl")
+    book.add_argument("--roster", required=True, metavar="CSV",
+                      help="columns learner, submission (folder or file names, ';'-separated); "
+                      "optional name, email, section, canvas_id, login")
+    book.add_argument("--source", default="solutions", help="source folder (default: solutions)")
+    book.add_argument("--csv", metavar="FILE", help="write the summary (one row per learner)")
+    book.add_argument("--moodle", metavar="FILE", help="write Moodle's grade import CSV")
+    book.add_argument("--canvas", metavar="FILE", help="write Canvas's gradebook import CSV")
     return parser
+
+
+def _feedback(args, out) -> int:
+    sources = load_sources(args.source)
+    results = [result for log in args.logs for result in read_log(log)]
+    written = write_feedback(results, sources, args.out, args.format)
+    print(f"wrote {len(written)} feedback pages to {display_path(args.out)}", file=out)
+    return EXIT_OK
+
+
+def _gradebook(args, out) -> int:
+    sources = load_sources(args.source)
+    results = [result for log in args.logs for result in read_log(log)]
+    roster = read_roster(args.roster)
+    max_points = {name: src.max_points for name, src in sources.items()}
+    book = build_gradebook(results, roster, list(sources), max_points)
+    table = summary_by_learner(book)
+    print(table.drop(columns=["notes"]).to_string(index=False, na_rep=""), file=out)
+    for path, writer in ((args.csv, write_summary), (args.moodle, write_moodle),
+                         (args.canvas, write_canvas)):
+        if path:
+            writer(book, path)
+            print(f"wrote {display_path(path)}", file=out)
+    for submission, why in book.unmatched:
+        print(f"unmatched submission: {submission}: {why}", file=out)
+    for learner, absent in book.missing():
+        print(f"missing: {learner}: {', '.join(Path(e).stem for e in absent)}", file=out)
+    for record in table.itertuples(index=False):
+        if record.notes:
+            print(f"note: {record.learner}: {record.notes}", file=out)
+    return EXIT_NOT_GRADED if book.unmatched or book.missing() else EXIT_OK
 
 
 def _release(args, out) -> int:
@@ -177,40 +283,62 @@ def _grade(args, out) -> int:
             raise GradingError(f"{label} {display_path(path)} is a folder: give a file name")
     load_sources(args.source)  # malformed sources: an error before anything else
     written_to = [p for p in (csv_path, log_path) if p is not None]
-    sandbox, notice = choose_sandbox(args.sandbox, [args.source, *args.paths, *written_to])
+    files = submission_files(args.paths, written_to)
+    if not files:
+        raise GradingError("no submissions: the paths given hold no file")
+    jobs = args.jobs or default_jobs(len(files))
+    hidden = [args.source, *args.paths, *written_to, *([args.feedback] if args.feedback else [])]
+    sandbox, notice = choose_sandbox(args.sandbox, hidden)
     print(notice, file=err, flush=True)
+    if jobs > 1:
+        print(f"grading {len(files)} files, {jobs} at a time, OMP_NUM_THREADS="
+              f"{threads_per_job(jobs)} per kernel", file=err, flush=True)
     journal = Journal(log_path) if log_path is not None else None
 
-    results = []
+    finished: dict[int, object] = {}
     printing = [not args.json]
+    shown = [0]  # the tables are printed in the order of the files: up to this index so far
 
-    def progress(result):
-        results.append(result)
-        if journal is not None:
-            journal.append(result)  # first: durable before anything else can fail
+    def show(result) -> None:
         if printing[0]:
             try:
                 print_result(result, out)
             except (OSError, ValueError):  # a closed or broken stdout must not stop grading
                 printing[0] = False
 
+    def progress(index, result):
+        finished[index] = result
+        if journal is not None:
+            journal.append(result)  # first: durable before anything else can fail
+        if jobs > 1:
+            print_progress(result, len(finished), len(files), err)
+        while shown[0] in finished:
+            show(finished[shown[0]])
+            shown[0] += 1
+
     stop = Stop()
     interrupted = None
     remaining = []
     try:
         with stop.handling_signals():
-            grade(
-                args.paths, args.source, cell_timeout=args.cell_timeout, timeout=args.timeout,
-                progress=progress, exclude=written_to, sandbox=sandbox if sandbox else False,
-                memory=args.memory, max_size=args.max_size, stop=stop,
+            grade_files(
+                files, args.source, cell_timeout=args.cell_timeout, timeout=args.timeout,
+                progress=progress, sandbox=sandbox if sandbox else False,
+                hidden=[*args.paths, *written_to], memory=args.memory, max_size=args.max_size,
+                jobs=jobs, stop=stop,
             )
     except GradingInterrupted as stopped:
         interrupted, remaining = stopped.signum, stopped.remaining
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         interrupted = signal.SIGINT
+        remaining = [path for index, path in enumerate(files) if index not in finished]
     finally:
         if journal is not None:
             journal.close()
+    for index in sorted(finished):  # finished after one that was stopped: still shown, in order
+        if index >= shown[0]:
+            show(finished[index])
+    results = [finished[index] for index in sorted(finished)]
 
     problems = []
     if journal is not None and journal.error:
@@ -228,6 +356,14 @@ def _grade(args, out) -> int:
                      if journal is not None and not journal.error else "")
             why = error.strerror or error
             problems.append(f"could not write the CSV {display_path(csv_path)}: {why}{where}")
+    if args.feedback:
+        try:
+            written = write_feedback(results, load_sources(args.source), args.feedback,
+                                     args.feedback_format)
+            print(f"wrote {len(written)} feedback pages to {display_path(args.feedback)}",
+                  file=err, flush=True)
+        except OSError as error:
+            problems.append(f"could not write the feedback pages: {error.strerror or error}")
     if args.json:
         json.dump([result.to_dict() for result in results], out, indent=1)
         print(file=out, flush=True)
@@ -239,10 +375,14 @@ def _grade(args, out) -> int:
         print(f"course-grade: error: {problem}", file=err, flush=True)
     if interrupted is not None:
         name = signal.Signals(interrupted).name
+        tail = files[len(files) - len(remaining):] == remaining
+        which = ""
+        if remaining:
+            which = (f" (from {display_path(remaining[0])} on)" if tail
+                     else f" (the first: {display_path(remaining[0])})")
         print(
             f"course-grade: stopped by {name}: graded and kept: {len(results)}; "
-            f"not graded: {len(remaining)}"
-            + (f" (from {display_path(remaining[0])} on)" if remaining else ""),
+            f"not graded: {len(remaining)}{which}",
             file=err, flush=True,
         )
         return EXIT_SIGNAL_BASE + interrupted
@@ -267,6 +407,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "release":
             return _release(args, out)
+        if args.command == "feedback":
+            return _feedback(args, out)
+        if args.command == "gradebook":
+            return _gradebook(args, out)
         return _grade(args, out)
     except (GradingError, SandboxError, ValueError, OSError) as error:
         print(f"course-grade: error: {error}", file=sys.stderr)

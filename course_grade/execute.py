@@ -76,14 +76,16 @@ def reset(nonce):
 
 @dataclass(frozen=True)
 class Limits:
-    """Time and memory limits: ``cell_timeout`` and ``timeout`` (the whole notebook, kernel
-    start included) in seconds, ``memory`` in bytes of kernel address space (0: none),
-    ``probe_timeout`` seconds an interrupted kernel gets to answer again."""
+    """Time, memory and thread limits: ``cell_timeout`` and ``timeout`` (the whole notebook,
+    kernel start included) in seconds, ``memory`` in bytes of kernel address space (0: none),
+    ``probe_timeout`` seconds an interrupted kernel gets to answer again, ``threads`` the
+    kernel's ``OMP_NUM_THREADS`` (None: the grader's own, default 1)."""
 
     cell_timeout: float = DEFAULT_CELL_TIMEOUT
     timeout: float = DEFAULT_TIMEOUT
     memory: int = DEFAULT_MEMORY
     probe_timeout: float = PROBE_TIMEOUT
+    threads: int | None = None
 
 
 @dataclass
@@ -290,7 +292,7 @@ async def execute_async(
     from jupyter_core.utils import ensure_async
 
     client_class = _quiet_client_class()
-    env = kernel_env(sandbox, workdir)
+    env = kernel_env(sandbox, workdir, limits.threads)
     kernel_limits = KernelLimits.for_timeout(limits.memory, limits.timeout)
     km = kernel_manager(sandbox, workdir, kernel_limits, env)
     client = client_class(

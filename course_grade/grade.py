@@ -2,7 +2,9 @@
 
 A bad submission never stops the grading of the others and never raises: it comes back with
 ``error`` set (not graded). Only malformed sources, bad arguments, an unusable sandbox that was
-asked for, and a stop request (Ctrl-C, SIGTERM) end a run early.
+asked for, and a stop request (Ctrl-C, SIGTERM) end a run early. Several submissions may be
+graded at once (``jobs``, see :mod:`course_grade.parallel`); results come back in the order of
+the files, whatever order they finished in.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .execute import (
     PROBE_TIMEOUT,
     CellRun,
     Limits,
-    execute,
+    execute_async,
 )
 from .notebook import (
     DEFAULT_MAX_SIZE,
@@ -33,6 +35,7 @@ from .notebook import (
     load_sources,
     read_submission,
 )
+from .parallel import check_jobs, default_jobs, run_jobs, threads_per_job
 from .results import SubmissionResult, TestResult, display_path
 from .sandbox import (
     DEFAULT_MEMORY,
@@ -68,6 +71,7 @@ def grade_submission(
     memory: int = DEFAULT_MEMORY,
     max_size: int = DEFAULT_MAX_SIZE,
     probe_timeout: float = PROBE_TIMEOUT,
+    threads: int | None = None,
     stop: Stop | None = None,
 ) -> SubmissionResult:
     """Grade one submission file against ``sources`` (from :func:`course_grade.load_sources`).
@@ -75,6 +79,7 @@ def grade_submission(
     ``cell_timeout`` and ``timeout`` (the notebook, kernel start included) are seconds;
     ``memory`` is the kernel's address-space limit in bytes (0: none); ``max_size`` the largest
     file read, in bytes; ``probe_timeout`` the seconds an interrupted kernel gets to answer;
+    ``threads`` the kernel's ``OMP_NUM_THREADS`` (None: the grader's, default 1);
     ``sandbox`` as in :func:`grade`. Never raises for a bad submission: a file that is a
     symbolic link, too large, not a notebook, of another exercise, or whose kernel cannot start
     comes back with ``error`` set and no points; deleted, moved or edited cells, errors in the
@@ -82,6 +87,8 @@ def grade_submission(
     ``issues``. Raises ValueError for a bad limit, SandboxError if a sandbox is required but
     cannot be used, GradingInterrupted if ``stop`` is requested meanwhile.
     """
+    from jupyter_core.utils import run_sync
+
     _check_positive("cell_timeout", cell_timeout)
     _check_positive("timeout", timeout)
     _check_positive("probe_timeout", probe_timeout)
@@ -89,6 +96,21 @@ def grade_submission(
     if not isinstance(sandbox, Sandbox):
         folders = {str(src.path.parent) for src in sources.values()}
         sandbox = _resolve_sandbox(sandbox, [*folders, path.parent])
+    limits = Limits(float(cell_timeout), float(timeout), int(memory), float(probe_timeout),
+                    threads)
+    return run_sync(grade_submission_async)(path, sources, limits, sandbox or None, max_size, stop)
+
+
+async def grade_submission_async(
+    path: Path,
+    sources: dict[str, SourceNotebook],
+    limits: Limits,
+    sandbox: Sandbox | None,
+    max_size: int = DEFAULT_MAX_SIZE,
+    stop: Stop | None = None,
+) -> SubmissionResult:
+    """:func:`grade_submission` on the running event loop, with checked ``limits`` and a
+    decided ``sandbox`` (None: unsandboxed); what several jobs at once run."""
     result = SubmissionResult(submission=display_path(path))
     started = time.monotonic()
     runs: list[CellRun | None] = []
@@ -103,12 +125,11 @@ def grade_submission(
         check_same_exercise(source, submission, sources)
         nb, index_of, result.issues = assemble(source, submission)
         protected = {index_of[cell.id] for cell in source.nb.cells if is_protected(cell)}
-        limits = Limits(float(cell_timeout), float(timeout), int(memory), float(probe_timeout))
         workdir = make_workdir()
         try:
             # the learner's throwaway copy (plain JSON: nbformat's validator would log learner text)
             (workdir / "home" / source.name).write_text(json.dumps(nb, indent=1), encoding="utf-8")
-            runs, notes = execute(nb, protected, limits, sandbox, workdir, stop)
+            runs, notes = await execute_async(nb, protected, limits, sandbox, workdir, stop)
             result.issues += notes
         except GradingInterrupted:
             raise
@@ -181,6 +202,15 @@ def find_submissions(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return found
 
 
+def submission_files(
+    paths: Iterable[str | os.PathLike], exclude: Iterable[str | os.PathLike] = ()
+) -> list[Path]:
+    """The files :func:`grade` grades, in its order: :func:`find_submissions` of ``paths``
+    without the files in ``exclude`` (e.g. the CSV being written)."""
+    skip = {Path(path).resolve() for path in exclude}
+    return [path for path in find_submissions(paths) if path.resolve() not in skip]
+
+
 def grade(
     paths: Iterable[str | os.PathLike],
     source: str | os.PathLike = "solutions",
@@ -192,41 +222,71 @@ def grade(
     sandbox: bool | None | Sandbox = None,
     memory: int = DEFAULT_MEMORY,
     max_size: int = DEFAULT_MAX_SIZE,
+    jobs: int | None = 1,
     stop: Stop | None = None,
 ) -> list[SubmissionResult]:
     """Grade every submission in ``paths`` (files or folders) against the notebooks in ``source``.
 
     ``progress``, if given, is called with each SubmissionResult as soon as it is ready (write it
     somewhere durable there); files in ``exclude`` (e.g. the CSV being written) are skipped.
+    ``jobs`` submissions are graded at once (None: :func:`course_grade.parallel.default_jobs`),
+    each kernel with ``OMP_NUM_THREADS`` = the grader's budget / ``jobs``; the results come back
+    in the order of the files (folders sorted by name).
     ``sandbox``: a Sandbox, True (required), False (never) or None (where bubblewrap works; see
     :func:`course_grade.sandbox.choose_sandbox`); ``memory`` (bytes) and ``max_size`` (bytes) as
     in :func:`grade_submission`. Raises GradingError if the sources are malformed (see
     :func:`course_grade.load_sources`) or ``paths`` names no file, ValueError for a bad time
-    limit, SandboxError if a sandbox is required but cannot be used, GradingInterrupted (with
-    the results so far) when ``stop`` is requested; a bad submission never raises.
+    limit or job count, SandboxError if a sandbox is required but cannot be used,
+    GradingInterrupted (with the results finished so far) when ``stop`` is requested; a bad
+    submission never raises.
     """
+    paths = list(paths)
+    files = submission_files(paths, exclude)
+    if not files:
+        load_sources(source)  # malformed sources first
+        raise GradingError("no submissions: the paths given hold no file")
+    return grade_files(
+        files, source, cell_timeout=cell_timeout, timeout=timeout,
+        progress=None if progress is None else (lambda index, result: progress(result)),
+        sandbox=sandbox, hidden=[*paths, *exclude], memory=memory, max_size=max_size,
+        jobs=jobs, stop=stop,
+    )
+
+
+def grade_files(
+    files: list[Path],
+    source: str | os.PathLike = "solutions",
+    *,
+    cell_timeout: float = DEFAULT_CELL_TIMEOUT,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Callable[[int, SubmissionResult], None] | None = None,
+    sandbox: bool | None | Sandbox = None,
+    hidden: Iterable[str | os.PathLike] = (),
+    memory: int = DEFAULT_MEMORY,
+    max_size: int = DEFAULT_MAX_SIZE,
+    jobs: int | None = 1,
+    stop: Stop | None = None,
+) -> list[SubmissionResult]:
+    """:func:`grade` of a list of files already found (see :func:`submission_files`; folders
+    are not searched again): ``progress(index, result)`` gets each result's index in ``files``
+    as it finishes; ``hidden`` are more paths the sandbox must not show (the class folder, the
+    CSV). Same results, errors and options as :func:`grade`."""
+    from jupyter_core.utils import run_sync
+
     _check_positive("cell_timeout", cell_timeout)
     _check_positive("timeout", timeout)
     sources = load_sources(source)
-    paths = list(paths)
-    skip = {Path(path).resolve() for path in exclude}
-    files = [path for path in find_submissions(paths) if path.resolve() not in skip]
+    files = [Path(path) for path in files]
     if not files:
         raise GradingError("no submissions: the paths given hold no file")
+    jobs = default_jobs(len(files)) if jobs is None else check_jobs(jobs)
     if not isinstance(sandbox, Sandbox):
-        sandbox = _resolve_sandbox(sandbox, [source, *paths, *exclude]) or False
-    results: list[SubmissionResult] = []
-    for number, path in enumerate(files):
-        try:
-            if stop is not None and stop.requested:
-                raise GradingInterrupted(stop.signum)
-            result = grade_submission(
-                path, sources, cell_timeout=cell_timeout, timeout=timeout, sandbox=sandbox,
-                memory=memory, max_size=max_size, stop=stop,
-            )
-        except GradingInterrupted as interrupted:
-            raise GradingInterrupted(interrupted.signum, results, files[number:]) from None
-        results.append(result)
-        if progress is not None:
-            progress(result)
-    return results
+        parents = sorted({str(path.parent) for path in files})
+        sandbox = _resolve_sandbox(sandbox, [source, *hidden, *parents]) or None
+    limits = Limits(float(cell_timeout), float(timeout), int(memory), PROBE_TIMEOUT,
+                    threads_per_job(jobs))
+
+    def grade_one(path: Path):
+        return grade_submission_async(path, sources, limits, sandbox, max_size, stop)
+
+    return run_sync(run_jobs)(files, grade_one, jobs, progress, stop)

@@ -106,6 +106,22 @@ def write_csv(results: Sequence[SubmissionResult], path: str | os.PathLike) -> P
     return path
 
 
+def read_log(path: str | os.PathLike) -> list[SubmissionResult]:
+    """The results in a grading log (``--log``, JSON lines; see :class:`Journal`), in the
+    file's order. Raises OSError if it cannot be read, ValueError (with the line number) for
+    a line that is not a result."""
+    results = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                results.append(SubmissionResult.from_dict(json.loads(line)))
+            except ValueError as error:  # json.JSONDecodeError is a ValueError
+                raise ValueError(f"{display_path(path)}, line {number}: {error}") from None
+    return results
+
+
 class Journal:
     """Appends each result to a JSON-lines file as soon as it is graded (one object per line,
     :meth:`SubmissionResult.to_dict`), flushed and synced to disk.
@@ -169,6 +185,17 @@ def print_result(result: SubmissionResult, out: TextIO) -> None:
     for issue in result.issues:
         print(f"  note: {issue}", file=out)
     print(file=out, flush=True)
+
+
+def print_progress(result: SubmissionResult, done: int, total: int, out: TextIO) -> None:
+    """One line as a submission finishes (``-j N``: the tables come in the files' order)."""
+    what = (f"{_number(result.score)}/{_number(result.max_score)} points" if result.graded
+            else "not graded")
+    try:
+        print(f"[{done}/{total}] {result.submission}: {what}, {result.seconds:.1f} s",
+              file=out, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def print_summary(results: Sequence[SubmissionResult], out: TextIO) -> None:

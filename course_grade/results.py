@@ -119,3 +119,25 @@ class SubmissionResult:
         data = asdict(self)
         data.update(graded=self.graded, score=self.score, max_score=self.max_score)
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SubmissionResult":
+        """The result :meth:`to_dict` wrote (a line of the grading log), texts cleaned again.
+        Raises ValueError if ``data`` is not such a dict."""
+        try:
+            tests = [
+                TestResult(str(t["grade_id"]), float(t["points"]), float(t["max_points"]),
+                           str(t["status"]), str(t.get("message", "")))
+                for t in data.get("tests", [])
+            ]
+            result = cls(
+                submission=str(data["submission"]),
+                source=None if data.get("source") is None else str(data["source"]),
+                tests=tests,
+                issues=[str(issue) for issue in data.get("issues", [])],
+                error=None if data.get("error") is None else str(data["error"]),
+                seconds=float(data.get("seconds", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"not a grading result: {type(error).__name__}: {error}") from None
+        return result.cleaned()

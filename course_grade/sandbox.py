@@ -166,17 +166,25 @@ def plan_sandbox(hidden: Iterable[str | os.PathLike] = (), bwrap: str | None = N
     )
 
 
-def kernel_env(sandbox: Sandbox | None, workdir: Path) -> dict[str, str]:
+def kernel_env(
+    sandbox: Sandbox | None, workdir: Path, threads: int | None = None
+) -> dict[str, str]:
     """The kernel's whole environment: a few variables, never the grader's secrets.
 
-    ``COURSE_SIZE`` (default ``smoke``), ``OMP_NUM_THREADS`` (default 1) and any other
-    ``COURSE_*`` variable are passed on; ``HOME`` and ``TMPDIR`` point into the throwaway
-    ``workdir`` (see :func:`make_workdir`). Unsandboxed, ``PATH`` and ``PYTHONPATH`` are the
-    grader's; sandboxed, ``PYTHONPATH`` holds only the folders of :attr:`Sandbox.pythonpath`.
+    ``COURSE_SIZE`` (default ``smoke``) and any other ``COURSE_*`` variable are passed on;
+    ``OMP_NUM_THREADS`` is ``threads`` if given (the grader's share for one job, see
+    :func:`course_grade.parallel.threads_per_job`), else the grader's own (default 1);
+    ``HOME`` and ``TMPDIR`` point into the throwaway ``workdir`` (see :func:`make_workdir`), so
+    every kernel, and everything it starts, has its own temporary folder. Unsandboxed, ``PATH``
+    and ``PYTHONPATH`` are the grader's; sandboxed, ``PYTHONPATH`` holds only the folders of
+    :attr:`Sandbox.pythonpath`.
     """
     env = {key: value for key, value in os.environ.items() if key.startswith("COURSE_")}
     env.setdefault("COURSE_SIZE", "smoke")
-    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(max(1, int(threads)))
+    else:
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     env.update(
         LANG="C.UTF-8",
         USER="learner",

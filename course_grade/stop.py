@@ -1,9 +1,10 @@
 """Stopping a grading run cleanly on Ctrl-C (SIGINT) or SIGTERM.
 
 The command installs :meth:`Stop.handling_signals`: a signal then records a stop request instead
-of killing the grader, and cancels the execution in progress, which kills its kernel and raises
-:class:`GradingInterrupted`; :func:`course_grade.grade` adds the results so far. The command
-writes them (log, CSV, tables) and exits with 128 + the signal's number.
+of killing the grader, and cancels every execution in progress (``-j N`` runs several at once),
+which kills their kernels and raises :class:`GradingInterrupted`; :func:`course_grade.grade` adds
+the results finished so far. The command writes them (log, CSV, tables) and exits with 128 + the
+signal's number.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ class Stop:
     """A stop request from Ctrl-C (SIGINT) or SIGTERM, shared by the grader and the executor.
 
     :meth:`handling_signals` installs handlers that record the signal (a second one exits at
-    once); :meth:`watching` lets the handler cancel the execution in progress, so that grading
-    stops at once, cleanly, instead of skipping one submission.
+    once); :meth:`watching` lets the handler cancel the executions in progress (one per job), so
+    that grading stops at once, cleanly, instead of skipping one submission.
     """
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self._watched: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None
+        self._watched: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Task]] = {}
 
     @property
     def requested(self) -> bool:
@@ -49,18 +50,19 @@ class Stop:
         if self.signum is not None:  # a second Ctrl-C: the user insists
             raise KeyboardInterrupt
         self.signum = signum
-        if self._watched is not None:
-            loop, task = self._watched
+        for loop, task in list(self._watched.values()):
             loop.call_soon_threadsafe(task.cancel)
 
     @contextlib.contextmanager
     def watching(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task):
-        """While inside, a stop request cancels ``task`` (running on ``loop``)."""
-        self._watched = (loop, task)
+        """While inside, a stop request cancels ``task`` (running on ``loop``); several tasks
+        may be watched at once."""
+        key = id(task)
+        self._watched[key] = (loop, task)
         try:
             yield
         finally:
-            self._watched = None
+            self._watched.pop(key, None)
 
     @contextlib.contextmanager
     def handling_signals(self, signums=(signal.SIGINT, signal.SIGTERM)):

@@ -5,10 +5,18 @@ plumbing around them:
 
 * `launch` runs ``python -m torch.distributed.run --standalone --nproc-per-node N script ...``
   (the same program as the ``torchrun`` command) with a time limit, one OpenMP thread budget per
-  rank (so that N ranks do not oversubscribe the machine's cores), this package on every rank's
-  ``PYTHONPATH``, and a fresh folder for the ranks' reports. A failure raises `LaunchError` with
-  the ranks' last error on its first line and the tail of their stderr below it; a run past
-  its time limit is stopped, ranks included, and raises `LaunchError` too. Nothing hangs.
+  rank (the caller's ``OMP_NUM_THREADS``, else the usable cores, shared out so that N ranks do
+  not oversubscribe them), this package on every rank's ``PYTHONPATH``, and a fresh folder for
+  the ranks' reports. A failure raises `LaunchError` with the ranks' last error (or the signal
+  that killed a rank) on its first line and the tail of their stderr below it; a run past its
+  time limit is stopped, ranks included, and raises `LaunchError` too. Nothing hangs.
+* Each rank runs the script through this module's rank runner (``torchrun ... -m
+  course_utils.distributed script ...``), which ends the rank with ``os._exit`` once the script
+  is done, after flushing its output: no interpreter teardown. Gloo's C++ threads (its
+  ``pt_gloo_runloop`` workers and ``gloo_tcp_loop``) outlive ``destroy_process_group()`` while a
+  DDP model still holds the process group, and tearing the interpreter down beside them
+  aborted a rank now and then on a busy machine (``terminate called without an active
+  exception``, exit -6, so torchrun failed although every rank had reported).
 * `rank_report`, called inside the script, writes one JSON object per rank; `launch` reads them
   back in rank order (`Launch.reports`).
 * `state_bytes` counts the bytes of a rank's parameters, gradients and optimizer state, local
@@ -104,10 +112,15 @@ class Launch:
 
     @property
     def command_line(self) -> str:
-        """The command as one line, ``torchrun`` spelled as the learner would type it."""
+        """The command as one line, as the learner would type it: ``torchrun`` for
+        ``python -m torch.distributed.run``, without the launcher's rank runner."""
         args = [str(a) for a in self.command]
         if args[1:3] == ["-m", "torch.distributed.run"]:
             args = ["torchrun", *args[3:]]
+        if _RUNNER in args:
+            at = args.index(_RUNNER)
+            if args[at - 1] == "-m":
+                args = args[:at - 1] + args[at + 1:]
         return " ".join(args)
 
     @property
@@ -156,8 +169,16 @@ def max_world_size(backend: str) -> int:
 
 
 def threads_per_rank(nproc: int) -> int:
-    """``OMP_NUM_THREADS`` for each of ``nproc`` ranks: the usable cores shared out, at least 1."""
-    return max(1, usable_cores() // max(1, nproc))
+    """``OMP_NUM_THREADS`` for each of ``nproc`` ranks: this process's thread budget shared out,
+    at least 1. The budget is ``OMP_NUM_THREADS`` if it is set to a positive integer (a grader
+    running several notebooks at once gives each kernel its share), else the usable cores."""
+    try:
+        budget = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        budget = 0
+    if budget <= 0:
+        budget = usable_cores()
+    return max(1, min(budget, usable_cores()) // max(1, nproc))
 
 
 def _check_nproc(nproc, backend: str) -> None:
@@ -212,16 +233,34 @@ def _stop(proc: subprocess.Popen, grace: float = 10.0) -> tuple[str, str]:
 
 _ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))"
                          r"(?::\s*(.*))?$")
+# What a rank's C++ side or the interpreter prints when it aborts (no Python exception line).
+_FATAL_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(terminate called .*|Fatal Python error: .*"
+                         r"|what\(\):\s+.*|Segmentation fault.*|Killed)$")
+# torchrun's record of a rank that failed: "failed (exitcode: -6) local_rank: 1 (pid: ...)".
+_FAILED_RANK = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
 
 def _last_error(stderr: str) -> str:
-    """The last ``SomeError: message`` line a rank printed, torchrun's own summary excluded."""
-    found = ""
+    """The ranks' last error: the signal that killed a rank (torchrun's record, e.g. ``rank 1
+    died of SIGABRT``), and the last ``SomeError: message`` line a rank printed (torchrun's own
+    summary excluded), or else the last line of a C++ abort (``terminate called ...``)."""
+    found = fatal = died = ""
     for line in stderr.splitlines():
         m = _ERROR_LINE.match(line.strip())
         if m and "ChildFailedError" not in m.group(1) and "elastic" not in m.group(1):
             found = m.group(1).split(".")[-1] + (f": {m.group(2)}" if m.group(2) else "")
-    return found
+        f = _FATAL_LINE.match(line.strip())
+        if f:
+            fatal = f.group(1)
+        d = _FAILED_RANK.search(line)
+        if d and not died and int(d.group(1)) < 0:
+            try:
+                name = signal.Signals(-int(d.group(1))).name
+            except ValueError:
+                name = f"signal {-int(d.group(1))}"
+            died = f"rank {d.group(2)} died of {name}"
+    parts = [p for p in (died, found or fatal) if p]
+    return ": ".join(parts)
 
 
 def _tail(text: str, n: int = STDERR_TAIL_LINES) -> str:
@@ -292,10 +331,45 @@ def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
                     cwd or script.parent, run_env, Path(out_dir), expect_reports)
 
 
+_RUNNER = "course_utils.distributed"  # python -m course_utils.distributed SCRIPT ARGS: a rank
+
+
+def _run_rank(argv: Sequence[str]) -> None:
+    """The rank runner: run the script ``argv[0]`` with arguments ``argv[1:]`` as ``__main__``
+    (its folder first on ``sys.path``, as ``python script.py`` would), then end the process with
+    ``os._exit``: 0 if it finished, its ``SystemExit`` code, or 1 after printing the traceback
+    of an exception. Standard output and error are flushed first. Never returns."""
+    import runpy
+    import traceback
+
+    script, *args = argv
+    sys.argv = [script, *args]
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    status = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code
+        if code is None or isinstance(code, int):
+            status = code or 0
+        else:
+            print(code, file=sys.stderr)
+            status = 1
+    except BaseException:  # noqa: BLE001 - reported as Python would, then a failing status
+        traceback.print_exc()
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
 def _run(script: Path, nproc: int, backend: str, threads: int, args: list, timeout: float, cwd,
          run_env: dict, out_dir: Path, expect_reports: bool) -> Launch:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(script), *args]
+               f"--nproc-per-node={nproc}", "-m", _RUNNER, str(script), *args]
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=run_env, cwd=str(cwd), start_new_session=True)
@@ -492,3 +566,7 @@ def sharding_chart(table, config, ranks: Sequence[int] = (1, 2, 4, 8),
     ax.legend(fontsize=8, title="ZeRO", title_fontsize=8)
     fig.tight_layout()
     return fig
+
+
+if __name__ == "__main__":  # a rank started by `launch` (see _run_rank)
+    _run_rank(sys.argv[1:])

@@ -174,6 +174,54 @@ def test_a_rank_that_hangs_is_stopped_at_the_time_limit(tmp_path):
         pytest.fail(f"rank process {pid} survived the time-out")
 
 
+def test_a_rank_killed_by_a_signal_is_named_on_the_first_line(tmp_path):
+    # what a C++ abort looks like (gloo's "terminate called without an active exception"):
+    # no Python error line, only torchrun's record of the rank's exit code
+    script = write(tmp_path, "aborts.py", "import os, sys\n"
+                   "print('terminate called without an active exception', file=sys.stderr)\n"
+                   "sys.stderr.flush()\nos.abort()\n")
+    with pytest.raises(distributed.LaunchError) as info:
+        distributed.launch(script, 1, timeout=120)
+    first = str(info.value).splitlines()[0]
+    assert "rank 0 died of SIGABRT: terminate called without an active exception" in first, first
+
+
+def test_the_last_error_reads_torchruns_record_and_the_ranks_lines():
+    stderr = ("[rank1]: Traceback (most recent call last):\n"
+              "[rank1]: RuntimeError: Connection closed by peer\n"
+              "E1124 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 7) of binary: python\n"
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert distributed._last_error(stderr) == "RuntimeError: Connection closed by peer"
+    killed = "E1124 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 7) of binary: python\n"
+    assert distributed._last_error(killed) == "rank 0 died of SIGKILL"
+
+
+def test_ranks_end_without_interpreter_teardown(tmp_path):
+    # the rank runner ends each rank with os._exit once the script is done: nothing runs at
+    # interpreter teardown (where gloo's threads, still alive, could abort the rank)
+    script = write(tmp_path, "atexit_probe.py",
+                   "import atexit, sys\nfrom course_utils.distributed import rank_report\n"
+                   "atexit.register(print, 'TEARDOWN RAN')\nprint('[rank 0] done')\n"
+                   "rank_report({'argv': sys.argv[1:], 'main': __name__})\n")
+    run = distributed.launch(script, 1, ["--flag", 3], timeout=120)
+    assert run.output == "[rank 0] done" and "TEARDOWN" not in run.stdout
+    assert run.reports == [{"argv": ["--flag", "3"], "main": "__main__"}]
+    assert run.command_line.endswith(f"--nproc-per-node=1 {script} --flag 3")
+    failing = write(tmp_path, "exits.py", "import sys\nsys.exit(3)\n")
+    with pytest.raises(distributed.LaunchError, match="exited with status"):
+        distributed.launch(failing, 1, timeout=120)
+
+
+def test_threads_per_rank_share_out_the_callers_budget(monkeypatch):
+    cores = distributed.usable_cores()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert distributed.threads_per_rank(2) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert distributed.threads_per_rank(2) == max(1, cores // 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(4 * cores))  # never more than the cores
+    assert distributed.threads_per_rank(1) == cores
+
+
 def test_a_rank_without_a_report_is_an_error(tmp_path):
     script = write(tmp_path, "silent.py", "print('[rank 0] hello')\n")
     with pytest.raises(distributed.LaunchError, match="rank 0 wrote no report") as info:
@@ -198,7 +246,7 @@ def test_zero_stages_measured_with_two_gloo_ranks_match_the_estimate(tmp_path):
     run = distributed.launch(script, 2, ["--size", "smoke", "--backend", "gloo"], backend="gloo",
                              timeout=300)
     assert run.command_line.startswith("torchrun --standalone --nproc-per-node=2 ")
-    assert run.threads_per_rank == max(1, distributed.usable_cores() // 2)
+    assert run.threads_per_rank == distributed.threads_per_rank(2)
     assert [r["rank"] for r in run.reports] == [0, 1]
     assert all(r["world_size"] == 2 for r in run.reports)
     cfg = config_for("smoke", device="cpu")
