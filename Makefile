@@ -18,7 +18,7 @@ TEST_EXTRAS ?= lab,hf,grade,test
 FIRST_LESSON := $(firstword $(sort $(wildcard notebooks/01_*.ipynb)))
 LAB_ARGS ?=
 
-.PHONY: setup setup-test git-filter lab course test test-ipywidgets7 test-matrix bench bench-lessons release wheel zip clean
+.PHONY: setup setup-test git-filter lab course test test-ipywidgets7 test-matrix bench bench-lessons bench-grading release wheel zip clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
