@@ -156,8 +156,8 @@ run this cell again:
      %env COURSE_SOURCE=/content/drive/MyDrive/{folder}
   3. A wheel (`make wheel` in a copy of the course writes dist/course_utils-<version>-py3-none-any.whl):
      upload it like the zip.
-A fork or another copy online: %env COURSE_SOURCE=https://github.com/<you>/<fork>, and
-%env COURSE_REF=<a branch or tag> to clone another ref than {ref}."""
+A fork or another copy online: %env COURSE_SOURCE=https://github.com/<you>/<fork>, and set
+COURSE_REF (%env COURSE_REF=<a branch or tag>) to clone another ref than {ref}."""
 
 
 class _SetupStopped(Exception):  # shown as its message alone, without a traceback
