@@ -30,6 +30,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_utils.experiments import plain_label
+
 pytestmark = pytest.mark.browser  # registered in pyproject.toml; select with -m browser
 
 CHROMIUM = "/usr/bin/chromium"
@@ -299,8 +301,9 @@ def test_dashboard_in_jupyterlab(lab, page, tmp_path):
     rows = board.rows()
     assert [r["config"] for r in rows] == [f"{recipe} (baseline)", other], (rows, msg)
     assert rows[0]["saved dtypes"].startswith(recipe) and rows[1]["saved dtypes"].startswith(other)
-    acts = {r["config"].split()[0]: _number(r["acts MiB"]) for r in rows}
-    assert 0.45 < acts["bf16"] / acts["fp32"] < 0.7, rows  # 0.57 at the smoke size
+    saved = {r["config"].split()[0]: _number(r["saved MiB"]) for r in rows}
+    # 0.80 at the smoke size: activations 0.57x, plus bf16's autocast weight copies
+    assert 0.6 < saved["bf16"] / saved["fp32"] < 0.9, rows
     assert not TIME_WORDS.search(rows[1]["time vs baseline"] + msg), (rows, msg)
     if is_emulated(hw, other):
         assert "emulated here" in msg
@@ -330,9 +333,9 @@ def test_dashboard_in_jupyterlab(lab, page, tmp_path):
     samples = page.evaluate("() => { clearInterval(window.courseTimer); "
                             "return window.courseProgress; }")
     rows = board.rows()
-    assert [r["config"] for r in rows[2:]] == [f"{recipe} (baseline)", f"{recipe}+full",
-                                               f"{recipe} (baseline)", f"{recipe}+selective"]
-    full, selective = _number(rows[3]["saved x"]), _number(rows[5]["saved x"])
+    assert [r["config"] for r in rows[2:]] == [f"{recipe} (baseline)", plain_label(f"{recipe}+full"),
+                                               f"{recipe} (baseline)", plain_label(f"{recipe}+selective")]
+    full, selective = (_number(rows[i]["saved MiB"]) / _number(rows[i - 1]["saved MiB"]) for i in (3, 5))
     assert full < 0.5 and selective < 0.9 and full < selective, rows  # 0.21, 0.74 at smoke
     assert all(r["time vs baseline"] in ("1.00x (reference)", "inconclusive at this size")
                for r in rows[2:]), rows  # smoke: never faster or slower

@@ -268,7 +268,7 @@ def test_feedback_pages_say_what_the_learner_needs(tmp_path):
     status, _ = run_cli("feedback", str(tmp_path / "grades.jsonl"), "--source", str(source),
                         "--out", str(tmp_path / "md"), "--format", "md")
     assert status == 0
-    md = (tmp_path / "md" / "alice" / "01_tiny.md").read_text()
+    md = (tmp_path / "md" / "alice" / "01_tiny.ipynb").with_suffix(".md").read_text()  # named after it
     assert "| answer | 0 / 1 | fail |" in md and "> Return 42." in md
     assert "double(-7)" not in md
 
