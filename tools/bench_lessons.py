@@ -51,19 +51,27 @@ def _name(path: Path) -> str:
         return str(path)
 
 
-def run_notebook(path: Path, timeout: float, env: dict) -> dict:
+def run_notebook(path: Path, timeout: float, env: dict, save_to: Path | None = None) -> dict:
     """Execute ``path`` in a fresh kernel; return its wall time (s), per-cell times and status.
 
     Errors in a cell stop the notebook (as "Restart and Run All" would) and are reported, not
-    raised.
+    raised. ``save_to``: a file that receives the executed notebook, outputs kept, rewritten
+    after every cell (so a run cut off from outside keeps the cells that ran).
     """
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     nb = nbformat.read(path, as_version=4)
+    hook = None
+    if save_to is not None:
+        save_to.parent.mkdir(parents=True, exist_ok=True)
+
+        def hook(**_):
+            nbformat.write(nb, save_to)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}},
+                            on_cell_executed=hook)
     status, t0 = "ok", time.perf_counter()
     try:
         with mock.patch.dict(os.environ, env):  # the kernel inherits this process's environment
@@ -117,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("notebooks", nargs="*", type=Path, help="default: every lesson and solution")
     p.add_argument("--out", type=Path, required=True, help="folder for the JSON and Markdown")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per cell")
+    p.add_argument("--save-executed", type=Path, default=None, metavar="DIR",
+                   help="also write each executed notebook, outputs kept, into DIR (after "
+                        "every cell)")
     p.add_argument("--emulate-avx2", action="store_true",
                    help="set ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 for the kernels")
     args = p.parse_args(argv)
@@ -140,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
               "load_before": [round(x, 2) for x in os.getloadavg()], "notebooks": []}
     for path in paths:
         print(f"running {_name(path)} ...", flush=True)
-        r = run_notebook(path, args.timeout, env)
+        r = run_notebook(path, args.timeout, env,
+                         args.save_executed / path.name if args.save_executed else None)
         report["notebooks"].append(r)
         print(f"  {r['seconds']} s, {r['status']}", flush=True)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
