@@ -35,3 +35,16 @@ def test_times_cells_reports_errors_and_passes_the_isa_cap(tmp_path):
     md = (out / "lesson-timings.md").read_text()
     assert "| notebook | seconds |" in md and "01_ok.ipynb" in md
     assert bench_lessons.main([str(tmp_path / "missing.ipynb"), "--out", str(out)]) == 2
+
+
+def test_a_notebook_over_its_limit_is_interrupted_and_what_ran_is_kept(tmp_path):
+    slow = notebook(tmp_path / "03_slow.ipynb", "print('first')", "import time\ntime.sleep(60)",
+                    "print('never')")
+    out, executed = tmp_path / "out", tmp_path / "executed"
+    assert bench_lessons.main([str(slow), "--out", str(out), "--limit", "3",
+                               "--save-executed", str(executed)]) == 1
+    report = json.loads((out / "lesson-timings.json").read_text())
+    (r,) = report["notebooks"]
+    assert r["status"] == "stopped at the 3 s limit (--limit)" and r["seconds"] < 30
+    cells = nbformat.read(executed / "03_slow.ipynb", 4).cells
+    assert cells[0].outputs[0]["text"] == "first\n" and not cells[2].outputs

@@ -18,8 +18,10 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from unittest import mock
@@ -51,12 +53,15 @@ def _name(path: Path) -> str:
         return str(path)
 
 
-def run_notebook(path: Path, timeout: float, env: dict, save_to: Path | None = None) -> dict:
+def run_notebook(path: Path, timeout: float, env: dict, save_to: Path | None = None,
+                 limit: float | None = None) -> dict:
     """Execute ``path`` in a fresh kernel; return its wall time (s), per-cell times and status.
 
     Errors in a cell stop the notebook (as "Restart and Run All" would) and are reported, not
-    raised. ``save_to``: a file that receives the executed notebook, outputs kept, rewritten
-    after every cell (so a run cut off from outside keeps the cells that ran).
+    raised. ``timeout``: seconds per cell. ``limit``: seconds for the whole notebook, after which
+    the kernel is interrupted (SIGINT, as the Stop button does) and the status says so.
+    ``save_to``: a file that receives the executed notebook, outputs kept, rewritten after
+    every cell (so a run cut off from outside keeps the cells that ran).
     """
     import nbformat
     from nbclient import NotebookClient
@@ -72,12 +77,26 @@ def run_notebook(path: Path, timeout: float, env: dict, save_to: Path | None = N
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
                             resources={"metadata": {"path": str(path.parent)}},
                             on_cell_executed=hook)
-    status, t0 = "ok", time.perf_counter()
+    status, t0, stopped = "ok", time.perf_counter(), threading.Event()
+
+    def interrupt():
+        pid = getattr(getattr(client.km, "provisioner", None), "pid", None)
+        if pid:
+            stopped.set()
+            os.kill(pid, signal.SIGINT)
+    timer = threading.Timer(limit, interrupt) if limit else None
     try:
         with mock.patch.dict(os.environ, env):  # the kernel inherits this process's environment
+            if timer:
+                timer.start()
             client.execute()
     except (CellExecutionError, CellTimeoutError) as e:
         status = f"error: {str(e).strip().splitlines()[-1][:200]}"
+    finally:
+        if timer:
+            timer.cancel()
+    if stopped.is_set():
+        status = f"stopped at the {limit:.0f} s limit (--limit)"
     wall = time.perf_counter() - t0
     cells = [{"id": c.get("id"), "seconds": _seconds(c)} for c in nb.cells
              if c.cell_type == "code"]
@@ -90,10 +109,12 @@ def run_notebook(path: Path, timeout: float, env: dict, save_to: Path | None = N
 def machine() -> dict:
     """What the numbers were measured on: CPU, ISA flags torch sees, threads, load."""
     code = ("import json, torch; from course_utils import hardware as h; "
-            "hw = h.detect('cpu'); print(json.dumps({'name': hw.name, 'native_bf16': "
+            "hw = h.detect('cpu'); gpu = h.detect() if torch.cuda.is_available() else None; "
+            "print(json.dumps({'name': hw.name, 'native_bf16': "
             "hw.native_bf16, 'flags': [k for k, v in hw.cpu_features.items() if v], "
             "'isa_cap': hw.isa_cap, 'torch': torch.__version__, 'threads': "
-            "torch.get_num_threads()}))")
+            "torch.get_num_threads(), 'gpu': gpu and gpu.name, "
+            "'gpu_memory_gib': gpu and round(gpu.total_memory_bytes / 2**30, 1)}))")
     info = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                      text=True, check=True).stdout)
     info["cpus"] = os.cpu_count()
@@ -104,7 +125,8 @@ def machine() -> dict:
 def markdown(report: dict) -> str:
     """The timing table as Markdown."""
     m = report["machine"]
-    lines = [f"# Lesson timings: {m['name']} ({m['cpus']} CPUs), {report['date']}", "",
+    where = f"{m['gpu']} ({m['gpu_memory_gib']} GiB), " if m.get("gpu") else ""
+    lines = [f"# Lesson timings: {where}{m['name']} ({m['cpus']} CPUs), {report['date']}", "",
              f"- command: `{report['command']}` at commit `{report['commit']}`",
              f"- CPU flags torch uses: {', '.join(m['flags']) or 'none'}"
              + (f" (capped: {m['isa_cap']})" if m["isa_cap"] else "")
@@ -125,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("notebooks", nargs="*", type=Path, help="default: every lesson and solution")
     p.add_argument("--out", type=Path, required=True, help="folder for the JSON and Markdown")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per cell")
+    p.add_argument("--limit", type=float, default=None,
+                   help="seconds per notebook, after which its kernel is interrupted")
     p.add_argument("--save-executed", type=Path, default=None, metavar="DIR",
                    help="also write each executed notebook, outputs kept, into DIR (after "
                         "every cell)")
@@ -145,20 +169,23 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python tools/bench_lessons.py " + " ".join(sys.argv[1:] if argv is None
                                                                      else argv),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                       capture_output=True, text=True).stdout.strip(),
+                                       capture_output=True, text=True).stdout.strip()
+              or os.environ.get("COURSE_COMMIT", "unknown"),  # a copy without .git
               "date": dt.date.today().isoformat(), "machine": info,
               "size": os.environ.get("COURSE_SIZE") or "default (size_profile())",
               "load_before": [round(x, 2) for x in os.getloadavg()], "notebooks": []}
+    args.out.mkdir(parents=True, exist_ok=True)
     for path in paths:
         print(f"running {_name(path)} ...", flush=True)
         r = run_notebook(path, args.timeout, env,
-                         args.save_executed / path.name if args.save_executed else None)
+                         args.save_executed / path.name if args.save_executed else None,
+                         args.limit)
         report["notebooks"].append(r)
         print(f"  {r['seconds']} s, {r['status']}", flush=True)
-    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lesson-timings.json").write_text(json.dumps(report, indent=2))
-    (args.out / "lesson-timings.md").write_text(markdown(report))
+        report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+        # written after every notebook: a run cut off from outside keeps the ones that finished
+        (args.out / "lesson-timings.json").write_text(json.dumps(report, indent=2))
+        (args.out / "lesson-timings.md").write_text(markdown(report))
     print(markdown(report))
     return 0 if all(r["status"] == "ok" for r in report["notebooks"]) else 1
 
