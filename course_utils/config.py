@@ -21,7 +21,7 @@ import torch
 from .checkpointing import parse_policy
 
 __all__ = ["PRECISIONS", "ATTENTIONS", "SIZE_PROFILES", "SIZE_ENV", "MiB", "GiB", "ModelShape",
-           "RunConfig", "size_profile", "config_for", "autocast_dtype", "device_kind",
+           "RunConfig", "size_profile", "config_for", "autocast_dtype", "device_kind", "cuda_index",
            "default_device", "step_flops", "check_dimensions"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -60,6 +60,21 @@ def device_kind(device: str | torch.device) -> str:
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or "
                          "'mps'.") from e
+
+
+def cuda_index(device: str | torch.device) -> int:
+    """The index of a CUDA device: ``"cuda:1"`` -> 1, ``"cuda"`` -> the current device.
+    ``torch.cuda.set_per_process_memory_fraction`` and ``mem_get_info`` refuse a device without
+    an index (ValueError: "Expected a torch.device with a specified index", torch 2.11 on an
+    H100, results/NVIDIA-H100-80GB-HBM3-2026-11-26).
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"{device!r} is not a CUDA device.")
+    return torch.cuda.current_device() if dev.index is None else dev.index
 
 
 def check_dimensions(obj, names) -> None:

@@ -34,6 +34,7 @@ reference, the prediction at 4x the larger measured batch agrees with
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,7 +43,7 @@ import pandas as pd
 import torch
 
 from .config import GiB, MiB, device_kind
-from .guard import available_memory_bytes
+from .guard import available_memory_bytes, cuda_memory_cap
 from .hardware import detect
 from .profiling import (
     ModelSpec,
@@ -325,16 +326,10 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
                                    f"{_size(free)} of RAM free now.")
     cfg = ProfileConfig(spec.name, ex.precision, policy, b, spec.device, ex.unit,
                         ex.items_per_sample, seed=spec.seed)
-    cuda = device_kind(spec.device) == "cuda"
-    if cuda:
-        dev = torch.device(spec.device)
-        total = torch.cuda.get_device_properties(dev).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), dev)
-    try:
+    cap = (cuda_memory_cap(spec.device, budget_bytes) if device_kind(spec.device) == "cuda"
+           else contextlib.nullcontext())
+    with cap:
         m, _, _ = measure_config(spec, cfg)
-    finally:
-        if cuda:
-            torch.cuda.set_per_process_memory_fraction(1.0, dev)
     if m.oom:
         return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, True,
                                f"batch {b} ran out of memory under the {_size(budget_bytes)} "

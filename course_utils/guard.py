@@ -25,18 +25,19 @@ This module sits above `course_utils.hardware` (machine facts) and
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .config import GiB, MiB, RunConfig, step_flops
+from .config import GiB, MiB, RunConfig, cuda_index, step_flops
 from .hardware import MPS_PEAK_NOTE, HardwareInfo, detect, is_emulated
 from .memory_model import estimate
 
 __all__ = ["CGROUP_ROOT", "MEMINFO", "CgroupMemory", "MemoryRefused", "available_memory_bytes",
-           "cgroup_memory", "check_feasible", "memory_headroom"]
+           "cgroup_memory", "check_feasible", "cuda_memory_cap", "memory_headroom"]
 
 #: Where Linux mounts the cgroup file system (v2: unified; v1: one folder per controller).
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -315,3 +316,23 @@ def check_feasible(config: RunConfig, hw: HardwareInfo | None = None,
     if memory and not force:
         raise MemoryRefused(memory)
     return problems + ([memory] if memory else []) + notes
+
+
+@contextlib.contextmanager
+def cuda_memory_cap(device: str | torch.device, budget_bytes: int):
+    """Within the block, this process's CUDA caching allocator on ``device`` (``"cuda"`` or
+    ``"cuda:N"``) may hold at most ``budget_bytes``: a step that needs more raises
+    ``torch.OutOfMemoryError`` as on a smaller GPU (``torch.cuda.set_per_process_memory_fraction``,
+    PyTorch docs). Afterwards the whole device is allowed again and the cache is emptied.
+
+    Yields:
+        The device's total memory in bytes.
+    """
+    index = cuda_index(device)
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), index)
+    try:
+        yield total
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
+        torch.cuda.empty_cache()

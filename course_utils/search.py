@@ -15,14 +15,15 @@ is decided outside the noise or not at all.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 
-from .config import GiB, RunConfig, device_kind
-from .guard import MemoryRefused
+from .config import GiB, RunConfig, cuda_index, device_kind
+from .guard import MemoryRefused, cuda_memory_cap
 from .measure import Measurement, measure
 from .memory_model import estimate
 from .timing import TimeRatio, time_ratio
@@ -116,7 +117,7 @@ def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
         raise ValueError(f"memory_budget reads free GPU memory, and device {device!r} is not an "
                          "available CUDA device; on a CPU pass a budget in bytes (e.g. a "
                          "measured peak) to largest_batch instead.")
-    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    free, _total = torch.cuda.mem_get_info(cuda_index(device))
     return int(free * fraction)
 
 
@@ -190,8 +191,7 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
         raise ValueError(f"largest_batch needs a peak-memory counter; device {config.device!r} "
                          "has none (use 'cpu' or 'cuda').")
     if kind == "cuda":
-        dev = torch.device(config.device)
-        total = torch.cuda.get_device_properties(dev).total_memory
+        total = torch.cuda.get_device_properties(cuda_index(config.device)).total_memory
         method = (f"CUDA: allocator limited to the budget ({budget_bytes / GiB:.2f} GiB of "
                   f"{total / GiB:.1f} GiB); a batch fits if its step raises no out-of-memory "
                   "error and max_memory_allocated <= budget")
@@ -234,11 +234,8 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
         return guess
 
     est_slope = _estimated_slope(config)
-    limited = False
-    try:
-        if kind == "cuda":
-            torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), dev)
-            limited = True
+    cap = cuda_memory_cap(config.device, budget_bytes) if kind == "cuda" else contextlib.nullcontext()
+    with cap:
         b = max(1, _predict_largest(config, budget_bytes, max_batch))
         guided = 0
         while hi - lo > 1:
@@ -251,10 +248,6 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
             else:
                 hi = b
             b = min(max(next_guess(b), lo + 1), hi - 1)
-    finally:
-        if limited:
-            torch.cuda.set_per_process_memory_fraction(1.0, dev)
-            torch.cuda.empty_cache()
     top = min(max(probes) + 1, max_batch) if probes else 1
     curve = [(b, estimate(config.replace(batch_size=b)).peak_allocated) for b in range(1, top + 1)]
     return BatchSearch(config=config, budget_bytes=budget_bytes, batch_size=lo,

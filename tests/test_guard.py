@@ -147,3 +147,28 @@ def test_the_guard_sits_above_hardware_and_the_memory_model():
     assert {"hardware", "memory_model", "config"} <= imports("guard")
     assert not {"guard", "memory_model"} & imports("hardware")
     assert not {"guard", "hardware"} & imports("memory_model")
+
+
+def test_the_cuda_memory_cap_names_the_device_by_index_and_lifts_itself(monkeypatch):
+    # torch refuses a device without an index here ("Expected a torch.device with a specified
+    # index", torch 2.11 on an H100): the cap passes the index of "cuda" and of "cuda:1".
+    import torch
+
+    calls = []
+
+    def fraction(f, device):
+        if not isinstance(device, int):
+            raise ValueError(f"Expected a torch.device with a specified index, got {device}")
+        calls.append((round(f, 3), device))
+
+    class Props:
+        total_memory = 80 * GiB
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fraction)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("emptied"))
+    with guard.cuda_memory_cap("cuda", 20 * GiB) as total:
+        assert total == 80 * GiB and calls == [(0.25, 0)]
+    with pytest.raises(RuntimeError), guard.cuda_memory_cap("cuda:1", 100 * GiB):
+        raise RuntimeError("a step that fails")
+    assert calls == [(0.25, 0), (1.0, 0), "emptied", (1.0, 1), (1.0, 1), "emptied"]
