@@ -23,7 +23,16 @@ The rule, in order:
    accumulation``. Without a target, the target is the largest micro-batch of the first policy in
    `PREFERENCE` that fits at all (no accumulation).
 4. **Check**: one real step at the chosen micro-batch (`course_utils.extrapolate.check_prediction`)
-   gives the measured peak next to the predicted one.
+   gives the measured peak next to the predicted one. On CUDA a micro-batch whose step runs out
+   of memory under the budget is not recommended: the card steps down by `BACK_OFF` and checks
+   again (at most `CHECKS` steps), and says so.
+
+On CUDA the budget caps the caching allocator's *reserved* memory
+(``torch.cuda.set_per_process_memory_fraction``), which holds more than the *allocated* peak that
+the extrapolation predicts (freed blocks stay cached and split). The micro-batch is therefore
+planned against `CUDA_PLANNING_SHARE` of the budget: on an H100 the plan at 99.9% of a 70.8 GiB
+budget ran out of memory with 0.45 GiB reserved but unallocated
+(``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.txt``).
 """
 from __future__ import annotations
 
@@ -36,12 +45,21 @@ import pandas as pd
 from .config import GiB, MiB
 from .offload import PCIE_GBPS, transfer_time_estimate
 
-__all__ = ["PREFERENCE", "Card", "recommend", "budget_from_device", "profile_and_recommend"]
+__all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "recommend",
+           "budget_from_device", "profile_and_recommend"]
 
 #: Policies from the least added work to the most: none; selective (recomputes pointwise ops);
 #: offload (copies every saved tensor to the host and back); every-K; full and HF's own (recompute
 #: whole blocks); offload+checkpoint (both).
 PREFERENCE = ("none", "selective", "offload", "every-", "full", "hf", "offload+checkpoint")
+
+#: On CUDA, the share of the budget that the predicted (allocated) peak may fill: the rest is
+#: left to the caching allocator's reserved-but-unallocated blocks (module docstring).
+CUDA_PLANNING_SHARE = 0.95
+#: After a real step ran out of memory, the next micro-batch tried is this share of the last one.
+BACK_OFF = 0.9
+#: Real steps the check may run on CUDA before the card gives up stepping down.
+CHECKS = 3
 
 
 def _rank(policy: str) -> int:
@@ -193,6 +211,8 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
     precision = recipe if recipe in native else (native[0] if native else next(iter(extrapolations)))
     ex = extrapolations[precision]
     measured_batch = first.config.batch_size
+    on_cuda = hw.device == "cuda"
+    plan_bytes = int(budget_bytes * CUDA_PLANNING_SHARE) if on_cuda else budget_bytes
     options = []
     for pr, e in extrapolations.items():
         for policy in e.fits:
@@ -200,7 +220,7 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
                 m = profile.get(pr, policy)
             except KeyError:
                 continue
-            b = e.largest_batch(budget_bytes, policy)
+            b = e.largest_batch(plan_bytes, policy)
             r = profile.ratio(m)
             options.append({"config": m.config.label, "precision": pr, "policy": policy,
                             "largest batch": b,
@@ -209,7 +229,6 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
                             "time vs none": "reference" if m.config.checkpoint == "none" else
                             r.verdict if r.ratio is None else f"{r.ratio:.2f}x {r.verdict}",
                             "emulated": m.emulated})
-    on_cuda = hw.device == "cuda"
     mine = [o for o in options if o["precision"] == precision and o["largest batch"] > 0
             and (on_cuda or not o["policy"].startswith("offload"))]
     if not mine:
@@ -278,12 +297,30 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
                            f"back at micro-batch {measured_batch}: about "
                            f"{transfer_time_estimate(moved) * 1e3:.1f} ms over a {PCIE_GBPS:g} GB/s "
                            "PCIe link (an estimate: on a CPU nothing is moved).")
+    if on_cuda:
+        reasons.append(f"Planned to {CUDA_PLANNING_SHARE:.0%} of the budget: the allocator "
+                       "keeps freed blocks cached, so it reserves more than the peak it allocates.")
     measured_peak, note = None, "not checked"
     if check:
-        c = check_prediction(ex, budget_bytes, policy, batch_size=micro)
-        measured_peak, note = c.measured_peak, c.note
-        reasons.append(f"Checked with one real step: {note}" if c.measured_peak or c.oom
-                       else f"Not checked: {note}")
+        for _ in range(CHECKS if on_cuda else 1):
+            c = check_prediction(ex, budget_bytes, policy, batch_size=micro)
+            measured_peak, note = c.measured_peak, c.note
+            reasons.append(f"Checked with one real step: {note}" if c.measured_peak or c.oom
+                           else f"Not checked: {note}")
+            if not (c.oom and on_cuda and micro > 1):
+                break
+            # the step ran out of memory: never recommend it; step down and check again
+            smaller = max(1, int(micro * BACK_OFF))
+            if target_batch is None:  # the target was the largest micro-batch: it shrinks too
+                want = smaller
+            accum = math.ceil(want / smaller)
+            micro = math.ceil(want / accum)  # <= smaller
+            predicted = ex.peak(micro, policy)
+            reasons.append(f"So the micro-batch steps down to {micro} ({accum} accumulation "
+                           f"step{'s' if accum > 1 else ''}).")
+        if measured_peak is None and on_cuda and c.oom:
+            note = (f"{note} No micro-batch checked fits: give a smaller budget or a policy that "
+                    "saves more.")
     return Card(profile.name, first.device_name, profile.unit, int(budget_bytes), budget_source,
                 precision, policy, micro, accum, want, micro * accum, predicted, measured_peak,
                 note, r.ratio, r.low, r.high, r.verdict, m.tokens_per_s, measured_batch,

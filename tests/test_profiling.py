@@ -343,3 +343,42 @@ def test_card_without_a_target_uses_the_largest_batch_without_recomputation():
     largest = exs["fp32"].largest_batch(8 * MiB, "none")
     assert (card.policy, card.micro_batch, card.accum_steps) == ("none", largest, 1)
     assert card.measured_peak is None and card.check_note == "not checked"
+
+
+def test_on_cuda_the_card_plans_below_the_budget_and_steps_down_after_an_out_of_memory_step(
+        monkeypatch):
+    # On an H100 the plan at 99.9% of the budget ran out of memory (the allocator reserves more
+    # than it allocates): the card plans to CUDA_PLANNING_SHARE of the budget, and a micro-batch
+    # whose real step runs out of memory is never the one recommended.
+    from course_utils import extrapolate as extrapolate_module
+    from course_utils.card import BACK_OFF, CUDA_PLANNING_SHARE
+    from course_utils.extrapolate import PredictionCheck
+    from course_utils.hardware import HardwareInfo
+
+    z = zoo("gpt")
+    prof, exs, _ = profile_and_recommend(
+        z.build, z.make_batch, budget_bytes=64 * MiB, precisions=("fp32",), policies=("none",),
+        batch_size=2, device="cpu", budget_s=0.05, check=False, progress=False)
+    ex = exs["fp32"]
+    budget = ex.peak(40, "none")
+    planned = ex.largest_batch(int(budget * CUDA_PLANNING_SHARE), "none")
+    assert planned < ex.largest_batch(budget, "none")
+    fits_up_to = int(planned * BACK_OFF) - 1  # the first two tries run out of memory
+    ran = []
+
+    def fake_check(e, budget_bytes, policy="none", batch_size=None):
+        ran.append(batch_size)
+        oom = batch_size > fits_up_to
+        return PredictionCheck(policy, batch_size, budget_bytes, e.peak(batch_size, policy),
+                               None if oom else e.peak(batch_size, policy), None, not oom, oom,
+                               "ran out of memory" if oom else "fits")
+    monkeypatch.setattr(extrapolate_module, "check_prediction", fake_check)
+    gpu = HardwareInfo(device="cuda", name="fake GPU", compute_capability=(9, 0), native_bf16=True)
+    card = recommend(prof, exs, budget, hw=gpu)
+    assert ran[0] == planned and len(ran) == 3 and ran == sorted(ran, reverse=True)
+    assert card.micro_batch == ran[-1] <= fits_up_to and card.measured_peak is not None
+    assert card.accum_steps == 1  # no target: the largest micro-batch that ran is the target
+    assert "Planned to 95% of the budget" in card.text() and "steps down to" in card.text()
+    ran.clear()  # with a target, accumulation reaches it at the smaller micro-batch
+    card = recommend(prof, exs, budget, hw=gpu, target_batch=planned)
+    assert card.micro_batch <= fits_up_to and card.micro_batch * card.accum_steps >= planned

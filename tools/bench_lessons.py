@@ -168,9 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         info = machine()
     report = {"command": "python tools/bench_lessons.py " + " ".join(sys.argv[1:] if argv is None
                                                                      else argv),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                       capture_output=True, text=True).stdout.strip()
-              or os.environ.get("COURSE_COMMIT", "unknown"),  # a copy without .git
+              # $COURSE_COMMIT first: a copy of the tree (a GPU machine's) may have its own .git
+              "commit": os.environ.get("COURSE_COMMIT") or subprocess.run(
+                  ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                  text=True).stdout.strip() or "unknown",
               "date": dt.date.today().isoformat(), "machine": info,
               "size": os.environ.get("COURSE_SIZE") or "default (size_profile())",
               "load_before": [round(x, 2) for x in os.getloadavg()], "notebooks": []}
