@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -53,6 +54,28 @@ def _name(path: Path) -> str:
         return str(path)
 
 
+def transcript(nb) -> str:
+    """An executed notebook's text outputs, cell by cell (``--- [cell id]`` headings; a chart is
+    ``<chart>``, colour codes removed): what a learner read, in a file that diffs and reads
+    anywhere."""
+    out = []
+    for c in nb.cells:
+        if c.cell_type != "code":
+            continue
+        parts = []
+        for o in c.get("outputs", []):
+            if o.get("output_type") == "stream":
+                parts.append(o["text"])
+            elif o.get("output_type") == "error":
+                parts.append(f"{o['ename']}: {o['evalue']}\n")
+            elif "image/png" in o.get("data", {}):
+                parts.append("<chart>\n")
+            elif "text/plain" in o.get("data", {}):
+                parts.append(o["data"]["text/plain"] + "\n")
+        out.append(f"--- [{c.get('id')}]\n" + re.sub(r"\x1b\[[0-9;]*m", "", "".join(parts)))
+    return "\n".join(out)
+
+
 def run_notebook(path: Path, timeout: float, env: dict, save_to: Path | None = None,
                  limit: float | None = None) -> dict:
     """Execute ``path`` in a fresh kernel; return its wall time (s), per-cell times and status.
@@ -61,7 +84,8 @@ def run_notebook(path: Path, timeout: float, env: dict, save_to: Path | None = N
     raised. ``timeout``: seconds per cell. ``limit``: seconds for the whole notebook, after which
     the kernel is interrupted (SIGINT, as the Stop button does) and the status says so.
     ``save_to``: a file that receives the executed notebook, outputs kept, rewritten after
-    every cell (so a run cut off from outside keeps the cells that ran).
+    every cell (so a run cut off from outside keeps the cells that ran), and beside it its
+    `transcript` (``.txt``).
     """
     import nbformat
     from nbclient import NotebookClient
@@ -74,6 +98,7 @@ def run_notebook(path: Path, timeout: float, env: dict, save_to: Path | None = N
 
         def hook(**_):
             nbformat.write(nb, save_to)
+            save_to.with_suffix(".txt").write_text(transcript(nb))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
                             resources={"metadata": {"path": str(path.parent)}},
                             on_cell_executed=hook)
@@ -91,7 +116,7 @@ def run_notebook(path: Path, timeout: float, env: dict, save_to: Path | None = N
                 timer.start()
             client.execute()
     except (CellExecutionError, CellTimeoutError) as e:
-        status = f"error: {str(e).strip().splitlines()[-1][:200]}"
+        status = "error: " + re.sub(r"\x1b\[[0-9;]*m", "", str(e).strip().splitlines()[-1])[:200]
     finally:
         if timer:
             timer.cancel()
