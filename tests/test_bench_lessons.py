@@ -48,3 +48,5 @@ def test_a_notebook_over_its_limit_is_interrupted_and_what_ran_is_kept(tmp_path)
     assert r["status"] == "stopped at the 3 s limit (--limit)" and r["seconds"] < 30
     cells = nbformat.read(executed / "03_slow.ipynb", 4).cells
     assert cells[0].outputs[0]["text"] == "first\n" and not cells[2].outputs
+    text = (executed / "03_slow.txt").read_text()
+    assert "--- [cell-0]\nfirst\n" in text and "KeyboardInterrupt" in text
