@@ -9,6 +9,7 @@ and the released version of any cell the learner deleted.
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from .notebook import (
     is_protected,
     nbgrader,
 )
+from .release import release_notebook
 
 MIN_PROTECTED_SHARE = 0.5  # of the source's cells a submission must carry (by cell id)
 
@@ -80,7 +82,7 @@ def _protected_matches(source: SourceNotebook, submission: NotebookNode) -> tupl
         mine.setdefault(_source_key(source, cell), cell.source.strip())
     protected = [
         (src, rel)
-        for src, rel in zip(source.nb.cells, source.released().cells, strict=True)
+        for src, rel in zip(source.nb.cells, release_notebook(source.nb, source.name).cells, strict=True)
         if is_protected(src)
     ]
     found = sum(
@@ -160,7 +162,7 @@ def assemble(
     submission matches a cell of the source.
     """
     src_cells = source.nb.cells
-    released = source.released().cells
+    released = release_notebook(source.nb, source.name).cells
     position = {cell.id: i for i, cell in enumerate(src_cells)}
     learner: dict[str, NotebookNode] = {}
     extra: dict[str | None, list[NotebookNode]] = {}
@@ -229,8 +231,6 @@ def assemble(
 def _change(released: str, mine: str) -> str:
     """How the learner's text of a protected cell differs from the released one, in a few
     words: lines removed, added, or edited (counts of lines, never their text)."""
-    import difflib
-
     old, new = released.splitlines(), mine.splitlines()
     removed = added = 0
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new).get_opcodes():

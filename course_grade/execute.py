@@ -123,6 +123,7 @@ def _asked_exit(content: dict) -> bool:
 
 
 def _quiet_client_class():
+    # lazy: the grade extra, needed only to execute notebooks
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionComplete
 
@@ -140,7 +141,7 @@ def _quiet_client_class():
 async def _request(client, code: str, seconds: float, **options) -> dict | None:
     """Send ``code`` with ``options`` (store_history off); the reply's content, or None if the
     kernel does not answer within ``seconds``."""
-    from jupyter_core.utils import ensure_async
+    from jupyter_core.utils import ensure_async  # lazy: the grade extra, needed only to execute notebooks
 
     msg_id = await ensure_async(client.kc.execute(code, store_history=False, **options))
     end = time.monotonic() + seconds
@@ -178,6 +179,7 @@ def _memory_note(limits: Limits) -> str:
 
 
 async def _execute_cells(client, nb, protected, limits, stop, issues) -> list[CellRun | None]:
+    # lazy: the grade extra, needed only to execute notebooks
     from jupyter_core.utils import ensure_async
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -259,7 +261,7 @@ async def _execute_cells(client, nb, protected, limits, stop, issues) -> list[Ce
 
 async def _shutdown(client) -> None:
     """Kill the kernel and close the channels, whatever state they are in."""
-    from jupyter_core.utils import ensure_async
+    from jupyter_core.utils import ensure_async  # lazy: the grade extra, needed only to execute notebooks
 
     km, kc = client.km, client.kc
     with contextlib.suppress(Exception):
@@ -289,7 +291,7 @@ async def execute_async(
     grader could not undo). Raises GradingInterrupted if ``stop`` is requested, RuntimeError (or
     jupyter_client's errors) if the kernel cannot start.
     """
-    from jupyter_core.utils import ensure_async
+    from jupyter_core.utils import ensure_async  # lazy: the grade extra, needed only to execute notebooks
 
     client_class = _quiet_client_class()
     env = kernel_env(sandbox, workdir, limits.threads)
@@ -362,6 +364,6 @@ def execute(
     stop: Stop | None = None,
 ) -> tuple[list[CellRun | None], list[str]]:
     """Blocking form of :func:`execute_async` (runs its own event loop)."""
-    from jupyter_core.utils import run_sync
+    from jupyter_core.utils import run_sync  # lazy: the grade extra, needed only to execute notebooks
 
     return run_sync(execute_async)(nb, protected, limits, sandbox, workdir, stop)

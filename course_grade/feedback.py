@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .notebook import BEGIN_HIDDEN_TESTS, END_HIDDEN_TESTS, SourceNotebook, first_line, nbgrader
+from .release import release_notebook
 from .results import SubmissionResult
 
 FORMATS = ("html", "md")
@@ -54,7 +55,7 @@ def question_texts(source: SourceNotebook) -> dict[str, str]:
     markdown cell with any heading; from the released notebook, never a solution cell."""
     texts: dict[str, str] = {}
     question = heading = ""
-    for cell in source.released().cells:
+    for cell in release_notebook(source.nb, source.name).cells:
         meta = nbgrader(cell)
         if cell.cell_type == "markdown" and not meta.get("solution"):
             lines = cell.source.splitlines()
@@ -73,7 +74,7 @@ def _test_titles(source: SourceNotebook) -> dict[str, str]:
     """grade_id -> the test cell's first line in the released notebook (``# Test: ...``)."""
     return {
         str(nbgrader(cell).get("grade_id")): first_line(cell.source).lstrip("# ").strip()
-        for cell in source.released().cells if nbgrader(cell).get("grade")
+        for cell in release_notebook(source.nb, source.name).cells if nbgrader(cell).get("grade")
     }
 
 

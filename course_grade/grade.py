@@ -87,7 +87,7 @@ def grade_submission(
     ``issues``. Raises ValueError for a bad limit, SandboxError if a sandbox is required but
     cannot be used, GradingInterrupted if ``stop`` is requested meanwhile.
     """
-    from jupyter_core.utils import run_sync
+    from jupyter_core.utils import run_sync  # lazy: the grade extra, needed only to execute notebooks
 
     _check_positive("cell_timeout", cell_timeout)
     _check_positive("timeout", timeout)
@@ -271,7 +271,7 @@ def grade_files(
     are not searched again): ``progress(index, result)`` gets each result's index in ``files``
     as it finishes; ``hidden`` are more paths the sandbox must not show (the class folder, the
     CSV). Same results, errors and options as :func:`grade`."""
-    from jupyter_core.utils import run_sync
+    from jupyter_core.utils import run_sync  # lazy: the grade extra, needed only to execute notebooks
 
     _check_positive("cell_timeout", cell_timeout)
     _check_positive("timeout", timeout)

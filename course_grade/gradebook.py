@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import pandas as pd
+
 from .results import SubmissionResult
 
 ROSTER_REQUIRED = ("learner", "submission")
@@ -179,8 +181,6 @@ def _stem(exercise: str) -> str:
 def summary_by_learner(book: Gradebook):
     """One row per learner: ``learner``, ``name``, one score column per exercise (its file stem;
     missing or not graded: empty), ``total``, ``max_total`` and ``notes`` (a pandas DataFrame)."""
-    import pandas as pd
-
     rows = []
     for learner in book.learners:
         row = {"learner": learner.learner, "name": learner.name}

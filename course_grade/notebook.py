@@ -169,12 +169,6 @@ class SourceNotebook:
         """Total points of the notebook's test cells."""
         return float(sum(test.points for test in self.tests))
 
-    def released(self) -> NotebookNode:
-        """The learner's version of this notebook (see :func:`course_grade.release_notebook`)."""
-        from .release import release_notebook
-
-        return release_notebook(self.nb, self.name)
-
 
 def parse_notebook(data: bytes) -> NotebookNode:
     """Parse the bytes of a ``.ipynb`` file into an nbformat-4 notebook.

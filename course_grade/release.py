@@ -86,7 +86,7 @@ def dumps(nb: NotebookNode) -> str:
 def _planned_release(source_dir: str | os.PathLike, dest_dir: str | os.PathLike):
     sources = load_sources(source_dir)
     dest = Path(dest_dir)
-    planned = {dest / name: dumps(src.released()) for name, src in sources.items()}
+    planned = {dest / name: dumps(release_notebook(src.nb, name)) for name, src in sources.items()}
     orphans = [p for p in (notebooks_in(dest) if dest.is_dir() else []) if p not in planned]
     return planned, orphans
 
@@ -256,7 +256,7 @@ def release_student(
     (dest / "exercises").mkdir()
     for name, src in sources.items():
         path = dest / "exercises" / name
-        path.write_text(dumps(src.released()), encoding="utf-8")
+        path.write_text(dumps(release_notebook(src.nb, src.name)), encoding="utf-8")
         written.append(path)
     _copy_tree(package, dest / STUDENT_PACKAGE, written)
     (dest / "pyproject.toml").write_text(pyproject, encoding="utf-8")

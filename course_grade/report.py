@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence, TextIO
 
+import pandas as pd
+
 from .results import SubmissionResult, display_path
 
 MESSAGE_WIDTH = 200  # characters of a message shown in the terminal table
@@ -27,8 +29,6 @@ def _number(value: float) -> float | int:
 def results_table(result: SubmissionResult, width: int = MESSAGE_WIDTH):
     """One row per test cell of ``result``: question, points, max, result, message (a pandas
     DataFrame; messages cut to ``width`` characters)."""
-    import pandas as pd
-
     rows = [
         {
             "question": test.grade_id,
@@ -48,8 +48,6 @@ def summary_table(results: Sequence[SubmissionResult]):
     """One row per submission (the CSV): submission, source, graded, score, max_score, one
     column of points per grade_id (in order of appearance), issues (joined by `` | ``) and
     error (a pandas DataFrame)."""
-    import pandas as pd
-
     grade_ids: list[str] = []
     for result in results:
         grade_ids += [t.grade_id for t in result.tests if t.grade_id not in grade_ids]

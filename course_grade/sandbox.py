@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -266,8 +267,6 @@ def make_workdir(parent: str | os.PathLike | None = None) -> Path:
     (connection file and sockets) and ``hosts`` (the sandbox's ``/etc/hosts``: localhost only).
     The home gets a copy of matplotlib's font list, if the grader's user has one (a kernel would
     spend seconds rebuilding it). Raises OSError if the folder cannot be created."""
-    import tempfile
-
     workdir = Path(tempfile.mkdtemp(prefix="course-grade-", dir=parent))
     for name in ("home", "tmp", "run"):
         (workdir / name).mkdir(mode=0o700)
@@ -321,6 +320,7 @@ def kernel_manager(
     interrupts it with an ``interrupt_request`` message (the kernel is in its own session).
     Connect to it with ``km.client(context=client_context())``.
     """
+    # lazy: the grade extra, needed only to execute notebooks
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
 
@@ -352,6 +352,7 @@ def client_context():
     :data:`MAX_MESSAGE_BYTES` is never taken in (zmq drops the connection, which reconnects), and
     at most :data:`MAX_QUEUED_MESSAGES` wait per socket. The grader needs only small replies; a
     learner's 200 MiB print must not cost the grader 200 MiB. Destroy it after use."""
+    # lazy: the grade extra, needed only to execute notebooks
     import zmq
     import zmq.asyncio
 
