@@ -22,7 +22,7 @@ Submodules not imported here (import them by name): ``plots`` (matplotlib), ``wi
 """
 from .checkpointing import MODES, apply_checkpointing, segment_bounds
 from .claims import CLAIMS, Verdict, claims_table, verdict
-from .config import GiB, MiB, ModelShape, RunConfig, config_for, size_profile
+from .config import ModelShape, RunConfig, config_for, size_profile
 from .data import get_batch
 from .experiments import compare, ladder, summary
 from .guard import check_feasible
@@ -32,6 +32,7 @@ from .memory_model import MemoryEstimate, estimate, parameter_count
 from .models import GPT, build_model
 from .profiling import Profile, find_blocks, profile, wrap_blocks
 from .saved_tensors import measure_saved, saved_by_module, saved_bytes
+from .terms import GiB, MiB
 from .timing import TimeRatio, time_ratio
 from .training import setup, train, train_step
 

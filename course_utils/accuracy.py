@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from .config import RunConfig
 from .guard import check_feasible
+from .terms import autocast_dtype, check_positive_int
 from .training import TrainHistory, evaluate, setup, train_step
 
 __all__ = [
@@ -66,7 +67,6 @@ class Arm:
     loss_factor: float = 1.0
 
     def __post_init__(self):
-        from .config import autocast_dtype
         autocast_dtype(self.precision)
         if not (isinstance(self.loss_factor, (int, float)) and self.loss_factor > 0):
             raise ValueError(f"loss_factor must be a positive number, got {self.loss_factor!r}.")
@@ -115,8 +115,7 @@ def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_bat
         ValueError: ``steps`` or ``eval_every`` < 1.
     """
     for name, v in (("steps", steps), ("eval_every", eval_every), ("eval_batches", eval_batches)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+        check_positive_int(name, v)
     cfg = config.replace(precision=arm.precision)
     t0 = time.perf_counter()
     state = setup(cfg)

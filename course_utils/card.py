@@ -42,8 +42,12 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from .config import GiB, MiB
+from .extrapolate import check_prediction, extrapolate
+from .hardware import detect, recommend_precision
 from .offload import PCIE_GBPS, transfer_time_estimate
+from .profiling import profile
+from .search import memory_budget
+from .terms import GiB, MiB, check_positive_int, default_device
 
 __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "recommend",
            "budget_from_device", "profile_and_recommend"]
@@ -75,7 +79,6 @@ def budget_from_device(device: str, fraction: float = 0.9) -> tuple[int, str]:
         ValueError: ``device`` is not an available CUDA device (a CPU has no device memory to
             budget: give a number of bytes).
     """
-    from .search import memory_budget
     try:
         return memory_budget(fraction, device), f"{fraction:.0%} of the GPU memory free now"
     except ValueError:
@@ -196,13 +199,9 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
         ValueError: a non-positive budget or target; no configuration fits the budget even at
             batch 1 (the message gives the smallest predicted peak and what to try).
     """
-    from .extrapolate import check_prediction
-    from .hardware import detect, recommend_precision
     if not budget_bytes or budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
-    if target_batch is not None and (isinstance(target_batch, bool) or
-                                     not isinstance(target_batch, int) or target_batch < 1):
-        raise ValueError(f"target_batch must be a positive integer, got {target_batch!r}.")
+    check_positive_int("target_batch", target_batch, allow_none=True)
     first = profile.measurements[0]
     hw = hw or detect(first.config.device)
     recipe = recommend_precision(hw).precision
@@ -352,10 +351,6 @@ def profile_and_recommend(model, make_batch, loss_fn=None, *, budget_bytes: int 
         ValueError: no budget on a device without GPU memory, and what `profile`,
             `extrapolate` and `recommend` raise.
     """
-    from .config import default_device
-    from .extrapolate import extrapolate
-    from .hardware import detect, recommend_precision
-    from .profiling import profile
     device = device or default_device()
     hw = detect(device)
     source = "given"

@@ -181,6 +181,7 @@ def _budget_backend(budget: float):
     """A ``torch.compile`` backend (a new object per call): inductor, with the activation
     memory budget patched while the graph is compiled and partitioned."""
     def backend(gm, example_inputs):
+        # lazy: torch.compile's stack (inductor) loads only when a memory-budget model compiles
         import torch._functorch.config as functorch_config
         from torch._inductor.compile_fx import compile_fx
         with functorch_config.patch(activation_memory_budget=budget):

@@ -21,13 +21,19 @@ which model.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 from typing import Callable
 
 import pandas as pd
 
+from . import store
+from .config import size_profile
+from .hardware import detect
+from .terms import MiB
+
 __all__ = ["CLAIMS", "STATUSES", "Verdict", "verdict", "claims_table", "recorded_or_measure",
-           "recorded_verdict"]
+           "recorded_verdict", "this_context"]
 
 #: Claim ID -> the claim as popular tutorials state it.
 CLAIMS: dict[str, str] = {
@@ -317,11 +323,10 @@ def _c17(grad_rel_err, undivided_ratio, k, extra_peak_bytes, grad_buffer_bytes, 
     are right and the extra is the .grad buffer (at most 1.05x it): memory above one
     micro-batch, far below the big batch's; busted otherwise."""
     divided_ok = grad_rel_err < 1e-4 and abs(undivided_ratio - k) < 0.01 * k
-    mib = 2**20
     text = (f"{k} micro-batches: gradients within {grad_rel_err:.0e} of the big batch's, "
             f"x{undivided_ratio:.2f} without the division; peak {peak_vs_big:.2f}x the big "
-            f"batch's, {extra_peak_bytes / mib:+.2f} MiB above one micro-batch's (.grad buffer "
-            f"{grad_buffer_bytes / mib:.2f} MiB)")
+            f"batch's, {extra_peak_bytes / MiB:+.2f} MiB above one micro-batch's (.grad buffer "
+            f"{grad_buffer_bytes / MiB:.2f} MiB)")
     if not divided_ok or peak_vs_big >= 1:
         return "busted", text
     if extra_peak_bytes <= 0.01 * grad_buffer_bytes:
@@ -365,7 +370,7 @@ def _c20(per_token_time, budget_bytes=None):
     u = _unsettled(per_token_time, "time per token, checkpointed / plain at their largest batch")
     if u:
         return u
-    budget = f" under {budget_bytes / 2**20:,.1f} MiB" if budget_bytes else ""
+    budget = f" under {budget_bytes / MiB:,.1f} MiB" if budget_bytes else ""
     return ("held" if per_token_time.verdict == "faster" else "busted",
             per_token_time.describe(f"at the largest batch{budget}, time per token"))
 
@@ -379,7 +384,6 @@ _DERIVED = {"C10"}
 
 def _jsonable(v):
     """A rule input as JSON: TimeRatio and dataclasses as dicts, the rest as is or as text."""
-    import dataclasses
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return {f.name: _jsonable(getattr(v, f.name)) for f in dataclasses.fields(v)}
     if isinstance(v, (list, tuple)):
@@ -416,12 +420,18 @@ def verdict(claim: str, where: str = "", record: bool | None = None, **measured)
     basis = ("none" if status == "not measured here"
              else "derived" if claim in _DERIVED else "measured")
     v = Verdict(claim, status, evidence, where, basis)
-    from . import store
     if record or (record is None and store.in_notebook()):
         store.record("verdicts", claim, {"status": v.status, "evidence": v.evidence,
                                          "where": v.where, "basis": v.basis,
-                                         "inputs": _jsonable(measured)})
+                                         "inputs": _jsonable(measured)}, this_context())
     return v
+
+
+def this_context(size: str | None = None, hw=None) -> str:
+    """The results store's key (`course_utils.store.context_key`) of this run: ``hw`` (default
+    ``detect()``: the GPU if there is one, else the CPU), this torch and ``size`` (default
+    `course_utils.config.size_profile`). A verdict is recorded and looked up under it."""
+    return store.context_key(size or size_profile(), hw or detect())
 
 
 def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
@@ -431,10 +441,9 @@ def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
     Raises:
         ValueError: an unknown claim ID.
     """
-    from . import store
     if claim not in CLAIMS:
         raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
-    rec = store.lookup("verdicts", claim, key)
+    rec = store.lookup("verdicts", claim, key or this_context())
     if not rec or rec.get("status") not in STATUSES:
         return None
     return Verdict(claim, rec["status"], rec.get("evidence", ""), rec.get("where", ""),

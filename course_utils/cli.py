@@ -14,30 +14,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import PRECISIONS, SIZE_PROFILES, config_for, size_profile
+from .cli_args import comma_list, positive_int
+from .config import SIZE_PROFILES, config_for, size_profile
+from .experiments import compare, ladder, summary
+from .guard import check_feasible
+from .hardware import detect, recommend_precision, report, use_threads
+from .results import bench_rows, check_out_dir, write_bench
+from .terms import PRECISIONS
 
 __all__ = ["main"]
-
-
-def _parse_list(text: str, valid=None, what="value") -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError(f"no {what} given")
-    if valid is not None:
-        bad = [t for t in items if t not in valid]
-        if bad:
-            raise argparse.ArgumentTypeError(f"unknown {what} {bad}: expected {', '.join(valid)}")
-    return items
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,17 +36,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
                    help="size profile (default: $COURSE_SIZE, else chosen from the hardware)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best)")
-    p.add_argument("--precisions", type=lambda s: _parse_list(s, PRECISIONS, "precision"),
+    p.add_argument("--precisions", type=comma_list(PRECISIONS, "precision"),
                    default=None, help="comma-separated, e.g. fp32,bf16 (with --policies: a grid)")
-    p.add_argument("--policies", type=lambda s: _parse_list(s, None, "policy"), default=None,
+    p.add_argument("--policies", type=comma_list(None, "policy"), default=None,
                    help="comma-separated checkpoint policies: none, full, every-K, segments:N, "
                         "selective, memory-budget:B")
-    p.add_argument("--steps", type=_positive_int, default=None,
+    p.add_argument("--steps", type=positive_int, default=None,
                    help="timed rounds (default: as many as fit in the size's time budget)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds of timed steps (default: per size profile)")
-    p.add_argument("--batch-size", type=_positive_int, default=None)
-    p.add_argument("--seq-len", type=_positive_int, default=None)
+    p.add_argument("--batch-size", type=positive_int, default=None)
+    p.add_argument("--seq-len", type=positive_int, default=None)
     p.add_argument("--out", type=Path, default=None, help="folder for bench.json and bench.png")
     p.add_argument("--force", action="store_true",
                    help="run configurations that would be refused (fp16 on a CPU, emulated bf16 "
@@ -72,13 +57,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``course-bench``. Exit status 0 on success, 2 on bad arguments or a refused
     configuration (nothing is measured then)."""
-    from .experiments import compare, ladder, summary
-    from .guard import check_feasible
-    from .hardware import detect, recommend_precision, report, use_threads
     args = _parser().parse_args(argv)
     try:
         if args.out is not None:
-            from .results import check_out_dir
             check_out_dir(args.out)
         if args.budget is not None and not args.budget > 0:
             raise ValueError(f"--budget must be > 0 seconds, got {args.budget}.")
@@ -116,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in sorted(set(n for n in df["notes"] if n)):
         print(f"note: {note}")
     if args.out:
-        from .plots import comparison_chart
-        from .results import bench_rows, write_bench
+        from .plots import comparison_chart  # lazy: matplotlib loads only when a chart is written
         rec = recommend_precision(hw)
         payload = {"command": "course-bench " + " ".join(sys.argv[1:] if argv is None else argv),
                    "size": size, "hardware": hw.as_dict(), "threads": threads.threads,

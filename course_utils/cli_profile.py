@@ -21,29 +21,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import re
 import sys
 from pathlib import Path
 
-from .config import PRECISIONS, SIZE_PROFILES, size_profile
+from . import model_zoo
+from .card import profile_and_recommend
+from .cli_args import comma_list, parse_bytes, positive_int
+from .config import SIZE_PROFILES, size_profile
+from .hardware import use_threads
+from .terms import PRECISIONS
 
-__all__ = ["main", "parse_bytes"]
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
-          "gib": 2**30}
-
-
-def parse_bytes(text: str) -> int:
-    """``"14GiB"`` -> 15032385536; units B, KB, MB, GB (powers of 10), KiB, MiB, GiB (of 2).
-
-    Raises:
-        argparse.ArgumentTypeError: not a positive size with a known unit.
-    """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a size such as 14GiB, 512MiB or 2e9 bytes, got "
-                                         f"{text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+__all__ = ["main"]
 
 
 def _callable(text: str):
@@ -61,28 +49,6 @@ def _callable(text: str):
     return obj
 
 
-def _list(valid=None, what="value"):
-    def parse(text: str) -> list[str]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"no {what} given")
-        bad = [t for t in items if valid is not None and t not in valid]
-        if bad:
-            raise argparse.ArgumentTypeError(f"unknown {what} {bad}: expected {', '.join(valid)}")
-        return items
-    return parse
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="course-profile",
@@ -98,11 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--course-gpt", action="store_true", help="the course's own GPT")
     src.add_argument("--cnn", action="store_true", help="a small residual CNN (no transformer)")
     shape = p.add_argument_group("dimensions (--hf-config; --course-gpt takes --size)")
-    shape.add_argument("--n-layer", type=_positive, default=None, help="blocks")
-    shape.add_argument("--d-model", type=_positive, default=None, help="width")
-    shape.add_argument("--n-head", type=_positive, default=None, help="attention heads")
-    shape.add_argument("--seq-len", type=_positive, default=None, help="tokens per sequence")
-    shape.add_argument("--vocab-size", type=_positive, default=256, help="vocabulary (256: bytes)")
+    shape.add_argument("--n-layer", type=positive_int, default=None, help="blocks")
+    shape.add_argument("--d-model", type=positive_int, default=None, help="width")
+    shape.add_argument("--n-head", type=positive_int, default=None, help="attention heads")
+    shape.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence")
+    shape.add_argument("--vocab-size", type=positive_int, default=256, help="vocabulary (256: bytes)")
     shape.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
                        help="size profile for defaults (default: $COURSE_SIZE or the hardware's)")
     fn = p.add_argument_group("your own model")
@@ -118,13 +84,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--budget", type=parse_bytes, default=None,
                      help="memory budget, e.g. 14GiB (default on a GPU: 90%% of its free memory; "
                           "required on a CPU)")
-    run.add_argument("--target-batch", type=_positive, default=None,
+    run.add_argument("--target-batch", type=positive_int, default=None,
                      help="effective batch wanted (micro-batch x accumulation steps)")
-    run.add_argument("--batch-size", type=_positive, default=None,
+    run.add_argument("--batch-size", type=positive_int, default=None,
                      help="micro-batch that is timed (default: the size profile's)")
-    run.add_argument("--precisions", type=_list(PRECISIONS, "precision"), default=None,
+    run.add_argument("--precisions", type=comma_list(PRECISIONS, "precision"), default=None,
                      help="comma-separated (default: fp32 and this machine's recipe)")
-    run.add_argument("--policies", type=_list(None, "policy"),
+    run.add_argument("--policies", type=comma_list(None, "policy"),
                      default=["none", "full", "selective", "offload"],
                      help="comma-separated: none, full, every-K, selective, offload, "
                           "offload+checkpoint, hf (default: none,full,selective,offload)")
@@ -138,7 +104,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _zoo(args, parser):
-    from . import model_zoo
     size = args.size or size_profile()
     chosen = [bool(args.model), bool(args.hf_config), args.course_gpt, args.cnn]
     if sum(chosen) != 1:
@@ -179,8 +144,6 @@ def main(argv=None) -> int:
     if args.time_budget is not None and not args.time_budget > 0:
         parser.error("--time-budget must be > 0 seconds")
     zoo, default_batch = _zoo(args, parser)
-    from .card import profile_and_recommend
-    from .hardware import use_threads
     use_threads()
     try:
         prof, exs, card = profile_and_recommend(

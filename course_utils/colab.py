@@ -46,10 +46,10 @@ def read_toml(path: str | os.PathLike) -> dict:
     """``path`` (a TOML file, e.g. ``pyproject.toml``) as a dict: tomllib (Python >= 3.11),
     tomli, or, on a Python 3.10 without tomli, `_toml_fallback` (enough for pyproject.toml)."""
     try:
-        import tomllib
+        import tomllib  # lazy: Python >= 3.11 only; this file runs with the standard library
     except ModuleNotFoundError:  # Python 3.10
         try:
-            import tomli as tomllib
+            import tomli as tomllib  # lazy: installed on Python 3.10 only, if at all
         except ModuleNotFoundError:
             return _toml_fallback(Path(path).read_text(encoding="utf-8"))
     return tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -205,6 +205,7 @@ def describe_setup(hw=None) -> str:
 
     The course is imported here, not at the top of the module: the setup cell runs this file
     before the course's requirements are installed."""
+    # lazy: the setup cell runs this file with the standard library alone, before installing
     import torch
 
     import course_utils

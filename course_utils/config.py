@@ -1,13 +1,14 @@
 """What one training run is: `ModelShape` (the model's dimensions) inside `RunConfig` (batch,
-precision, checkpoint policy, device...), the course's size profiles, units and dtype names.
+precision, checkpoint policy, device...), and the course's size profiles.
 
 A size profile picks model and batch dimensions so that notebooks, the CLI, widgets and tests
 agree: ``smoke`` (tests, CI: seconds), ``cpu`` (a laptop: a lesson in about two minutes),
 ``t4``, ``a100``, ``h100`` (large enough for tensor cores to show). `size_profile()` chooses one
 from the hardware; the environment variable ``COURSE_SIZE`` overrides it.
 
-This module is the one home of the precision names and their dtypes (`autocast_dtype`), of the
-device kind (`device_kind`) and of the units the course prints (`MiB`, `GiB`).
+The words a configuration is written in (precision names and their dtypes, device kinds, units)
+live in `course_utils.terms`; the hardware a size profile is chosen from, in
+`course_utils.hardware`.
 """
 from __future__ import annotations
 
@@ -19,74 +20,24 @@ from dataclasses import dataclass, field
 import torch
 
 from .checkpointing import parse_policy
+from .hardware import detect
+from .terms import DEVICE_KINDS, GiB, autocast_dtype, check_positive_int, default_device, device_kind
 
-__all__ = ["PRECISIONS", "ATTENTIONS", "SIZE_PROFILES", "SIZE_ENV", "MiB", "GiB", "ModelShape",
-           "RunConfig", "size_profile", "config_for", "autocast_dtype", "device_kind", "cuda_index",
-           "default_device", "step_flops", "check_dimensions"]
+__all__ = ["ATTENTIONS", "SIZE_PROFILES", "SIZE_ENV", "ModelShape", "RunConfig", "size_profile",
+           "config_for", "step_flops"]
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTIONS = ("sdpa", "naive")
 SIZE_ENV = "COURSE_SIZE"
 
-#: Units the course prints (IEC binary prefixes: MiB = 2^20 bytes, GiB = 2^30 bytes).
-MiB = 2**20
-GiB = 2**30
 
-_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype of a precision name: ``fp32`` -> None (no autocast), ``bf16`` ->
-    ``torch.bfloat16``, ``fp16`` -> ``torch.float16``.
-
-    Raises:
-        ValueError: an unknown precision.
-    """
-    if precision not in _DTYPES:
-        raise ValueError(f"unknown precision {precision!r}: expected one of "
-                         f"{', '.join(PRECISIONS)}.")
-    return _DTYPES[precision]
-
-
-def device_kind(device: str | torch.device) -> str:
-    """``"cuda"`` for ``"cuda:1"``, ``"cpu"``, ``"mps"``: what ``torch.autocast`` and
-    ``GradScaler`` take.
-
-    Raises:
-        ValueError: a string that names no device torch knows.
-    """
-    try:
-        return torch.device(device).type
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or "
-                         "'mps'.") from e
-
-
-def cuda_index(device: str | torch.device) -> int:
-    """The index of a CUDA device: ``"cuda:1"`` -> 1, ``"cuda"`` -> the current device.
-    ``torch.cuda.set_per_process_memory_fraction`` and ``mem_get_info`` refuse a device without
-    an index (ValueError: "Expected a torch.device with a specified index", torch 2.11 on an
-    H100, results/NVIDIA-H100-80GB-HBM3-2026-11-26).
-
-    Raises:
-        ValueError: ``device`` is not a CUDA device.
-    """
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        raise ValueError(f"{device!r} is not a CUDA device.")
-    return torch.cuda.current_device() if dev.index is None else dev.index
-
-
-def check_dimensions(obj, names) -> None:
-    """Check that ``obj``'s attributes ``names`` are positive integers (bool excluded).
+def _check_dimensions(obj, names) -> None:
+    """Check that ``obj``'s attributes ``names`` are positive integers (`check_positive_int`).
 
     Raises:
         ValueError: naming the first attribute that is not (0 is not "unset": it is refused).
     """
     for name in names:
-        v = getattr(obj, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+        check_positive_int(name, getattr(obj, name))
 
 
 @dataclass(frozen=True)
@@ -119,7 +70,7 @@ class ModelShape:
     attention: str = "sdpa"
 
     def __post_init__(self):
-        check_dimensions(self, ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size"))
+        _check_dimensions(self, ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size"))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
                              f"({self.n_heads}).")
@@ -177,9 +128,9 @@ class RunConfig:
     def __post_init__(self):
         if not isinstance(self.shape, ModelShape):
             raise ValueError(f"shape must be a ModelShape, got {type(self.shape).__name__}.")
-        check_dimensions(self, ("batch_size", "grad_accum_steps"))
+        _check_dimensions(self, ("batch_size", "grad_accum_steps"))
         autocast_dtype(self.precision)  # raises on an unknown precision
-        if device_kind(self.device) not in ("cpu", "cuda", "mps"):
+        if device_kind(self.device) not in DEVICE_KINDS:
             raise ValueError(f"unknown device {self.device!r}: expected 'cpu', 'cuda', 'cuda:N' "
                              "or 'mps'.")
         parse_policy(self.checkpoint, self.shape.n_layers)  # raises on an unfitting policy
@@ -273,7 +224,6 @@ def size_profile(hw=None) -> str:
             raise ValueError(f"{SIZE_ENV}={env!r} is not a size profile: expected one of "
                              f"{', '.join(SIZE_PROFILES)}.")
         return env
-    from .hardware import detect
     hw = hw or detect()
     if hw.device != "cuda":
         return "cpu"
@@ -281,16 +231,6 @@ def size_profile(hw=None) -> str:
     if cc < (8, 0) or (hw.total_memory_bytes or 0) < 20 * GiB:
         return "t4"
     return "h100" if cc >= (9, 0) else "a100"
-
-
-def default_device() -> str:
-    """``cuda`` if available, else ``mps`` if available, else ``cpu``."""
-    if torch.cuda.is_available():
-        return "cuda"
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return "mps"
-    return "cpu"
 
 
 def config_for(size: str | None = None, **overrides) -> RunConfig:

@@ -12,10 +12,11 @@ import html
 
 import pandas as pd
 
-from .config import MiB, RunConfig
+from .config import RunConfig
 from .experiments import summary, time_cell
 from .hardware import HardwareInfo, recommend_precision
 from .memory_model import estimate
+from .terms import MiB
 
 __all__ = ("box", "dtype_text", "first_line", "header_html", "history_table", "oom_suggestions",
            "preview_message", "result_message", "table_html", "time_words")

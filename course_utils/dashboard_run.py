@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .checkpointing import parse_policy
-from .config import RunConfig, autocast_dtype, step_flops
-from .formats import short_dtype
+from .config import RunConfig, step_flops
 from .hardware import HardwareInfo, is_emulated, recommend_precision
 from .measure import memory_step, warm_up
 from .saved_tensors import SavedTensorMeter
+from .terms import autocast_dtype, short_dtype
 from .timing import MIN_ROUNDS, steps_for_budget, time_step
 from .training import setup, train_step
 

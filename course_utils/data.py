@@ -24,7 +24,7 @@ def corpus_bytes() -> bytes:
         RuntimeError: this Python ships without ``pydoc_data`` (some minimal distributions).
     """
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data.topics import topics  # lazy: 460 KB of text, read on first use
     except ImportError as e:  # pragma: no cover - every CPython ships it
         raise RuntimeError("this Python has no pydoc_data.topics; the course's text corpus "
                            "comes from it (install a full CPython).") from e

@@ -21,8 +21,8 @@ plumbing around them:
   back in rank order (`Launch.reports`).
 * `state_bytes` counts the bytes of a rank's parameters, gradients and optimizer state, local
   shards only (``DTensor.to_local()``), which is what sharding divides.
-* `sharding_table` and `sharding_chart` put those measurements beside
-  `course_utils.memory_model.sharded_estimate`.
+* `sharding_table` puts those measurements beside `course_utils.memory_model.sharded_estimate`
+  (`course_utils.plots.sharding_chart` draws it).
 * `write_module` writes functions defined in a notebook into a module the ranks can import
   (the graded exercise ships a learner's loop to ``torchrun`` this way).
 
@@ -37,21 +37,28 @@ import inspect
 import json
 import os
 import re
+import runpy
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import torch
 
+from .hardware import usable_cores
+from .memory_model import sharded_estimate
+from .terms import MiB, check_positive_int
+
 __all__ = ["REPORT_ENV", "Launch", "LaunchError", "default_backend", "launch", "max_world_size",
-           "rank_report", "sharding_chart", "sharding_table", "state_bytes", "threads_per_rank",
-           "usable_cores", "write_module"]
+           "rank_report", "sharding_table", "state_bytes", "threads_per_rank",
+           "write_module"]
 
 #: The environment variable that tells a rank where to write its report (set by `launch`).
 REPORT_ENV = "COURSE_DIST_OUT"
@@ -146,17 +153,10 @@ def default_backend() -> str:
     return "gloo"
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (``os.sched_getaffinity`` where it exists)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
-
-
 def max_world_size(backend: str) -> int:
     """The most ranks `launch` runs on this machine: one GPU per rank for ``nccl``, one CPU
-    core per rank for ``gloo``.
+    core per rank for ``gloo`` (`course_utils.hardware.usable_cores`: the affinity, the physical
+    cores and a container's CPU quota).
 
     Raises:
         ValueError: an unknown backend.
@@ -182,8 +182,7 @@ def threads_per_rank(nproc: int) -> int:
 
 
 def _check_nproc(nproc, backend: str) -> None:
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc (ranks) must be a positive integer, got {nproc!r}.")
+    check_positive_int("nproc (ranks)", nproc)
     limit = max_world_size(backend)
     if nproc > limit:
         if backend == "nccl":
@@ -339,9 +338,6 @@ def _run_rank(argv: Sequence[str]) -> None:
     (its folder first on ``sys.path``, as ``python script.py`` would), then end the process with
     ``os._exit``: 0 if it finished, its ``SystemExit`` code, or 1 after printing the traceback
     of an exception. Standard output and error are flushed first. Never returns."""
-    import runpy
-    import traceback
-
     script, *args = argv
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
@@ -509,10 +505,6 @@ def sharding_table(reports: Iterable[dict], config, labels: dict | None = None):
     Raises:
         ValueError: a report without the fields above.
     """
-    import pandas as pd
-
-    from .memory_model import sharded_estimate
-
     rows = []
     for rep in reports:
         try:
@@ -528,44 +520,13 @@ def sharding_table(reports: Iterable[dict], config, labels: dict | None = None):
             if labels:
                 row["what ran"] = labels.get(int(stage), labels.get(str(stage), ""))
             total = sum(parts.values())
-            row.update({"rank": rank, "parameters": parts["parameters"] / 2**20,
-                        "gradients": parts["gradients"] / 2**20,
-                        "optimizer state": parts["optimizer_state"] / 2**20,
-                        "total": total / 2**20, "estimate": est.total / 2**20,
+            row.update({"rank": rank, "parameters": parts["parameters"] / MiB,
+                        "gradients": parts["gradients"] / MiB,
+                        "optimizer state": parts["optimizer_state"] / MiB,
+                        "total": total / MiB, "estimate": est.total / MiB,
                         "total / estimate": total / est.total, "worst part / estimate": worst})
             rows.append(row)
     return pd.DataFrame(rows)
-
-
-def sharding_chart(table, config, ranks: Sequence[int] = (1, 2, 4, 8),
-                   title: str = "training state per rank"):
-    """Per-rank training state (MiB) against the number of ranks, one colour per ZeRO stage:
-    `memory_model.sharded_estimate` of ``config`` as a line over ``ranks`` (and the ranks
-    measured), each rank's measurement in ``table`` (`sharding_table`'s) as a dot.
-
-    Returns:
-        The matplotlib ``Figure``.
-    """
-    import matplotlib.pyplot as plt
-
-    from .memory_model import ZERO_STAGES, sharded_estimate
-
-    xs = sorted(set(ranks) | {int(k) for k in table["ranks"]})
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for stage in ZERO_STAGES:
-        est = [sharded_estimate(config, k, stage).total / 2**20 for k in xs]
-        (line,) = ax.plot(xs, est, label=f"stage {stage}")
-        g = table[table["ZeRO stage"] == stage]
-        ax.scatter(g["ranks"], g["total"], color=line.get_color(), zorder=3, s=22)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(k) for k in xs])
-    ax.set_xlabel("ranks (data-parallel processes)")
-    ax.set_ylabel("MiB per rank")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"{title}\nlines: estimate; dots: each rank's measurement")
-    ax.legend(fontsize=8, title="ZeRO", title_fontsize=8)
-    fig.tight_layout()
-    return fig
 
 
 if __name__ == "__main__":  # a rank started by `launch` (see _run_rank)

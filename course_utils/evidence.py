@@ -28,10 +28,13 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from .config import RunConfig, config_for
 from .data import get_batch
 from .hardware import memory_device
+from .memory_model import estimate
 from .models import build_model
 from .saved_tensors import SavedTensorMeter, measure_saved, saved_bytes
+from .terms import check_positive_int
 from .timeline import peak_during
 from .timing import TimeRatio, time_ratio
+from .training import train_step
 
 __all__ = [
     "StepProbe",
@@ -419,9 +422,7 @@ def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
     Raises:
         ValueError: ``k`` < 2.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise ValueError(f"accumulation needs k >= 2 micro-batches, got {k!r}.")
-    from .training import train_step
+    check_positive_int("k (micro-batches)", k, minimum=2)
     step_fn = step_fn or train_step
     cfg = config.replace(precision="fp32", grad_accum_steps=1)
     B = cfg.batch_size
@@ -503,7 +504,6 @@ def training_state(df, label: str, settings: dict | None = None) -> dict:
     Raises:
         ValueError: a label that is not in the table.
     """
-    from .memory_model import estimate
     i = _row(df, label)
     row = df.iloc[i]
     n = df.attrs["measurements"][i].config.shape.n_parameters

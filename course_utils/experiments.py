@@ -10,10 +10,13 @@ dashboard and ``course-bench``.
 """
 from __future__ import annotations
 
+import math
+import re
+
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .config import SIZE_PROFILES, MiB, RunConfig, size_profile
+from .config import SIZE_PROFILES, RunConfig, size_profile
 from .guard import check_feasible
 from .hardware import detect, is_emulated, recommend_precision
 from .measure import (
@@ -26,7 +29,8 @@ from .measure import (
     warm_up,
 )
 from .memory_model import estimate
-from .timing import default_budget_s, interleaved, time_ratio
+from .terms import MiB, check_positive_int
+from .timing import default_budget_s, interleaved, printed_band, time_ratio
 from .training import setup, train_step
 
 __all__ = ["ladder", "compare", "summary", "size_of", "time_cell", "plain_label", "round_sig"]
@@ -96,8 +100,7 @@ def compare(configs: list[RunConfig], *, budget_s: float | None = None,
         raise ValueError("compare() needs at least one RunConfig.")
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}.")
+    check_positive_int("steps", steps, allow_none=True)
     hws = {}
     for cfg in configs:  # refuse before measuring anything
         if cfg.device not in hws:
@@ -186,7 +189,6 @@ _POLICY_WORDS = (("full", "full checkpointing"), ("selective", "selective checkp
 
 
 def _policy_words(token: str) -> str | None:
-    import re
     for short, words in _POLICY_WORDS:
         if token == short:
             return words
@@ -219,7 +221,6 @@ def plain_label(label: str) -> str:
 def round_sig(v, digits: int = 3):
     """``v`` rounded to ``digits`` significant figures (None / NaN stay None): 68.77 -> 68.8,
     0.06371 -> 0.0637, 4949.000996 -> 4950."""
-    import math
     if v is None or pd.isna(v):
         return None
     v = float(v)
@@ -252,7 +253,6 @@ def _per_token(ratio, low, high, verdicts, tokens):
     ratio is multiplied by ``tokens[0] / tokens[i]``, so the median and the band are too; the
     faster/slower/within-noise verdict is drawn again from the scaled band
     (`course_utils.timing.printed_band`)."""
-    from .timing import printed_band
     out = [[], [], [], []]
     for i, (r, lo, hi, v) in enumerate(zip(ratio, low, high, verdicts)):
         c = tokens[0] / tokens[i]

@@ -42,7 +42,6 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from .config import GiB, MiB, device_kind
 from .guard import available_memory_bytes, cuda_memory_cap
 from .hardware import detect
 from .profiling import (
@@ -54,6 +53,7 @@ from .profiling import (
     measure_config,
     parse_model_policy,
 )
+from .terms import GiB, MiB, check_positive_int, device_kind
 
 __all__ = ["RAM_FRACTION", "PolicyFit", "Extrapolation", "PredictionCheck", "extrapolate", "check_prediction",
            "block_input_bytes"]
@@ -246,10 +246,14 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
             policy, an out-of-memory error at a measured batch; and what `profile` raises.
     """
     b = tuple(batches)
-    if len(b) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in b) \
-            or b[0] >= b[1]:
+    try:
+        for v in b:
+            check_positive_int("a batch", v)
+        if len(b) != 2 or b[0] >= b[1]:
+            raise ValueError("not two increasing batches")
+    except ValueError:
         raise ValueError(f"batches must be two increasing positive integers (b1, b2), got "
-                         f"{batches!r}.")
+                         f"{batches!r}.") from None
     spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,
                             device=device, seed=seed, name=name)
     _, container = find_blocks(spec.build(), spec.blocks)

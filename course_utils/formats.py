@@ -15,24 +15,23 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from torch.utils import benchmark
 
-__all__ = ["FORMATS", "FormatInfo", "resolve_dtype", "short_dtype", "format_info", "format_table",
+from .hardware import require_device
+from .terms import PRECISION_DTYPES, short_dtype
+
+__all__ = ["FORMATS", "FormatInfo", "resolve_dtype", "format_info", "format_table",
            "bits", "cast_table", "log2_histogram", "underflow_stats", "underflow_table",
            "fp32_matmul_settings", "tf32_probe"]
 
 #: The formats lesson 01 compares, by the course's short name (FP8 only where torch has it).
 FORMATS: dict[str, torch.dtype] = {
     name: dt for name, dt in (
-        ("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16),
+        *((p, PRECISION_DTYPES[p]) for p in ("fp32", "fp16", "bf16")),
         ("fp8 e4m3", getattr(torch, "float8_e4m3fn", None)),
         ("fp8 e5m2", getattr(torch, "float8_e5m2", None)),
     ) if dt is not None}
 
-_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-          torch.float64: "fp64", torch.int64: "int64", torch.int32: "int32", torch.bool: "bool",
-          torch.uint8: "uint8"}
-_SHORT.update({dt: name.replace(" ", "_") for name, dt in FORMATS.items()
-               if name.startswith("fp8")})
 _ALIASES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
             "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
             "fp64": torch.float64}
@@ -55,12 +54,6 @@ def resolve_dtype(fmt) -> torch.dtype:
     if not dt.is_floating_point:
         raise ValueError(f"{dt} is not a floating-point dtype.")
     return dt
-
-
-def short_dtype(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bf16"`` (the course's names); other dtypes as ``str`` without
-    ``torch.``."""
-    return _SHORT.get(dtype, str(dtype).replace("torch.", ""))
 
 
 @dataclass(frozen=True)
@@ -310,9 +303,6 @@ def tf32_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2) -> di
     Raises:
         ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
     """
-    from torch.utils import benchmark
-
-    from .hardware import require_device
     require_device(device)
     if n < 1 or budget_s <= 0:
         raise ValueError(f"n and budget_s must be positive, got {n} and {budget_s}.")

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .terms import check_positive_int
+
 __all__ = ["GradientCapture", "capture_gradients"]
 
 @dataclass
@@ -67,8 +69,7 @@ class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gr
     def __init__(self, model: torch.nn.Module, max_per_tensor: int | None = None, seed: int = 0,
                  max_values: int | None = None):
         for name, v in (("max_per_tensor", max_per_tensor), ("max_values", max_values)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"{name} must be a positive integer or None, got {v!r}.")
+            check_positive_int(name, v, allow_none=True)
         self.model = model
         self.max_per_tensor = max_per_tensor
         self.max_values = max_values

@@ -32,9 +32,10 @@ from pathlib import Path
 
 import torch
 
-from .config import GiB, MiB, RunConfig, cuda_index, step_flops
+from .config import RunConfig, step_flops
 from .hardware import MPS_PEAK_NOTE, HardwareInfo, detect, is_emulated
 from .memory_model import estimate
+from .terms import GiB, MiB, cuda_index
 
 __all__ = ["CGROUP_ROOT", "MEMINFO", "CgroupMemory", "MemoryRefused", "available_memory_bytes",
            "cgroup_memory", "check_feasible", "cuda_memory_cap", "memory_headroom"]

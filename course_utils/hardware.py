@@ -29,12 +29,14 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils import benchmark
 
-from .config import autocast_dtype, default_device, device_kind
+from . import store
+from .terms import DEVICE_KINDS, PRECISION_DTYPES, GiB, autocast_dtype, default_device, device_kind
 
 __all__ = ["HardwareInfo", "Recommendation", "ThreadChoice", "MPS_PEAK_NOTE", "detect",
            "recommend_precision", "is_emulated", "require_device", "memory_device",
-           "use_threads", "matmul_probe", "report"]
+           "usable_cores", "use_threads", "matmul_probe", "report"]
 
 #: What the course says wherever MPS's peak memory is measured on the CPU instead.
 MPS_PEAK_NOTE = ("MPS has no peak-memory counter: the peak is measured by one step of the same "
@@ -97,6 +99,9 @@ class Recommendation:
     reason: str
     low: str = "bf16"
 
+
+#: A cgroup v2 CPU quota (``"200000 100000"``: two CPUs' worth; ``"max 100000"``: none).
+CPU_QUOTA = "/sys/fs/cgroup/cpu.max"
 
 _CPU_FLAGS = ("avx2", "avx512_f", "avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 
@@ -185,13 +190,13 @@ def require_device(device: str) -> None:
     elif kind == "mps" and not _mps_available():
         raise ValueError(f"device {device!r} requested but MPS is not available here; use "
                          "device='cpu'.")
-    elif kind not in ("cpu", "cuda", "mps"):
+    elif kind not in DEVICE_KINDS:
         raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or 'mps'.")
 
 
 def memory_device(device: str | None = None) -> str:
     """The device on which peak memory can be measured: ``device`` (default: this machine's
-    best, `course_utils.config.default_device`), except ``"cpu"`` in place of MPS, which has
+    best, `course_utils.terms.default_device`), except ``"cpu"`` in place of MPS, which has
     no peak-memory counter (PyTorch's ``torch.mps`` reports current and driver-allocated bytes,
     no peak; `MPS_PEAK_NOTE`). A lesson whose cells measure peaks themselves runs on it.
 
@@ -324,7 +329,15 @@ def _cpu_busy(sample_s: float) -> float | None:
     return 0.0 if total <= 0 else (1 - (i1 - i0) / total) * (os.cpu_count() or 1)
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """CPU cores this process may keep busy: the smallest of the CPU affinity
+    (``os.sched_getaffinity``; ``os.cpu_count`` where there is none), the physical cores
+    (``torch.cpu.get_capabilities``, where torch reports them) and a cgroup v2 CPU quota
+    (`CPU_QUOTA`, as in a container started with ``--cpus``); at least 1.
+
+    The course's one rule: torch's threads (`use_threads`) and the ranks a gloo run may start
+    (`course_utils.distributed.max_world_size`) both follow it.
+    """
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -333,7 +346,8 @@ def _usable_cores() -> int:
     if isinstance(physical, int) and physical > 0:
         n = min(n, physical)
     try:  # a cgroup (v2) CPU quota, as in containers: "max 100000" or "200000 100000"
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        with open(CPU_QUOTA) as f:
+            quota, period = f.read().split()
         if quota != "max":
             n = min(n, max(1, int(int(quota) / int(period))))
     except (OSError, ValueError):
@@ -362,10 +376,9 @@ def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
     if env.isdigit() and int(env) > 0:
         torch.set_num_threads(int(env))
         return ThreadChoice(int(env), f"OMP_NUM_THREADS={env}")
-    from . import store
     keep = store.in_notebook()
     key = store.context_key(size="any", hw=detect("cpu")) if keep else None
-    cores = _usable_cores()
+    cores = usable_cores()
     if keep and not fresh:
         rec = store.lookup("protocol", "threads", key)
         if rec and isinstance(rec.get("threads"), int) and 1 <= rec["threads"] <= cores:
@@ -398,13 +411,11 @@ def matmul_probe(device: str = "cpu", n: int = 256, budget_s: float = 0.2) -> di
     Raises:
         ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
     """
-    from torch.utils import benchmark
     require_device(device)
     if n < 1 or budget_s <= 0:
         raise ValueError(f"n and budget_s must be positive, got {n} and {budget_s}.")
     out = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16),
-                        ("fp16", torch.float16)):
+    for name, dtype in PRECISION_DTYPES.items():
         a = torch.randn(n, n, device=device).to(dtype)
         timer = benchmark.Timer("a @ a", globals={"a": a}, num_threads=torch.get_num_threads())
         out[name] = float(timer.blocked_autorange(min_run_time=budget_s).median)
@@ -420,7 +431,7 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     if hw.compute_capability:
         lines.append(f"compute cap.  : {hw.compute_capability[0]}.{hw.compute_capability[1]}")
     if hw.total_memory_bytes:
-        lines.append(f"memory        : {hw.total_memory_bytes / 2**30:.1f} GiB")
+        lines.append(f"memory        : {hw.total_memory_bytes / GiB:.1f} GiB")
     lines.append(f"native bf16   : {hw.native_bf16}" + ("  (bf16 accepted but emulated)"
                                                          if hw.bf16_emulated else ""))
     lines.append(f"fast fp16     : {hw.fp16_fast}")

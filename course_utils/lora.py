@@ -42,7 +42,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .config import GiB, RunConfig
+from .config import RunConfig
+from .data import batches
+from .experiments import round_sig
 from .memory_model import (
     SCALE_MODELS,
     MemoryEstimate,
@@ -51,6 +53,9 @@ from .memory_model import (
     scale_config,
 )
 from .memory_model import estimate as full_estimate
+from .models import build_model
+from .terms import GiB, check_positive_int
+from .training import DEFAULT_MAX_GRAD_NORM, TrainState, train_step
 
 __all__ = [
     "routes_table",
@@ -107,8 +112,7 @@ def add_lora(model, rank=8, alpha=16.0, targets=("qkv", "proj", "fc1", "fc2"),
 
 
 def _check_rank(rank) -> None:
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"rank must be a positive integer, got {rank!r}.")
+    check_positive_int("rank", rank)
 
 
 def _linear_shapes(d: int) -> dict:
@@ -151,9 +155,6 @@ def setup(config: RunConfig, rank: int = 8, alpha: float = 16.0, targets=TARGETS
         ValueError: another precision, a rank below 1, an unknown target, or a device this
             machine lacks.
     """
-    from .data import batches
-    from .models import build_model
-    from .training import DEFAULT_MAX_GRAD_NORM, TrainState, train_step
     if config.precision != "bf16":
         raise ValueError(f"a LoRA model here has a bf16 base and runs under bf16 autocast: pass "
                          f"config.replace(precision='bf16'), not {config.precision!r}.")
@@ -260,8 +261,7 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
         ValueError: an unknown model, a rank, micro-batch or accumulation below 1.
     """
     for name, v in (("micro_batch", micro_batch), ("accum", accum)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+        check_positive_int(name, v)
     if model not in SCALE_MODELS:
         raise ValueError(f"unknown model {model!r}: expected one of {', '.join(SCALE_MODELS)}.")
     shape = {} if seq_len is None else {"seq_len": seq_len}
@@ -296,7 +296,6 @@ def routes_table(routes: pd.DataFrame) -> pd.DataFrame:
     """`routes`' result as a readable table: one row per route (the index), ``trains``,
     ``weights GiB``, ``gradients GiB``, ``optimizer GiB``, ``peak GiB`` (four significant
     figures, as the lesson's sentences print one decimal of GiB) and ``fits``."""
-    from .experiments import round_sig
     out = routes.set_index("route")[["trains"]].copy()
     for col in ("weights", "gradients", "optimizer", "peak"):
         out[f"{col} GiB"] = [round_sig(v, 4) for v in routes[col]]

@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import MiB, RunConfig, size_profile
+from .config import RunConfig, size_profile
 from .data import get_batch
 from .guard import check_feasible
 from .hardware import detect, is_emulated
 from .saved_tensors import SavedTensorMeter, storage_bytes
+from .terms import MiB, check_positive_int
 from .timeline import peak_during
 from .timing import default_budget_s, spread, steps_for_budget, time_step
 from .training import setup, train_step
@@ -343,13 +344,6 @@ def _cpu_peak(state) -> int:
     return base + peak
 
 
-def _check_count(name: str, v, allow_none: bool = True, minimum: int = 1) -> None:
-    if v is None and allow_none:
-        return
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {v!r}.")
-
-
 def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | None = None,
             warmup: int = 1, timed: bool = True, force: bool = False, step_fn=train_step,
             hw=None) -> Measurement:
@@ -378,8 +372,8 @@ def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | No
             ``budget_s``, a device this machine lacks, or a configuration `check_feasible`
             refuses (unless ``force``).
     """
-    _check_count("steps", steps)
-    _check_count("warmup", warmup, allow_none=False)
+    check_positive_int("steps", steps, allow_none=True)
+    check_positive_int("warmup", warmup)
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
     hw = hw or detect(config.device)

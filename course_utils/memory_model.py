@@ -81,7 +81,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .checkpointing import parse_policy, segment_bounds
-from .config import GiB, ModelShape, RunConfig
+from .config import ModelShape, RunConfig
+from .terms import GiB, check_positive_int
 
 __all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_token",
            "largest_parameter_tensor", "peak_walk", "peak_parts", "PEAK_PARTS", "SCALE_MODELS",
@@ -511,8 +512,7 @@ def sharded_state_bytes(n_parameters: int, world_size: int, stage: int,
     """
     for name, v, low in (("n_parameters", n_parameters, 1), ("world_size", world_size, 1),
                          ("n_tensors", n_tensors, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {v!r}.")
+        check_positive_int(name, v, minimum=low)
     if stage not in ZERO_STAGES or isinstance(stage, bool):
         raise ValueError(f"unknown ZeRO stage {stage!r}: expected one of "
                          f"{', '.join(map(str, ZERO_STAGES))}.")

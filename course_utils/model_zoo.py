@@ -20,7 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .config import config_for
 from .data import get_batch
+from .models import GPT
 
 __all__ = ["ZooModel", "HF_SIZES", "hf_causal_lm", "ResBlock", "SmallCNN", "small_cnn",
            "course_gpt", "require_transformers"]
@@ -46,7 +48,7 @@ class ZooModel:
 def require_transformers():
     """Import ``transformers``, or raise ImportError saying how to install it (the ``hf`` extra)."""
     try:
-        import transformers
+        import transformers  # lazy: an optional dependency (the hf extra), imported when asked for
     except ImportError as e:
         raise ImportError("Hugging Face models need transformers: pip install -e '.[hf]' "
                           "(or pip install transformers).") from e
@@ -155,8 +157,6 @@ def small_cnn(channels: int = 32, n_blocks: int = 4, image: int = 32,
 def course_gpt(size: str | None = None, **overrides) -> ZooModel:
     """The course's GPT at a size profile (`course_utils.config.config_for`), batches of its
     text (``(x, y)``; the model returns ``(logits, loss)``)."""
-    from .config import config_for
-    from .models import GPT
     cfg = config_for(size, **overrides)
     return ZooModel(f"course GPT ({cfg.n_layers}L-{cfg.d_model}d)", lambda: GPT(cfg.shape),
                     lambda n: get_batch(n, cfg.seq_len),

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .checkpointing import apply_checkpointing
 from .config import ModelShape
+from .hardware import require_device
 
 __all__ = ["CausalSelfAttention", "MLP", "Block", "GPT", "build_model"]
 
@@ -142,7 +143,6 @@ def build_model(config) -> GPT:
     Raises:
         ValueError: ``config.device`` is not available on this machine.
     """
-    from .hardware import require_device
     require_device(config.device)
     torch.manual_seed(config.seed)
     model = GPT(config.shape)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -57,11 +58,14 @@ from torch.utils.checkpoint import checkpoint, noop_context_fn
 from tqdm.auto import tqdm
 
 from .checkpointing import SelectiveContexts, save_matmuls_and_attention
-from .config import GiB, MiB, autocast_dtype, default_device, device_kind
+from .config import size_profile
+from .experiments import time_cell
 from .guard import available_memory_bytes
+from .hardware import detect, is_emulated, require_device
 from .measure import EMULATED_TIMING, Measurement, OutOfMemory
 from .offload import OffloadedBlock, offloaded_bytes
 from .saved_tensors import SavedTensorMeter, storage_bytes
+from .terms import GiB, MiB, autocast_dtype, check_positive_int, default_device, device_kind
 from .timeline import memory_timeline, phase
 from .timing import default_budget_s, interleaved, time_ratio
 
@@ -450,7 +454,6 @@ class ModelSpec:
                 ``make_batch`` not callable.
             NoRepeatedBlocks: see `find_blocks`.
         """
-        from .hardware import require_device
         device = device or default_device()
         require_device(device)
         if not callable(make_batch):
@@ -532,7 +535,6 @@ def _setup(spec: ModelSpec, cfg: ProfileConfig, lr: float) -> _State:
 def _memory(state: _State) -> dict:
     """One step of ``state`` with the meter on its forward and memory events on: the memory
     fields of a `ProfileMeasurement`, and the step's seconds (``step_s``)."""
-    import time
     cfg = state.config
     params = storage_bytes(state.module.parameters())
     opt = storage_bytes(v for st in state.optimizer.state.values() for v in st.values()
@@ -603,7 +605,6 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
         unless ``keep_state``), and the first step's gradients (fp32 copies).
         An accelerator out-of-memory error is caught: ``oom=True``, ``error`` says what to try.
     """
-    from .hardware import detect, is_emulated
     hw = hw or detect(cfg.device)
     m = ProfileMeasurement(config=cfg, device_name=hw.name, emulated=is_emulated(hw, cfg.precision))
     grads: list = []
@@ -709,7 +710,6 @@ class Profile:
         """The readable table: MiB, milliseconds, ratios to ``none`` (time ratios shown only
         outside the noise, `course_utils.experiments.time_cell`), gradients' largest
         difference from ``none``."""
-        from .experiments import time_cell
         df = self.table()
 
         def mib(col):
@@ -786,10 +786,7 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
             that is not a scalar (raised by the first step), ``hf`` on a non-HF model.
         TypeError: ``model`` or ``make_batch`` of the wrong kind.
     """
-    from .config import size_profile
-    from .hardware import detect
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    check_positive_int("batch_size", batch_size)
     spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,
                             device=device, seed=seed, name=name)
     template = spec.build()

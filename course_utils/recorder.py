@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .formats import short_dtype
+from .hardware import require_device
+from .terms import short_dtype
 
 __all__ = ["VIEW_OPS", "OpRecord", "OpDtypeRecorder", "POLICY_PROBES", "autocast_policy"]
 
@@ -165,7 +167,6 @@ class OpDtypeRecorder(TorchDispatchMode):
 
 def _probe_calls(d: int, device) -> dict:
     """The calls `autocast_policy` tries: name -> function of one (2, 4, d) input."""
-    import torch.nn.functional as F
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(d, d, generator=g).to(device), torch.randn(d, generator=g).to(device)
     ln_w, ln_b = torch.ones(d, device=device), torch.zeros(d, device=device)
@@ -205,7 +206,6 @@ def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) ->
     Raises:
         ValueError: a device this machine lacks, or a dtype that is not fp16 or bf16.
     """
-    from .hardware import require_device
     require_device(device)
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"autocast_policy takes torch.float16 or torch.bfloat16, got {dtype}.")

@@ -4,11 +4,13 @@ committed under ``results/`` (GPU runs, lesson timings) as the lessons read them
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
 
-from .config import MiB
+from .measure import MEMORY_FIELDS
+from .terms import MiB
 
 __all__ = ["committed_results", "find_results", "bench_rows", "check_out_dir", "write_bench"]
 
@@ -83,7 +85,6 @@ def bench_rows(df: pd.DataFrame) -> list[dict]:
     """`course_utils.experiments.compare`'s table as ``bench.json`` rows: per configuration its
     ``label``, ``config``, ``measured`` and ``estimated`` bytes and seconds, ``ratios``,
     ``time_verdict``, ``emulated``, ``oom``, ``error``, ``notes`` (JSON-ready: NaN -> None)."""
-    from .measure import MEMORY_FIELDS
     rows = []
     for rec in df.to_dict(orient="records"):
         c = {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in rec.items()}
@@ -113,7 +114,6 @@ def check_out_dir(folder: str | Path) -> Path:
         ValueError: ``folder`` is an existing file, its parent is missing or not a folder, or
             it is not writable (the message says which).
     """
-    import os
     out = Path(folder)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is an existing file, not a folder.")

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from .checkpointing import sac_kept, selective_contexts
+from .terms import MiB, autocast_dtype, short_dtype
 
 __all__ = ["SavedTensorMeter", "measure_saved", "saved_bytes", "saved_by_module", "storage_bytes"]
 
@@ -169,14 +170,13 @@ class SavedTensorMeter:
         Raises:
             ValueError: the meter recorded nothing.
         """
-        from .formats import short_dtype
         if not self._seen:
             raise ValueError("the meter recorded no saved tensors: run a forward inside it first.")
         df = pd.DataFrame([{"bucket": r["bucket"], "dtype": short_dtype(r["dtype"]),
                             "bytes": r["nbytes"]} for r in self._seen.values()])
         out = df.groupby(["bucket", "dtype"]).agg(bytes=("bytes", "sum"),
                                                   tensors=("bytes", "size"))
-        out["MiB"] = out["bytes"] / 2**20
+        out["MiB"] = out["bytes"] / MiB
         return out.sort_values(["bucket", "bytes"], ascending=[True, False])[
             ["bytes", "MiB", "tensors"]]
 
@@ -201,7 +201,6 @@ def measure_saved(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     Raises:
         ValueError: an unknown precision.
     """
-    from .config import autocast_dtype
     dtype = autocast_dtype(precision)
     with SavedTensorMeter(model) as meter:
         with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):

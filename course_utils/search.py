@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from .config import GiB, RunConfig, cuda_index, device_kind
+from .config import RunConfig
+from .experiments import compare, plain_label, round_sig
 from .guard import MemoryRefused, cuda_memory_cap
 from .measure import Measurement, measure
 from .memory_model import estimate
+from .terms import GiB, MiB, check_positive_int, cuda_index, device_kind
 from .timing import TimeRatio, time_ratio
+from .training import train_step
 
 __all__ = ["BatchSearch", "Probe", "Race", "largest_batch", "memory_budget", "race"]
 
@@ -92,12 +95,11 @@ class BatchSearch:
         ``tokens/step``, ``peak MiB`` (its measured peak, three significant figures) and
         ``measurements`` (steps the search ran). The one step the search timed per batch is
         for the chart only (`course_utils.plots.budget_chart`): `race` times them properly."""
-        from .experiments import plain_label, round_sig
         m = self.measurement
         return {"config": plain_label(self.label), "largest batch": self.batch_size,
                 "tokens/step": self.batch_size * self.config.seq_len * self.config.grad_accum_steps,
                 "peak MiB": None if m is None or m.peak_allocated is None
-                else round_sig(m.peak_allocated / 2**20),
+                else round_sig(m.peak_allocated / MiB),
                 "measurements": len(self.probes)}
 
 
@@ -184,8 +186,7 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
     """
     for name, v in (("budget_bytes", budget_bytes), ("max_batch", max_batch), ("steps", steps),
                     ("warmup", warmup), ("guided_probes", guided_probes)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+        check_positive_int(name, v)
     kind = device_kind(config.device)
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"largest_batch needs a peak-memory counter; device {config.device!r} "
@@ -279,7 +280,7 @@ class Race:
         """One sentence from the numbers: who won, at which batches, and how sure."""
         p, c = self.plain, self.checkpointed
         return (f"{c.label} at batch {c.batch_size} vs {p.label} at batch {p.batch_size} under "
-                f"{self.budget_bytes / 2**20:,.1f} MiB: "
+                f"{self.budget_bytes / MiB:,.1f} MiB: "
                 + self.per_token.describe("time per token"))
 
 
@@ -296,8 +297,6 @@ def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int 
         ValueError: no fitting plain configuration or no fitting checkpointed one (each
             search's ``batch_size`` is 0), or the budgets differ.
     """
-    from .experiments import compare
-    from .training import train_step
     fitting = [s for s in searches if s.measurement is not None and s.batch_size > 0]
     plain = [s for s in fitting if s.config.checkpoint == "none"]
     ckpt = [s for s in fitting if s.config.checkpoint != "none"]

@@ -14,14 +14,21 @@ convention that ``platformdirs.user_cache_dir`` follows on Linux). Its records a
 `context_key`: the machine (device name and any ISA cap), the torch version and the size
 profile, so a result measured on another machine, torch or size is never shown as this one's.
 Deleting the file forgets everything; nothing else depends on it.
+
+The store knows files and keys, nothing of the hardware: a caller builds the key from what it
+detected (`context_key`; `course_utils.claims.this_context` for a lesson's verdicts), so this
+module sits below `course_utils.hardware` and `course_utils.config`, which use it.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 __all__ = ["store_dir", "store_path", "context_key", "load", "record", "lookup", "forget",
            "in_notebook"]
@@ -43,23 +50,16 @@ def store_path() -> Path:
     return store_dir() / _FILE
 
 
-def context_key(size: str | None = None, hw=None) -> str:
+def context_key(size: str, hw) -> str:
     """``"<device> <name>[ <ISA cap>] | torch <version> | size <profile>"``: what a stored result
     must match to be shown as this run's.
 
     Args:
-        size: the size profile (default `course_utils.config.size_profile`).
-        hw: a `course_utils.hardware.HardwareInfo` (default ``detect()``: the GPU if there is
-            one, else the CPU).
+        size: the size profile (``"any"`` for a record that holds at every size).
+        hw: a `course_utils.hardware.HardwareInfo` (its ``device``, ``name`` and ``isa_cap``).
     """
-    import torch
-
-    from .config import size_profile
-    from .hardware import detect
-    hw = hw or detect()
     cap = f" {hw.isa_cap}" if hw.isa_cap else ""
-    return (f"{hw.device} {hw.name}{cap} | torch {torch.__version__} | "
-            f"size {size or size_profile()}")
+    return f"{hw.device} {hw.name}{cap} | torch {torch.__version__} | size {size}"
 
 
 def load() -> dict:
@@ -72,7 +72,7 @@ def load() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def record(section: str, name: str, value: dict, key: str | None = None) -> bool:
+def record(section: str, name: str, value: dict, key: str) -> bool:
     """Write ``value`` (JSON-serialisable) as ``store[key][section][name]``, with the time it
     was recorded (``recorded_at``, seconds since the epoch). Atomic (a temporary file renamed).
 
@@ -80,7 +80,6 @@ def record(section: str, name: str, value: dict, key: str | None = None) -> bool
         True if written; False where the folder cannot be written (a read-only home, a
         sandbox): the lesson goes on, and the next lesson simply finds nothing.
     """
-    key = key or context_key()
     data = load()
     data.setdefault(key, {}).setdefault(section, {})[name] = {**value,
                                                               "recorded_at": time.time()}
@@ -95,14 +94,13 @@ def record(section: str, name: str, value: dict, key: str | None = None) -> bool
     return True
 
 
-def lookup(section: str, name: str, key: str | None = None) -> dict | None:
+def lookup(section: str, name: str, key: str) -> dict | None:
     """The record ``store[key][section][name]``, or None."""
-    return load().get(key or context_key(), {}).get(section, {}).get(name)
+    return load().get(key, {}).get(section, {}).get(name)
 
 
-def forget(key: str | None = None) -> None:
-    """Remove every record of ``key`` (default: this machine, torch and size)."""
-    key = key or context_key()
+def forget(key: str) -> None:
+    """Remove every record of ``key`` (a `context_key`)."""
     data = load()
     if data.pop(key, None) is not None:
         try:
@@ -114,7 +112,6 @@ def forget(key: str | None = None) -> None:
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (where a lesson runs), False in a script or under pytest:
     only a lesson's results are recorded by default."""
-    import sys
     ipython = sys.modules.get("IPython")
     if ipython is None or "ipykernel" not in sys.modules:
         return False

@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import pandas as pd
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 __all__ = ["Phase", "Timeline", "phase", "memory_timeline", "peak_bytes", "peak_during",
            "allocated_after"]
@@ -181,8 +182,6 @@ def _running(sizes) -> list[int]:
 
 
 def _cpu_timeline(fn: Callable) -> Timeline:
-    from torch.profiler import ProfilerActivity, profile
-
     with _silence_native_stderr():  # the profiler's C++ side logs start/stop lines
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             result = fn()

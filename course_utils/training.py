@@ -25,6 +25,7 @@ from .config import RunConfig
 from .data import batches, get_batch
 from .guard import check_feasible
 from .models import build_model
+from .terms import check_positive_int
 
 __all__ = ["DEFAULT_LR", "DEFAULT_MAX_GRAD_NORM", "train_step", "TrainState", "setup", "train",
            "TrainHistory", "evaluate"]
@@ -146,8 +147,7 @@ def train(config: RunConfig, steps: int, eval_every: int = 50, eval_batches: int
             tiny size takes minutes; bf16 on a GPU that emulates it), unless ``force``.
     """
     for name, v in (("steps", steps), ("eval_every", eval_every), ("eval_batches", eval_batches)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}.")
+        check_positive_int(name, v)
     check_feasible(config, force=force)
     state = setup(config, lr=lr)
     hist = TrainHistory(config)

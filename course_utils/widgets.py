@@ -39,9 +39,10 @@ import time
 
 import ipywidgets as widgets
 import pandas as pd
+from IPython.display import display
 
 from .checkpointing import MODES
-from .config import GiB, RunConfig, config_for, size_profile
+from .config import RunConfig, config_for, size_profile
 from .dashboard_report import (
     box,
     dtype_text,
@@ -60,6 +61,7 @@ from .hardware import HardwareInfo, detect, recommend_precision
 from .measure import OutOfMemory
 from .memory_model import estimate
 from .plots import dashboard_chart
+from .terms import GiB
 from .timing import default_budget_s
 from .training import train_step
 
@@ -236,7 +238,6 @@ class Dashboard:
 
     def _ipython_display_(self, **kwargs):
         """Display the layout (works with ipywidgets 7, which has no ``_repr_mimebundle_``)."""
-        from IPython.display import display
         display(self.widget)
 
     # ------------------------------------------------------------------ state

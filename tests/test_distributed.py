@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import distributed
+from course_utils import distributed, hardware, plots
 from course_utils.config import config_for
+from course_utils.hardware import usable_cores
 from course_utils.memory_model import estimate, sharded_estimate, sharded_state_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +123,7 @@ def test_launch_rejects_a_bad_rank_count(tmp_path, nproc):
 
 def test_launch_refuses_more_ranks_than_the_machine_runs(tmp_path):
     script = write(tmp_path, "ok.py", "")
-    cores = distributed.usable_cores()
+    cores = usable_cores()
     with pytest.raises(ValueError, match=f"lets this process use {cores}"):
         distributed.launch(script, cores + 1, backend="gloo")
     if torch.cuda.device_count() < 2:
@@ -213,13 +214,28 @@ def test_ranks_end_without_interpreter_teardown(tmp_path):
 
 
 def test_threads_per_rank_share_out_the_callers_budget(monkeypatch):
-    cores = distributed.usable_cores()
+    cores = usable_cores()
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert distributed.threads_per_rank(2) == 1
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert distributed.threads_per_rank(2) == max(1, cores // 2)
     monkeypatch.setenv("OMP_NUM_THREADS", str(4 * cores))  # never more than the cores
     assert distributed.threads_per_rank(1) == cores
+
+
+def test_gloo_ranks_and_torch_threads_follow_one_core_rule_under_a_cpu_quota(tmp_path, monkeypatch):
+    """A container limited to one CPU's worth (cgroup v2 ``cpu.max``) on a machine with more
+    cores: torch's threads and the gloo ranks both see one core."""
+    quota = tmp_path / "cpu.max"
+    quota.write_text("100000 100000\n")
+    monkeypatch.setattr(hardware, "CPU_QUOTA", str(quota))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert hardware.usable_cores() == 1
+    assert distributed.max_world_size("gloo") == 1 and distributed.threads_per_rank(1) == 1
+    with pytest.raises(ValueError, match="lets this process use 1"):
+        distributed.launch(write(tmp_path, "ok.py", ""), 2, backend="gloo")
+    quota.write_text("max 100000\n")  # no quota: the affinity and the physical cores decide
+    assert distributed.max_world_size("gloo") == hardware.usable_cores() >= 1
 
 
 def test_a_rank_without_a_report_is_an_error(tmp_path):
@@ -240,7 +256,7 @@ def lesson_script(cell_id: str) -> str:
     return body
 
 
-@pytest.mark.skipif(distributed.usable_cores() < 2, reason="two gloo ranks need two CPU cores")
+@pytest.mark.skipif(usable_cores() < 2, reason="two gloo ranks need two CPU cores")
 def test_zero_stages_measured_with_two_gloo_ranks_match_the_estimate(tmp_path):
     script = write(tmp_path, "shard_memory.py", lesson_script("fsdp-script"))
     run = distributed.launch(script, 2, ["--size", "smoke", "--backend", "gloo"], backend="gloo",
@@ -270,5 +286,5 @@ def test_zero_stages_measured_with_two_gloo_ranks_match_the_estimate(tmp_path):
         assert abs(s3 / s0 - 0.5) < 0.001
     table = distributed.sharding_table(run.reports, cfg)
     assert len(table) == 8 and (table["worst part / estimate"] - 1).abs().max() < 0.05
-    fig = distributed.sharding_chart(table, cfg)
+    fig = plots.sharding_chart(table, cfg)
     assert len(fig.axes[0].lines) == 4 and len(fig.axes[0].collections) == 4   # 4 stages: line + dots

@@ -17,7 +17,6 @@ from course_utils.formats import (
     format_table,
     log2_histogram,
     resolve_dtype,
-    short_dtype,
     underflow_stats,
     underflow_table,
 )
@@ -25,6 +24,7 @@ from course_utils.gradients import capture_gradients
 from course_utils.models import build_model
 from course_utils.recorder import OpDtypeRecorder
 from course_utils.saved_tensors import SavedTensorMeter, measure_saved
+from course_utils.terms import short_dtype
 
 FP16_SUB = 2.0 ** -24          # fp16's smallest subnormal (IEEE 754 binary16)
 

@@ -5,10 +5,11 @@ import pytest
 
 from course_utils import guard, hardware
 from course_utils.cli import main as bench
-from course_utils.config import GiB, MiB, config_for
+from course_utils.config import config_for
 from course_utils.guard import MemoryRefused, cgroup_memory, check_feasible, memory_headroom
 from course_utils.hardware import HardwareInfo
 from course_utils.memory_model import estimate
+from course_utils.terms import GiB, MiB
 
 CPU = HardwareInfo(device="cpu", name="test CPU", cpu_features={"avx2": True}, bf16_emulated=True)
 

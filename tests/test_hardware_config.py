@@ -135,7 +135,7 @@ def test_threads_obey_omp_num_threads_and_back_off_beside_busy_processes(monkeyp
         choice = hardware.use_threads()
         assert choice.threads == 1 == torch.get_num_threads() and "OMP_NUM_THREADS" in choice.reason
         monkeypatch.delenv("OMP_NUM_THREADS")
-        monkeypatch.setattr(hardware, "_usable_cores", lambda: 4)
+        monkeypatch.setattr(hardware, "usable_cores", lambda: 4)
         monkeypatch.setattr(hardware, "_cpu_busy", lambda s: 2.1)  # another process: 2 cores
         choice = hardware.use_threads()
         assert choice.threads == 2 == torch.get_num_threads() and "busy" in choice.reason

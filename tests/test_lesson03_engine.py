@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from course_utils import build_model, evidence, get_batch, lora, plots, verdict
-from course_utils.config import GiB
 from course_utils.experiments import compare
 from course_utils.measure import Measurement, memory_step, warm_up
 from course_utils.memory_model import estimate, parameter_count
 from course_utils.plots.ladder import adoption_story
+from course_utils.terms import GiB
 from course_utils.training import train_step
 
 TINY = evidence.small_config()
@@ -151,7 +151,7 @@ def test_accumulation_c17_depends_for_train_step_and_is_busted_without_the_divis
     bad = evidence.accumulation(TINY, k=4, step_fn=undivided)
     assert bad["grad_rel_err"] == pytest.approx(3, rel=0.01)
     assert verdict("C17", **bad).status == "busted"
-    with pytest.raises(ValueError, match="k >= 2"):
+    with pytest.raises(ValueError, match=r"k \(micro-batches\) must be an integer >= 2"):
         evidence.accumulation(TINY, k=1)
 
 

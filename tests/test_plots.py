@@ -20,7 +20,9 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from course_utils import lora, plots
+from course_utils import distributed, lora, plots
+from course_utils.config import config_for
+from course_utils.memory_model import sharded_estimate
 
 MiB = 2**20
 RATIO = re.compile(r"\d+\.\d+x")
@@ -196,7 +198,22 @@ def charts():
         ("attention_memory_chart", lambda: plots.attention_memory_chart(att)),
         ("styled_claims", lambda: plots.styled_claims(claims)),
         ("routes_chart", lambda: plots.routes_chart(lora.routes(), gpu_gib=24, size="cpu")),
+        ("sharding_chart", lambda: plots.sharding_chart(sharding_table(), SHARDED)),
     ]
+
+
+#: The model whose per-rank training state `sharding_table` holds.
+SHARDED = config_for("smoke", device="cpu")
+
+
+def sharding_table():
+    """`course_utils.distributed.sharding_table` of two ranks at ZeRO stages 0 and 3, each
+    rank measured at exactly the estimate."""
+    reports = [{"world_size": 2, "rank": r, "stages": {
+        s: {k: getattr(sharded_estimate(SHARDED, 2, s), k)
+            for k in ("parameters", "gradients", "optimizer_state")} for s in (0, 3)}}
+        for r in (0, 1)]
+    return distributed.sharding_table(reports, SHARDED)
 
 
 @functools.cache
@@ -314,7 +331,7 @@ def test_a_chart_gives_jupyter_a_png():
 
 
 def test_all_lists_every_public_chart():
-    assert sorted(n for n in plots.__all__ if n != "MiB") == sorted(n for n, _ in charts())
+    assert sorted(plots.__all__) == sorted(n for n, _ in charts())
 
 
 @pytest.mark.parametrize("call", [
@@ -328,6 +345,7 @@ def test_all_lists_every_public_chart():
     lambda: plots.scale_chart(scale_table().iloc[:0]),
     lambda: plots.saved_tensors_chart({}),
     lambda: plots.memory_timeline_chart({}),
+    lambda: plots.sharding_chart(sharding_table().iloc[:0], SHARDED),
     lambda: plots.loss_curves_chart({}),
     lambda: plots.styled_claims(pd.DataFrame(columns=["says", "status", "evidence", "where"])),
 ])

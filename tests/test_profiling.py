@@ -18,9 +18,9 @@ import torch.nn as nn
 import course_utils.guard as guard
 from course_utils import model_zoo
 from course_utils.card import profile_and_recommend, recommend
+from course_utils.cli_args import parse_bytes
 from course_utils.cli_profile import main as cli_main
-from course_utils.cli_profile import parse_bytes
-from course_utils.config import MiB, config_for
+from course_utils.config import config_for
 from course_utils.extrapolate import block_input_bytes, check_prediction, extrapolate
 from course_utils.measure import measure
 from course_utils.memory_model import estimate
@@ -35,6 +35,7 @@ from course_utils.profiling import (
     wrap_blocks,
 )
 from course_utils.saved_tensors import SavedTensorMeter
+from course_utils.terms import MiB
 
 POLICIES = ("none", "full", "every-2", "selective", "offload", "offload+checkpoint")
 
@@ -350,7 +351,7 @@ def test_on_cuda_the_card_plans_below_the_budget_and_steps_down_after_an_out_of_
     # On an H100 the plan at 99.9% of the budget ran out of memory (the allocator reserves more
     # than it allocates): the card plans to CUDA_PLANNING_SHARE of the budget, and a micro-batch
     # whose real step runs out of memory is never the one recommended.
-    from course_utils import extrapolate as extrapolate_module
+    from course_utils import card as card_module
     from course_utils.card import BACK_OFF, CUDA_PLANNING_SHARE
     from course_utils.extrapolate import PredictionCheck
     from course_utils.hardware import HardwareInfo
@@ -372,7 +373,7 @@ def test_on_cuda_the_card_plans_below_the_budget_and_steps_down_after_an_out_of_
         return PredictionCheck(policy, batch_size, budget_bytes, e.peak(batch_size, policy),
                                None if oom else e.peak(batch_size, policy), None, not oom, oom,
                                "ran out of memory" if oom else "fits")
-    monkeypatch.setattr(extrapolate_module, "check_prediction", fake_check)
+    monkeypatch.setattr(card_module, "check_prediction", fake_check)  # the card's own check
     gpu = HardwareInfo(device="cuda", name="fake GPU", compute_capability=(9, 0), native_bf16=True)
     card = recommend(prof, exs, budget, hw=gpu)
     assert ran[0] == planned and len(ran) == 3 and ran == sorted(ran, reverse=True)

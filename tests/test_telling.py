@@ -27,8 +27,10 @@ import pytest
 from matplotlib.figure import Figure
 
 from course_utils import claims, memory_model, plots, store
-from course_utils.config import GiB, MiB, config_for
+from course_utils.config import config_for
 from course_utils.experiments import summary
+from course_utils.hardware import detect
+from course_utils.terms import GiB, MiB
 from course_utils.timing import time_ratio
 
 matplotlib.use("Agg")
@@ -74,7 +76,7 @@ def test_only_what_no_lesson_recorded_is_measured_again_and_labelled(results_dir
 def test_a_verdict_is_recorded_only_for_this_machine_torch_and_size(results_dir):
     claims.verdict("C11", where="01 §3", record=True, **C11_LESSON)
     assert claims.recorded_verdict("C11") is not None
-    assert claims.recorded_verdict("C11", key=store.context_key(size="a100")) is None
+    assert claims.recorded_verdict("C11", key=store.context_key("a100", detect())) is None
 
 
 # --- 2. faster/slower never inside the printed interval ---------------------------------------

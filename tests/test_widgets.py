@@ -21,13 +21,14 @@ from matplotlib.figure import Figure
 
 from course_utils import guard
 from course_utils import widgets as W
-from course_utils.config import GiB, MiB, config_for
+from course_utils.config import config_for
 from course_utils.dashboard_run import StepClock, calibration_config, effective_flops, run_configs
 from course_utils.experiments import _table
 from course_utils.hardware import HardwareInfo, detect, is_emulated, recommend_precision
 from course_utils.measure import Measurement
 from course_utils.memory_model import estimate
 from course_utils.plots import dashboard_chart
+from course_utils.terms import GiB, MiB
 from course_utils.training import train_step
 from course_utils.widgets import Dashboard, dashboard, history_table, oom_suggestions
 
@@ -140,7 +141,7 @@ def test_defaults_come_from_the_size_profile_and_the_recipe(monkeypatch):
     assert d.history.empty and body_rows(d.table.value) == 0
     assert d.stop_button.disabled and not d.run_button.disabled
     shown = []
-    monkeypatch.setattr("IPython.display.display", lambda *objs, **kw: shown.extend(objs))
+    monkeypatch.setattr(W, "display", lambda *objs, **kw: shown.extend(objs))
     d._ipython_display_()  # what IPython calls for a cell's last expression, on 7.x and 8.x
     assert shown == [d.widget] and d.widget.model_id
     assert Dashboard(size="cpu", hw=AVX2).batch_size.value == config_for("cpu").batch_size

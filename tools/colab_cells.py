@@ -367,8 +367,9 @@ def t4_estimate(size: str = "t4", gpu: GPUSpec = T4):
     """
     import pandas as pd
 
-    from course_utils.config import GiB, config_for, step_flops
+    from course_utils.config import config_for, step_flops
     from course_utils.memory_model import estimate
+    from course_utils.terms import GiB
 
     base = config_for(size, device="cpu")
     rows = []

@@ -7,10 +7,9 @@ expression of a notebook cell, and ``fig.savefig(...)`` writes it anywhere.
 Modules: `ladder` (a `compare` table: the ladder, the dashboard, the order of adoption),
 `tradeoffs` (the Pareto front, the largest batch under a budget), `formats` (lesson 01: number
 formats, gradient histograms, GradScaler, loss curves), `memory` (where the bytes are:
-breakdowns, saved tensors, growth, timeline, estimates at scale), `checkpointing` (segments,
-attention), `claims` (the ledger as a table).
+breakdowns, saved tensors, growth, timeline, estimates at scale, ZeRO sharding per rank),
+`checkpointing` (segments, attention), `claims` (the ledger as a table).
 """
-from ..config import MiB
 from .checkpointing import attention_memory_chart, segments_chart
 from .claims import styled_claims
 from .formats import format_range_chart, log2_histogram_chart, loss_curves_chart, scaler_trace_chart
@@ -21,11 +20,11 @@ from .memory import (
                      memory_timeline_chart,
                      saved_tensors_chart,
                      scale_chart,
+                     sharding_chart,
 )
 from .tradeoffs import budget_chart, pareto_chart, routes_chart
 
 __all__ = [
-    "MiB",
     "adoption_chart",
     "attention_memory_chart",
     "budget_chart",
@@ -42,6 +41,7 @@ __all__ = [
     "scale_chart",
     "scaler_trace_chart",
     "segments_chart",
+    "sharding_chart",
     "styled_claims",
     "routes_chart",
 ]

@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from ..config import MiB
+from ..terms import MiB
 
 #: Memory buckets (`Measurement` / `MemoryEstimate` field names) -> colour.
 COLORS = MappingProxyType({

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
-from ..config import MiB
+from ..terms import MiB
 from ._style import mib, new_figure, set_title, with_size
 
 

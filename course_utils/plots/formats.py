@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from ..formats import format_info
 from ._style import FORMAT_COLORS, SERIES, new_figure, with_size
 
 
@@ -77,8 +78,6 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
     Raises:
         ValueError: no histograms, or a scale that is not a positive number.
     """
-    from ..formats import format_info
-
     if not hists:
         raise ValueError("log2_histogram_chart needs at least one histogram.")
     if scale is not None and not scale > 0:

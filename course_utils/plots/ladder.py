@@ -6,11 +6,15 @@ Step-time ratios are printed only where the measured noise allows (`._timing`): 
 """
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
+import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..config import MiB
+from ..terms import MiB
+from ..timing import time_ratio
 from ._style import (
     ALERT_COLOR,
     BASELINE_COLOR,
@@ -71,7 +75,6 @@ def _caption(fig, labels, t_ms, notes, reference: int | None = 0) -> None:
 def _put_caption(fig, text: str, width: int = 150) -> None:
     """``text`` under the chart: as the title of the figure's legend below the panels when it
     has one (so the two do not overlap), else as the figure's x label."""
-    import textwrap
     wrapped = textwrap.fill(text, width)
     if fig.legends:
         legend = fig.legends[-1]
@@ -338,9 +341,6 @@ def adoption_story(df, steps, estimates=()):
     Raises:
         ValueError: no steps, or a label that is not a row of ``df``.
     """
-    import pandas as pd
-
-    from ..timing import time_ratio
     if not steps:
         raise ValueError("adoption_story() needs at least one step.")
     labels = list(df["label"])

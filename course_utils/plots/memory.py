@@ -9,7 +9,8 @@ import matplotlib
 import numpy as np
 from matplotlib.lines import Line2D
 
-from ..config import MiB
+from ..memory_model import PEAK_PARTS, ZERO_STAGES, sharded_estimate
+from ..terms import MiB
 from ._style import ALERT_COLOR, COLORS, HATCH, lay_out, mib, new_figure, overlaps, set_title, with_size
 
 _BREAKDOWN = (("parameters", "parameters"), ("gradients", "gradients"),
@@ -276,7 +277,6 @@ def scale_chart(table, gpus=None, title: str = ""):
     Raises:
         ValueError: an empty table, or one without the peak's parts.
     """
-    from ..memory_model import PEAK_PARTS
     if len(table) == 0:
         raise ValueError("scale_chart() needs a non-empty scale_table().")
     table = table.attrs.get("detail", table)
@@ -324,4 +324,42 @@ def scale_chart(table, gpus=None, title: str = ""):
     fig.legend(handles, labels, fontsize=8, ncol=6, loc="outside lower center", frameon=False)
     set_title(fig, title)
     _stack_labels(fig, placed)
+    return fig
+
+
+def sharding_chart(table, config, ranks=(1, 2, 4, 8), title: str = "training state per rank"):
+    """Per-rank training state (MiB) against the number of ranks, one colour per ZeRO stage:
+    `course_utils.memory_model.sharded_estimate` of ``config`` as a line over ``ranks`` (and the
+    ranks measured), each rank's measurement in ``table`` as a dot.
+
+    Args:
+        table: `course_utils.distributed.sharding_table`'s DataFrame (``ranks``, ``ZeRO stage``,
+            ``total`` in MiB, one row per rank).
+        config: the `RunConfig` whose model was measured.
+        ranks: world sizes the estimate's lines are drawn over (log2 axis).
+        title: the axes title.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` made without pyplot.
+
+    Raises:
+        ValueError: ``table`` has no rows.
+    """
+    if len(table) == 0:
+        raise ValueError("sharding_chart needs at least one measured rank.")
+    xs = sorted(set(ranks) | {int(k) for k in table["ranks"]})
+    fig = new_figure((6.4, 3.6))
+    ax = fig.subplots()
+    for stage in ZERO_STAGES:
+        est = [sharded_estimate(config, k, stage).total / MiB for k in xs]
+        (line,) = ax.plot(xs, est, label=f"stage {stage}")
+        g = table[table["ZeRO stage"] == stage]
+        ax.scatter(g["ranks"], g["total"], color=line.get_color(), zorder=3, s=22)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(k) for k in xs])
+    ax.set_xlabel("ranks (data-parallel processes)")
+    ax.set_ylabel("MiB per rank")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{title}\nlines: estimate; dots: each rank's measurement")
+    ax.legend(fontsize=8, title="ZeRO", title_fontsize=8)
     return fig

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.lines import Line2D
 
-from ..config import MiB
+from ..terms import MiB
 from ._style import (
     ALERT_COLOR,
     COLORS,
@@ -22,6 +22,7 @@ from ._style import (
     with_size,
 )
 from ._timing import emulated_caption, time_notes
+from .ladder import _put_caption
 
 
 def _tied(notes, bands, i: int, j: int) -> bool:
@@ -124,7 +125,6 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
                frameon=False)
     caption = emulated_caption(labels, t, notes, None if emulated[0] else (labels[0], t[0]))
     if caption:
-        from .ladder import _put_caption
         _put_caption(fig, caption, width=110)
     place_point_labels(fig, ax, texts)
     return fig
