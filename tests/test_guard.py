@@ -133,23 +133,6 @@ def test_mps_runs_are_told_that_their_peak_is_measured_on_the_cpu():
     assert hardware.MPS_PEAK_NOTE in notes and "no peak-memory counter" in hardware.MPS_PEAK_NOTE
 
 
-def test_the_guard_sits_above_hardware_and_the_memory_model():
-    """The imports (function-local ones included) go one way: guard -> hardware, memory_model
-    -> config; neither of the two imports the guard back, and hardware does not import the
-    memory model (the old circle config -> hardware -> memory_model -> config)."""
-    import ast
-    from pathlib import Path
-
-    import course_utils
-
-    def imports(name):
-        tree = ast.parse((Path(course_utils.__file__).parent / f"{name}.py").read_text())
-        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
-    assert {"hardware", "memory_model", "config"} <= imports("guard")
-    assert not {"guard", "memory_model"} & imports("hardware")
-    assert not {"guard", "hardware"} & imports("memory_model")
-
-
 def test_the_cuda_memory_cap_names_the_device_by_index_and_lifts_itself(monkeypatch):
     # torch refuses a device without an index here ("Expected a torch.device with a specified
     # index", torch 2.11 on an H100): the cap passes the index of "cuda" and of "cuda:1".
