@@ -17,8 +17,8 @@ import pandas as pd
 from .cli_args import comma_list, positive_int
 from .config import SIZE_PROFILES, config_for, size_profile
 from .experiments import compare, ladder, summary
-from .guard import check_feasible
 from .hardware import detect, recommend_precision, report, use_threads
+from .measure import accept
 from .results import bench_rows, check_out_dir, write_bench
 from .terms import PRECISIONS
 
@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                         if not (pr == "fp32" and po == "none")]
         else:
             configs = ladder(base, hw)
-        for cfg in configs:
-            check_feasible(cfg, hw, force=args.force)
+        configs = [accept(cfg, hw, force=args.force) for cfg in configs]  # the guard's one check
     except ValueError as e:
         print(f"course-bench: {e}", file=sys.stderr)
         return 2

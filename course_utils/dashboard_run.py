@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from .checkpointing import parse_policy
 from .config import RunConfig, step_flops
 from .hardware import HardwareInfo, is_emulated, recommend_precision
-from .measure import memory_step, warm_up
+from .measure import memory_step, prepare
 from .saved_tensors import SavedTensorMeter
 from .terms import autocast_dtype, short_dtype
 from .timing import MIN_ROUNDS, steps_for_budget, time_step
@@ -226,9 +226,7 @@ class StepClock:
         Runs through ``hook`` (so Stop works). Returns the configuration timed.
         """
         cal = calibration_config(config, hw)
-        tiny = is_emulated(hw, cal.precision) and hw.device == "cpu"
-        state = setup(cal, step_fn=hook)
-        warm_up(state, 1, tiny=tiny)  # also pays the process's first-use costs (data, kernels)
+        state = prepare(cal, hw, hook)  # the warm-up also pays first-use costs (data, kernels)
         fixed = None
         if cal.device not in self.factors:
             t0 = time.perf_counter()

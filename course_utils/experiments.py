@@ -17,21 +17,21 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .config import SIZE_PROFILES, RunConfig, size_profile
-from .guard import check_feasible
-from .hardware import detect, is_emulated, recommend_precision
+from .hardware import detect, recommend_precision
 from .measure import (
-    EMULATED_TIMING,
     MEMORY_FIELDS,
+    Accepted,
     Measurement,
-    OutOfMemory,
-    memory_step,
+    accept,
+    measure_memory,
+    new_measurement,
     report_gaps,
-    warm_up,
+    time_in_alternation,
 )
 from .memory_model import estimate
 from .terms import MiB, check_positive_int
-from .timing import default_budget_s, interleaved, printed_band, time_ratio
-from .training import setup, train_step
+from .timing import default_budget_s, printed_band, time_ratio
+from .training import train_step
 
 __all__ = ["ladder", "compare", "summary", "size_of", "time_cell", "plain_label", "round_sig"]
 
@@ -72,17 +72,20 @@ def ladder(base: RunConfig, hw=None) -> list[RunConfig]:
     return rows
 
 
-def compare(configs: list[RunConfig], *, budget_s: float | None = None,
+def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = None,
             steps: int | None = None, timed: bool = True, progress: bool = True,
             force: bool = False, step_fn=train_step, hw=None) -> pd.DataFrame:
     """Measure and estimate each configuration; one row each, ratios to the first row.
 
-    Each configuration is built and warmed up, and one step measures its memory (saved
-    tensors, gradients, optimizer state, peak). Then every configuration whose precision runs
-    natively here is timed step by step in alternation, round after round, for about
-    ``budget_s`` seconds (default: per size profile) or exactly ``steps`` rounds; an emulated
-    one is timed with one step. Time ratios use the per-round ratios: a difference within
-    their noise band is "within noise" (`course_utils.timing.time_ratio`).
+    Each configuration is checked once by the run guard (`course_utils.measure.accept`; an
+    `Accepted` one is not checked again), all before anything runs. Then each is built, warmed
+    up, and one step measures its memory (saved tensors, gradients, optimizer state, peak:
+    `course_utils.measure.measure_memory`, the core `measure` uses too). Then every
+    configuration whose precision runs natively here is timed step by step in alternation,
+    round after round, for about ``budget_s`` seconds (default: per size profile) or exactly
+    ``steps`` rounds; an emulated one is timed with one step. Time ratios use the per-round
+    ratios: a difference within their noise band is "within noise"
+    (`course_utils.timing.time_ratio`).
 
     Columns: ``label``, the config fields, for each memory field ``F`` (bytes) ``F`` measured
     and ``est_F`` estimated, ``saved_total`` / ``est_saved_total``, ``est_recompute``,
@@ -102,15 +105,16 @@ def compare(configs: list[RunConfig], *, budget_s: float | None = None,
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
     check_positive_int("steps", steps, allow_none=True)
     hws = {}
+    accepted = []
     for cfg in configs:  # refuse before measuring anything
-        if cfg.device not in hws:
+        if not isinstance(cfg, Accepted) and cfg.device not in hws:
             hws[cfg.device] = hw if hw is not None else detect(cfg.device)
-        check_feasible(cfg, hws[cfg.device], force=force)
-    size = size_of(configs[0])
+        accepted.append(accept(cfg, None if isinstance(cfg, Accepted) else hws[cfg.device],
+                               force=force))
+    first = accepted[0].config
+    size = size_of(first)
     budget = budget_s or default_budget_s(size)
-    ms = [Measurement(config=c, device_name=hws[c.device].name,
-                      emulated=is_emulated(hws[c.device], c.precision),
-                      notes=check_feasible(c, hws[c.device], force=True)) for c in configs]
+    ms = [new_measurement(a) for a in accepted]
     if progress:
         slow = sorted({m.config.precision for m in ms if m.emulated})
         tqdm.write(f"measuring {len(configs)} configuration(s): memory with one step each"
@@ -118,39 +122,17 @@ def compare(configs: list[RunConfig], *, budget_s: float | None = None,
                    + (f"; {', '.join(slow)} is emulated here: timed with one step" if slow
                       and timed else ""))
     states = {}
-    for i, m in enumerate(tqdm(ms, desc="memory", disable=not progress, leave=False)):
-        try:
-            st = setup(m.config, step_fn=step_fn)
-            warm_up(st, 1, tiny=m.emulated and hws[m.config.device].device == "cpu")
-            mem = memory_step(st)
-            profiled_s = mem.pop("step_s")
-            for k, v in mem.items():
-                setattr(m, k, v)
-            if timed and m.emulated and steps is None:  # the fewest steps: the profiled one
-                m.add_times([profiled_s])
-                m.timing = EMULATED_TIMING
-            elif timed:
-                states[i] = st
-        except OutOfMemory as e:
-            m.oom, m.error = True, f"out of memory: {str(e).strip().splitlines()[0]}"
+    for i, (m, a) in enumerate(zip(tqdm(ms, desc="memory", disable=not progress, leave=False),
+                                   accepted)):
+        st = measure_memory(m, a, step_fn, time_emulated=timed and steps is None)
+        if timed and st is not None:
+            states[i] = st
     if states:
         order = list(states)
-        bar = tqdm(total=len(order), desc="step time", disable=not progress, leave=False)
-        try:
-            times = interleaved([states[i].step for i in order],
-                                budget if steps is None else None, rounds=steps, progress=bar,
-                                device=configs[0].device)
-        except OutOfMemory as e:  # all models alive at once did not fit: memory stays measured
-            times = [[] for _ in order]
-            for i in order:
-                ms[i].error = (f"out of memory while timing the configurations together: "
-                               f"{str(e).strip().splitlines()[0]}; compare fewer at a time")
-        finally:
-            bar.close()
-        for i, t in zip(order, times):
-            ms[i].add_times(t)
-            ms[i].timing = (f"{len(t)} steps in alternation with the other rows" if t
-                            else "not timed")
+        with tqdm(total=len(order), desc="step time", disable=not progress, leave=False) as bar:
+            time_in_alternation([ms[i] for i in order], [states[i] for i in order],
+                                budget if steps is None else None, steps, progress=bar,
+                                device=first.device)
     states.clear()
     return _table(ms, size)
 

@@ -22,6 +22,7 @@ How each number is taken:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -37,21 +38,24 @@ import torch
 from .config import RunConfig, size_profile
 from .data import get_batch
 from .guard import check_feasible
-from .hardware import detect, is_emulated
+from .hardware import HardwareInfo, detect, is_emulated
 from .saved_tensors import SavedTensorMeter, storage_bytes
 from .terms import MiB, check_positive_int
 from .timeline import peak_during
-from .timing import default_budget_s, spread, steps_for_budget, time_step
+from .timing import default_budget_s, interleaved, spread, steps_for_budget, time_step
 from .training import setup, train_step
 
 __all__ = ["MEMORY_FIELDS", "EMULATED_TIMING", "Measurement", "warm_up", "memory_step", "measure",
-           "OutOfMemory", "GAP_TOLERANCE", "EstimateGap", "estimate_gaps", "report_gaps"]
+           "OutOfMemory", "GAP_TOLERANCE", "EstimateGap", "estimate_gaps", "report_gaps",
+           "Accepted", "accept", "new_measurement", "prepare", "measure_memory",
+           "time_in_alternation", "ran_out_of_memory", "out_of_memory_message",
+           "noting_out_of_memory"]
 
 #: Memory fields (bytes) shared by `Measurement` and `MemoryEstimate`.
 MEMORY_FIELDS = ("parameters", "gradients", "optimizer_state", "activations",
                  "autocast_weight_copies", "logits", "peak_allocated")
 
-#: How the time of an emulated precision is taken, in words (`measure`, `compare`).
+#: How the time of an emulated precision is taken, in words (`measure_memory`).
 EMULATED_TIMING = ("1 step, the one profiled for memory: this precision is emulated here, so its "
                    "time is not the speed of real hardware")
 
@@ -344,13 +348,164 @@ def _cpu_peak(state) -> int:
     return base + peak
 
 
-def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | None = None,
-            warmup: int = 1, timed: bool = True, force: bool = False, step_fn=train_step,
-            hw=None) -> Measurement:
+# --- the measurement core, shared by measure() and compare() -----------------------------------
+
+@dataclass(frozen=True)
+class Accepted:
+    """A configuration the run guard accepted (`accept`), with what the learner should be told.
+
+    Attributes:
+        config: the `RunConfig`.
+        hw: the `HardwareInfo` of ``config.device``.
+        notes: the guard's notes (`course_utils.guard.check_feasible`), e.g. that bf16 is
+            emulated on this CPU.
+    """
+
+    config: RunConfig
+    hw: HardwareInfo
+    notes: tuple = ()
+
+    @property
+    def emulated(self) -> bool:
+        """The precision only runs by emulation here (`course_utils.hardware.is_emulated`)."""
+        return is_emulated(self.hw, self.config.precision)
+
+
+def accept(config: RunConfig | Accepted, hw: HardwareInfo | None = None, *,
+           force: bool = False) -> Accepted:
+    """The run guard's one check of ``config`` (`course_utils.guard.check_feasible`): every entry
+    point that measures asks it once per configuration, before anything runs, and hands the
+    `Accepted` on. An `Accepted` is returned as it is (checked already).
+
+    Raises:
+        ValueError: a device this machine lacks, or a configuration the guard refuses (unless
+            ``force``; `course_utils.guard.MemoryRefused` for memory).
+    """
+    if isinstance(config, Accepted):
+        return config
+    hw = hw or detect(config.device)
+    return Accepted(config, hw, tuple(check_feasible(config, hw, force=force)))
+
+
+def new_measurement(accepted: Accepted) -> Measurement:
+    """An empty `Measurement` of an accepted configuration: its device, the guard's notes and
+    whether the precision is emulated here."""
+    return Measurement(config=accepted.config, device_name=accepted.hw.name,
+                       notes=list(accepted.notes), emulated=accepted.emulated)
+
+
+def ran_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says that memory ran out: torch's `OutOfMemory` (CUDA, MPS), or the CPU
+    allocator's ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory", which torch
+    raises without a type of its own; the one place the course reads an error's text)."""
+    if isinstance(error, OutOfMemory):
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+
+
+def out_of_memory_message(config, hw_name: str, error: BaseException, when: str = "") -> str:
+    """The course's one out-of-memory message, e.g. ``"out of memory on Tesla T4 at batch 64,
+    seq 512 (bf16+full): CUDA out of memory. Tried to allocate 2.00 GiB. Try a smaller batch or
+    sequence, a low precision, or a checkpoint policy such as 'full'."``
+
+    Args:
+        config: a `RunConfig` (or any config with ``batch_size`` and ``label``, ``seq_len`` where
+            it has one: `course_utils.profiling.ProfileConfig`).
+        hw_name: the device's name; error: what was raised (its first line is quoted).
+        when: words after the configuration, e.g. ``" while timing the configurations
+            together"``.
+    """
+    first = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+    seq = getattr(config, "seq_len", None)
+    where = f"at batch {config.batch_size}" + (f", seq {seq}" if seq else "")
+    return (f"out of memory on {hw_name} {where} ({config.label}){when}: {first}. Try a smaller "
+            "batch or sequence, a low precision, or a checkpoint policy such as 'full'.")
+
+
+@contextlib.contextmanager
+def noting_out_of_memory(m: Measurement, when: str = ""):
+    """Inside the block, running out of memory (`ran_out_of_memory`) marks ``m`` (``oom=True``,
+    ``error`` = `out_of_memory_message`) instead of raising; any other error passes through."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
+        if not ran_out_of_memory(e):
+            raise
+        m.oom, m.error = True, out_of_memory_message(m.config, m.device_name, e, when)
+
+
+def prepare(config: RunConfig, hw: HardwareInfo, step_fn=train_step, warmup: int = 1):
+    """Set up ``config``'s model, optimizer and data (`course_utils.training.setup`) and warm
+    it up (`warm_up`: on a tiny batch where the precision is emulated on ``hw``, a CPU).
+
+    Returns:
+        The warmed-up `course_utils.training.TrainState`.
+    """
+    state = setup(config, step_fn=step_fn)
+    warm_up(state, warmup, tiny=is_emulated(hw, config.precision) and hw.device == "cpu")
+    return state
+
+
+def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, warmup: int = 1,
+                   time_emulated: bool = True):
+    """Set-up, warm-up and one memory step of ``accepted`` (`memory_step`), written into ``m``.
+    Where the precision is emulated and ``time_emulated``, that step is also its one timed step
+    (`EMULATED_TIMING`). Running out of memory marks ``m`` (`noting_out_of_memory`).
+
+    Returns:
+        The live training state, for timing more steps; None after an out-of-memory error or
+        when the emulated precision's time was taken already.
+    """
+    state = None
+    with noting_out_of_memory(m):
+        state = prepare(accepted.config, accepted.hw, step_fn, warmup)
+        mem = memory_step(state)
+        profiled_s = mem.pop("step_s")
+        for k, v in mem.items():
+            setattr(m, k, v)
+        if time_emulated and m.emulated:  # the fewest steps that give a number: none more
+            m.add_times([profiled_s])
+            m.timing = EMULATED_TIMING
+            state = None
+    if m.oom:
+        state = None
+        _free_memory(accepted.config.device)
+    return state
+
+
+def time_in_alternation(ms: list, states: list, budget_s: float | None, rounds: int | None, *,
+                        device: str, progress=None) -> None:
+    """Time ``states[i].step`` for ``ms[i]``, one step each in turn, round after round
+    (`course_utils.timing.interleaved`: for about ``budget_s`` seconds, or exactly ``rounds``),
+    and add the times to each measurement with the words of how they were taken. Running out of
+    memory with every model alive at once leaves the memory measured and says so in each
+    ``error``, each then "not timed"."""
+    try:
+        times = interleaved([st.step for st in states], budget_s if rounds is None else None,
+                            rounds=rounds, progress=progress, device=device)
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
+        if not ran_out_of_memory(e):
+            raise
+        times = [[] for _ in states]
+        for m in ms:
+            m.error = out_of_memory_message(m.config, m.device_name, e, TOGETHER)
+    for m, t in zip(ms, times):
+        m.add_times(t)
+        m.timing = f"{len(t)} steps in alternation with the other rows" if t else "not timed"
+
+
+#: What `time_in_alternation`'s out-of-memory message adds.
+TOGETHER = " while timing the configurations together (compare fewer at a time)"
+
+
+def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
+            steps: int | None = None, warmup: int = 1, timed: bool = True, force: bool = False,
+            step_fn=train_step, hw=None) -> Measurement:
     """Measure one configuration: memory breakdown, peak, and step time.
 
     Args:
-        config: what to run (a fresh model is built, seeded by ``config.seed``).
+        config: what to run (a fresh model is built, seeded by ``config.seed``); an `Accepted`
+            is not checked again.
         budget_s: seconds of timed steps (default `course_utils.timing.default_budget_s` of
             the size profile in force); a calibration step decides how many fit.
         steps: time exactly this many steps instead.
@@ -363,9 +518,8 @@ def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | No
 
     Returns:
         A `Measurement`. Where the precision is emulated on this hardware, one step is timed
-        and ``emulated`` is True. On an accelerator out-of-memory error it is marked
-        ``oom=True`` with the message and a suggestion in ``error``; memory is released and no
-        exception escapes.
+        and ``emulated`` is True. On an out-of-memory error it is marked ``oom=True`` with
+        `out_of_memory_message` in ``error``; memory is released and no exception escapes.
 
     Raises:
         ValueError: ``steps`` or ``warmup`` not a positive integer, a non-positive
@@ -376,37 +530,24 @@ def measure(config: RunConfig, *, budget_s: float | None = None, steps: int | No
     check_positive_int("warmup", warmup)
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
-    hw = hw or detect(config.device)
-    notes = check_feasible(config, hw, force=force)
-    emulated = is_emulated(hw, config.precision)
-    m = Measurement(config=config, device_name=hw.name, notes=list(notes), emulated=emulated)
+    accepted = accept(config, hw, force=force)
+    config = accepted.config
+    m = new_measurement(accepted)
     state = None
     try:
-        state = setup(config, step_fn=step_fn)
-        warm_up(state, warmup, tiny=emulated and hw.device == "cpu")
-        mem = memory_step(state)
-        profiled_s = mem.pop("step_s")
-        for k, v in mem.items():
-            setattr(m, k, v)
-        if timed:
-            if steps is None and emulated:  # the fewest steps that give a number: none more
-                m.add_times([profiled_s])
-                m.timing = EMULATED_TIMING
-            elif steps is None:
-                budget = budget_s or default_budget_s(size_profile())
-                first = time_step(state.step, config.device)
-                n = steps_for_budget(first, budget) - 1
-                m.add_times([first] + [time_step(state.step, config.device) for _ in range(n)])
-                m.timing = f"{n + 1} steps (a budget of {budget:g} s)"
-            else:
-                m.add_times(time_step(state.step, config.device) for _ in range(steps))
-                m.timing = f"{steps} step{'s' * (steps != 1)}"
-    except OutOfMemory as e:
-        m.oom = True
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-        m.error = (f"out of memory on {hw.name} at batch {config.batch_size}, seq "
-                   f"{config.seq_len}: {first_line}. Try a smaller batch or sequence, a low "
-                   "precision, or a checkpoint policy such as 'full'.")
+        state = measure_memory(m, accepted, step_fn, warmup=warmup,
+                               time_emulated=timed and steps is None)
+        if timed and state is not None:
+            with noting_out_of_memory(m):
+                if steps is None:
+                    budget = budget_s or default_budget_s(size_profile())
+                    first = time_step(state.step, config.device)
+                    n = steps_for_budget(first, budget) - 1
+                    m.add_times([first] + [time_step(state.step, config.device) for _ in range(n)])
+                    m.timing = f"{n + 1} steps (a budget of {budget:g} s)"
+                else:
+                    m.add_times(time_step(state.step, config.device) for _ in range(steps))
+                    m.timing = f"{steps} step{'s' * (steps != 1)}"
     finally:
         state = None
         _free_memory(config.device)

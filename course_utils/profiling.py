@@ -62,12 +62,12 @@ from .config import size_profile
 from .experiments import time_cell
 from .guard import available_memory_bytes
 from .hardware import detect, is_emulated, require_device
-from .measure import EMULATED_TIMING, Measurement, OutOfMemory
+from .measure import EMULATED_TIMING, Measurement, noting_out_of_memory, time_in_alternation
 from .offload import OffloadedBlock, offloaded_bytes
 from .saved_tensors import SavedTensorMeter, storage_bytes
 from .terms import GiB, MiB, autocast_dtype, check_positive_int, default_device, device_kind
 from .timeline import memory_timeline, phase
-from .timing import default_budget_s, interleaved, time_ratio
+from .timing import default_budget_s, time_ratio
 
 __all__ = ["POLICIES", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
@@ -603,33 +603,31 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
         ``(measurement, state, grads)``: a `ProfileMeasurement` (memory fields, one step's
         time in ``step_times_s`` only if the precision is emulated), the training state (None
         unless ``keep_state``), and the first step's gradients (fp32 copies).
-        An accelerator out-of-memory error is caught: ``oom=True``, ``error`` says what to try.
+        An out-of-memory error is caught: ``oom=True``, ``error`` says what to try
+        (`course_utils.measure.out_of_memory_message`).
     """
     hw = hw or detect(cfg.device)
     m = ProfileMeasurement(config=cfg, device_name=hw.name, emulated=is_emulated(hw, cfg.precision))
     grads: list = []
     state = None
     try:
-        state = _setup(spec, cfg, lr)
-        state.step(grads=grads)
-        if reference_grads is not None and len(reference_grads) == len(grads):
-            diffs = [0.0 if (a is None and b is None) else
-                     (math.inf if (a is None or b is None) else (a - b).abs().max().item())
-                     for a, b in zip(grads, reference_grads)]
-            m.grad_max_diff = max(diffs) if diffs else 0.0
-        mem = _memory(state)
-        step_s = mem.pop("step_s")
-        for k, v in mem.items():
-            setattr(m, k, v)
-        if m.emulated:
-            m.add_times([step_s])
-            m.timing = EMULATED_TIMING
-    except OutOfMemory as e:
-        m.oom = True
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-        m.error = (f"out of memory on {hw.name} at batch {cfg.batch_size} ({cfg.label}): {first}. "
-                   "Try a smaller batch, a low precision, or a policy such as 'full'.")
-        state = None
+        with noting_out_of_memory(m):
+            state = _setup(spec, cfg, lr)
+            state.step(grads=grads)
+            if reference_grads is not None and len(reference_grads) == len(grads):
+                diffs = [0.0 if (a is None and b is None) else
+                         (math.inf if (a is None or b is None) else (a - b).abs().max().item())
+                         for a, b in zip(grads, reference_grads)]
+                m.grad_max_diff = max(diffs) if diffs else 0.0
+            mem = _memory(state)
+            step_s = mem.pop("step_s")
+            for k, v in mem.items():
+                setattr(m, k, v)
+            if m.emulated:
+                m.add_times([step_s])
+                m.timing = EMULATED_TIMING
+        if m.oom:
+            state = None
     finally:
         if not keep_state:
             state = None
@@ -822,18 +820,8 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
         order = list(states)
         budget = budget_s or default_budget_s(prof.size)
         with tqdm(desc="step time", disable=not progress, leave=False) as bar:
-            try:
-                times = interleaved([states[i].step for i in order],
-                                    budget if steps is None else None, rounds=steps,
-                                    progress=bar, device=spec.device)
-            except OutOfMemory as e:
-                times = [[] for _ in order]
-                for i in order:
-                    prof.measurements[i].error = ("out of memory while timing the configurations "
-                                                  f"together: {str(e).splitlines()[0]}")
-        for i, t in zip(order, times):
-            prof.measurements[i].add_times(t)
-            prof.measurements[i].timing = (f"{len(t)} steps in alternation with the other rows"
-                                           if t else "not timed")
+            time_in_alternation([prof.measurements[i] for i in order],
+                                [states[i] for i in order], budget if steps is None else None,
+                                steps, progress=bar, device=spec.device)
     states.clear()
     return prof

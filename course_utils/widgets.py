@@ -58,7 +58,7 @@ from .dashboard_run import StepClock, StepHook, Stopped, plan_run, run_configs
 from .experiments import compare
 from .guard import check_feasible
 from .hardware import HardwareInfo, detect, recommend_precision
-from .measure import OutOfMemory
+from .measure import ran_out_of_memory
 from .memory_model import estimate
 from .plots import dashboard_chart
 from .terms import GiB
@@ -426,8 +426,7 @@ class Dashboard:
             raise
         except Exception as e:  # noqa: BLE001 - OOM, or e.g. torch.compile without a compiler
             text = first_line(e)
-            error = (isinstance(e, OutOfMemory) or "out of memory" in text.lower()
-                     or "can't allocate memory" in text.lower(), text)
+            error = (ran_out_of_memory(e), text)
         rows = self._append(configs, df, self.last_hook, error)
         t1 = time.perf_counter()
         self._stage(None, "drawing...")

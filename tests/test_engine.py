@@ -246,6 +246,47 @@ def test_out_of_memory_is_reported_not_raised(monkeypatch):
     assert measure(SMOKE.replace(batch_size=1), timed=False).oom is True  # still callable
 
 
+def test_measure_and_compare_share_one_out_of_memory_message(monkeypatch):
+    """The same failure reads the same in `measure` and in `compare` (the core's one message),
+    and the CPU allocator's untyped RuntimeError counts as running out of memory."""
+    cpu_error = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                             "can't allocate memory: you tried to allocate 1125899906842624 bytes.")
+
+    def boom(config, **kw):
+        raise cpu_error
+    monkeypatch.setattr(measure_mod, "setup", boom)
+    alone = measure(SMOKE, timed=False)
+    together = compare([SMOKE], timed=False, progress=False)
+    assert alone.oom and together["oom"].tolist() == [True]
+    assert alone.error == together["error"][0] == measure_mod.out_of_memory_message(
+        SMOKE, alone.device_name, cpu_error)
+    assert "at batch 4, seq 32 (fp32)" in alone.error and "can't allocate memory" in alone.error
+    assert measure_mod.ran_out_of_memory(cpu_error)
+    assert not measure_mod.ran_out_of_memory(RuntimeError("shape mismatch"))
+
+    def other(config, **kw):
+        raise RuntimeError("shape mismatch")
+    monkeypatch.setattr(measure_mod, "setup", other)
+    with pytest.raises(RuntimeError, match="shape mismatch"):  # not memory: it escapes
+        measure(SMOKE, timed=False)
+
+
+def test_course_bench_checks_each_configuration_once(monkeypatch, capsys):
+    from course_utils import guard
+    from course_utils.cli import main
+
+    checked = []
+    real = guard.check_feasible
+
+    def counting(config, hw=None, force=False):
+        checked.append(config.label)
+        return real(config, hw, force)
+    monkeypatch.setattr(measure_mod, "check_feasible", counting)
+    assert main(["--size", "smoke", "--steps", "1", "--precisions", "fp32", "--policies",
+                 "none,full"]) == 0
+    assert sorted(checked) == ["fp32", "fp32+full"]
+
+
 def test_data_is_real_text_and_deterministic():
     text = corpus_bytes()
     assert len(text) > 300_000 and b"the" in text
@@ -349,11 +390,9 @@ def test_course_bench_refuses_bad_input_before_measuring(capsys, tmp_path, monke
 def test_compare_survives_running_out_of_memory_while_timing(monkeypatch):
     """On a GPU, every configuration's model is alive while they are timed in alternation; an
     out-of-memory error there keeps the memory measured and says what to do."""
-    from course_utils import experiments
-
     def boom(*args, **kwargs):
         raise measure_mod.OutOfMemory("CUDA out of memory. Tried to allocate 1.00 GiB")
-    monkeypatch.setattr(experiments, "interleaved", boom)
+    monkeypatch.setattr(measure_mod, "interleaved", boom)
     df = compare([SMOKE, SMOKE.replace(checkpoint="full")], progress=False)
     assert (df["peak_allocated"] > 0).all() and df["step_time_s"].isna().all()
     assert df["error"].str.contains("compare fewer").all()
