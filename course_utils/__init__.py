@@ -32,8 +32,8 @@ from .memory_model import MemoryEstimate, estimate, parameter_count
 from .models import GPT, build_model
 from .profiling import Profile, find_blocks, profile, wrap_blocks
 from .saved_tensors import measure_saved, saved_by_module, saved_bytes
+from .step_timing import TimeRatio, time_ratio
 from .terms import GiB, MiB
-from .timing import TimeRatio, time_ratio
 from .training import setup, train, train_step
 
 __all__ = ["MODES", "apply_checkpointing", "segment_bounds", "CLAIMS", "Verdict",

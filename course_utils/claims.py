@@ -5,7 +5,7 @@ arithmetic claims, computed) in a lesson and returns a `Verdict`. Every lesson c
 rule, so two lessons that measure the same numbers give the same label. A rule never returns a
 label without the numbers behind it: a claim about hardware this machine lacks is "not measured
 here" with the reason; a time comparison inside the measured noise is "inconclusive" (time
-inputs are `course_utils.timing.TimeRatio`, which know their noise band).
+inputs are `course_utils.step_timing.TimeRatio`, which know their noise band).
 
 Statuses, worded for claims that may be myths: ``held``, ``busted`` (the numbers contradict
 the claim), ``depends`` (true for some hardware or setting, or for part of the claim, shown by

@@ -11,13 +11,11 @@ where no lesson recorded it (`course_utils.claims.recorded_or_measure`, which sa
 and `time_between` / `memory_between` read the rule inputs of C1, C2, C4, C5 and C7 off a
 `course_utils.experiments.compare` table.
 
-`StepProbe` and `step_gradients` check a training step from the outside: the gradients its
-optimizer receives, whether it zeroed them, what it saved for backward (exercise 03 grades a
-learner's step with them).
+Checking a learner's code (exercise 03's step probe) is `course_utils.learner_checks`'s subject;
+`accumulation` uses its `step_gradients` to see what the production step hands its optimizer.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import warnings
@@ -28,16 +26,16 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from .config import RunConfig, config_for
 from .data import get_batch
 from .hardware import memory_device
+from .learner_checks import relative_error, step_gradients
 from .memory_model import estimate
+from .memory_timeline import peak_during
 from .models import build_model
-from .saved_tensors import SavedTensorMeter, measure_saved, saved_bytes
+from .saved_tensors import measure_saved, saved_bytes
+from .step_timing import TimeRatio, time_ratio
 from .terms import check_positive_int
-from .timeline import peak_during
-from .timing import TimeRatio, time_ratio
 from .training import train_step
 
 __all__ = [
-    "StepProbe",
     "accumulation",
     "attention_growth",
     "bf16_range",
@@ -46,11 +44,9 @@ __all__ = [
     "fp16_underflow",
     "memory_between",
     "reentrant_pitfalls",
-    "relative_error",
     "scaler_trace",
     "small_config",
     "sqrt_segments",
-    "step_gradients",
     "time_between",
     "training_state",
 ]
@@ -67,81 +63,6 @@ def small_config(device: str = "cpu", **overrides) -> RunConfig:
 def _batch(config: RunConfig, step: int = 0, batch_size: int | None = None):
     return get_batch(batch_size or config.batch_size, config.seq_len, seed=config.seed,
                      step=step, device=config.device)
-
-
-# --- checking a training step from the outside ------------------------------------------------
-
-class StepProbe(torch.optim.Optimizer):
-    """An optimizer that applies nothing and remembers what it was asked to apply.
-
-    ``step()`` stores a copy of every parameter's ``.grad`` (None where a parameter has none) in
-    ``grads`` (unless ``record`` is False: then it allocates nothing, for peak measurements)
-    and counts itself in ``steps``. A training step that clips, unscales and zeroes
-    as it should hands it the final gradients, so two steps can be compared by what their
-    optimizer received. GradScaler accepts it like any optimizer (it has ``param_groups`` and
-    ``state``).
-    """
-
-    def __init__(self, params, record: bool = True):
-        super().__init__(params, {})
-        self.record = record
-        self.grads: list | None = None
-        self.steps = 0
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        if self.record:
-            self.grads = [None if p.grad is None else p.grad.detach().clone()
-                          for g in self.param_groups for p in g["params"]]
-        self.steps += 1
-
-
-def relative_error(got: list, want: list) -> float:
-    """``max |got - want| / max |want|`` over lists of tensors (inf if a tensor is missing or
-    shapes differ)."""
-    if len(got) != len(want) or any(
-            (g is None) != (w is None) or (g is not None and g.shape != w.shape)
-            for g, w in zip(got, want)):
-        return math.inf
-    pairs = [(g.float(), w.float()) for g, w in zip(got, want) if w is not None]
-    if not pairs:
-        return math.inf
-    diff = max((g - w).abs().max().item() for g, w in pairs)
-    scale = max(w.abs().max().item() for _, w in pairs)
-    return diff / scale if scale else (0.0 if diff == 0 else math.inf)
-
-
-def step_gradients(step_fn, model: torch.nn.Module, micro_batches, dtype=None, scaler=None,
-                   max_grad_norm: float = math.inf, meter: bool = False,
-                   record: bool = True) -> dict:
-    """Run ``step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)`` once with a
-    `StepProbe` as the optimizer and report what happened.
-
-    Args:
-        step_fn: a step with `course_utils.training.train_step`'s signature.
-        model: the model (its parameters' ``.grad`` must be None before: a fresh model).
-        scaler: a ``torch.amp.GradScaler`` (default: a disabled one for the model's device).
-        max_grad_norm: the clipping threshold passed on (default: no clipping).
-        meter: also count the bytes saved for backward during the step (`SavedTensorMeter`,
-            parameters excluded).
-        record: keep copies of the gradients (False: allocate nothing, to measure a peak).
-
-    Returns:
-        ``{"grads": [tensor or None per parameter] the optimizer received (None if it never
-        stepped), "loss": float or None, "steps": optimizer steps taken, "zeroed": every
-        .grad is None afterwards, "saved": {bucket: bytes} or None}``.
-    """
-    device = next(model.parameters()).device
-    probe = StepProbe(model.parameters(), record=record)
-    scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
-    ctx = SavedTensorMeter(model) if meter else contextlib.nullcontext()
-    with ctx as m:
-        loss = step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)
-    if isinstance(loss, torch.Tensor):
-        loss = loss.detach()
-    return {"grads": probe.grads, "loss": None if loss is None else float(loss),
-            "steps": probe.steps, "zeroed": all(p.grad is None for p in model.parameters()),
-            "saved": m.totals() if meter else None}
 
 
 # --- lesson 02: activation checkpointing ------------------------------------------------------
@@ -412,7 +333,7 @@ def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
     ``config.batch_size`` against one batch of ``k * config.batch_size`` sequences (fp32, no
     clipping, a `StepProbe` as the optimizer): the gradients each hands the optimizer, the
     gradient norm of the same loop without the division by ``k``, and the peak bytes of each
-    step above its start (`course_utils.timeline.peak_during`) next to one micro-batch's.
+    step above its start (`course_utils.memory_timeline.peak_during`) next to one micro-batch's.
 
     Returns:
         the inputs of ``verdict("C17", ...)``: ``grad_rel_err``, ``undivided_ratio``, ``k``,
@@ -463,7 +384,7 @@ def _row(df, label: str):
 
 def time_between(df, label: str, reference: str) -> TimeRatio:
     """Step time of row ``label`` over row ``reference`` of a `compare` table, from the steps
-    the two were timed in the same rounds (`course_utils.timing.time_ratio`: "within noise"
+    the two were timed in the same rounds (`course_utils.step_timing.time_ratio`: "within noise"
     when the spread of the per-round ratios contains 1; "emulated" when either precision is).
 
     Raises:

@@ -3,7 +3,7 @@
 `ladder(base)` plans the comparison this machine should run (from the recipe of
 `course_utils.hardware.recommend_precision`): pairs that differ by one technique only.
 `compare(configs)` measures each configuration's memory with one step, then times all of them
-step by step in alternation (`course_utils.timing.interleaved`) and returns one row per
+step by step in alternation (`course_utils.step_timing.interleaved`) and returns one row per
 configuration with the estimate of each memory field beside the measurement and noise-aware
 ratios to the first row. `summary(df)` is the readable table of it, used by every lesson, the
 dashboard and ``course-bench``.
@@ -29,8 +29,8 @@ from .measure import (
     time_in_alternation,
 )
 from .memory_model import estimate
+from .step_timing import default_budget_s, printed_band, time_ratio
 from .terms import MiB, check_positive_int
-from .timing import default_budget_s, printed_band, time_ratio
 from .training import train_step
 
 __all__ = ["ladder", "compare", "summary", "size_of", "time_cell", "plain_label", "round_sig"]
@@ -85,7 +85,7 @@ def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = Non
     round after round, for about ``budget_s`` seconds (default: per size profile) or exactly
     ``steps`` rounds; an emulated one is timed with one step. Time ratios use the per-round
     ratios: a difference within their noise band is "within noise"
-    (`course_utils.timing.time_ratio`).
+    (`course_utils.step_timing.time_ratio`).
 
     Columns: ``label``, the config fields, for each memory field ``F`` (bytes) ``F`` measured
     and ``est_F`` estimated, ``saved_total`` / ``est_saved_total``, ``est_recompute``,
@@ -234,7 +234,7 @@ def _per_token(ratio, low, high, verdicts, tokens):
     """Step-time ratios to the first row turned into time-per-token ratios: each per-round
     ratio is multiplied by ``tokens[0] / tokens[i]``, so the median and the band are too; the
     faster/slower/within-noise verdict is drawn again from the scaled band
-    (`course_utils.timing.printed_band`)."""
+    (`course_utils.step_timing.printed_band`)."""
     out = [[], [], [], []]
     for i, (r, lo, hi, v) in enumerate(zip(ratio, low, high, verdicts)):
         c = tokens[0] / tokens[i]

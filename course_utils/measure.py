@@ -10,13 +10,13 @@ How each number is taken:
   parameters excluded.
 * **peak allocated**: one training step after warm-up. CUDA: the allocator's
   ``max_memory_allocated`` above its value at the step's start; CPU: the profiler's memory events
-  (`course_utils.timeline`); both added to the bytes alive at the step's start (parameters +
+  (`course_utils.memory_timeline`); both added to the bytes alive at the step's start (parameters +
   optimizer state), so other models alive in the process do not count. MPS has no peak-memory
   counter (``torch.mps`` reports current and driver-allocated bytes only): the step is timed on
   MPS and its peak is taken the CPU's way on a copy of the model, optimizer state and
   micro-batches on the CPU (`course_utils.hardware.MPS_PEAK_NOTE`; ``peak_method`` says so).
 * **step time**: forward + backward + optimizer step of the course's `train_step` (or a lesson's
-  own step), one `course_utils.timing.time_step` per step (the accelerator synchronised); as
+  own step), one `course_utils.step_timing.time_step` per step (the accelerator synchronised); as
   many steps as fit a time budget, or one step where the precision is only emulated on this
   hardware (its time is not the speed of real hardware).
 """
@@ -39,10 +39,10 @@ from .config import RunConfig, size_profile
 from .data import get_batch
 from .guard import check_feasible
 from .hardware import HardwareInfo, detect, is_emulated
+from .memory_timeline import peak_during
 from .saved_tensors import SavedTensorMeter, storage_bytes
+from .step_timing import default_budget_s, interleaved, spread, steps_for_budget, time_step
 from .terms import MiB, check_positive_int
-from .timeline import peak_during
-from .timing import default_budget_s, interleaved, spread, steps_for_budget, time_step
 from .training import setup, train_step
 
 __all__ = ["MEMORY_FIELDS", "EMULATED_TIMING", "Measurement", "warm_up", "memory_step", "measure",
@@ -476,7 +476,7 @@ def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, wa
 def time_in_alternation(ms: list, states: list, budget_s: float | None, rounds: int | None, *,
                         device: str, progress=None) -> None:
     """Time ``states[i].step`` for ``ms[i]``, one step each in turn, round after round
-    (`course_utils.timing.interleaved`: for about ``budget_s`` seconds, or exactly ``rounds``),
+    (`course_utils.step_timing.interleaved`: for about ``budget_s`` seconds, or exactly ``rounds``),
     and add the times to each measurement with the words of how they were taken. Running out of
     memory with every model alive at once leaves the memory measured and says so in each
     ``error``, each then "not timed"."""
@@ -506,7 +506,7 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
     Args:
         config: what to run (a fresh model is built, seeded by ``config.seed``); an `Accepted`
             is not checked again.
-        budget_s: seconds of timed steps (default `course_utils.timing.default_budget_s` of
+        budget_s: seconds of timed steps (default `course_utils.step_timing.default_budget_s` of
             the size profile in force); a calibration step decides how many fit.
         steps: time exactly this many steps instead.
         warmup: optimizer steps before measuring (>= 1: AdamW's state must exist; on a CPU

@@ -34,11 +34,11 @@ How each number is taken (as `course_utils.measure.measure` takes them for the c
   their own bucket); tensors that ``offload`` moved to the host are not on the device and are
   counted in ``bytes_to_host`` instead.
 * **peak allocated**: parameters + optimizer state + the peak above the step's start
-  (`course_utils.timeline.memory_timeline`: CUDA allocator history or the CPU profiler), split
+  (`course_utils.memory_timeline.memory_timeline`: CUDA allocator history or the CPU profiler), split
   into the forward+backward phase and the optimizer phase (`ProfileMeasurement`).
 * **step time**: every configuration timed step by step in alternation
-  (`course_utils.timing.interleaved`); ratios to ``none`` in the same precision by round
-  (`course_utils.timing.time_ratio`), so a difference inside the noise is called so.
+  (`course_utils.step_timing.interleaved`); ratios to ``none`` in the same precision by round
+  (`course_utils.step_timing.time_ratio`), so a difference inside the noise is called so.
 * **gradients**: the first step's gradients of every configuration are compared with those of
   ``none`` in the same precision (``grad_max_diff``): a policy must not change them.
 """
@@ -63,11 +63,11 @@ from .experiments import time_cell
 from .guard import available_memory_bytes
 from .hardware import detect, is_emulated, require_device
 from .measure import EMULATED_TIMING, Measurement, noting_out_of_memory, time_in_alternation
+from .memory_timeline import memory_timeline, phase
 from .offload import OffloadedBlock, offloaded_bytes
 from .saved_tensors import SavedTensorMeter, storage_bytes
+from .step_timing import default_budget_s, time_ratio
 from .terms import GiB, MiB, autocast_dtype, check_positive_int, default_device, device_kind
-from .timeline import memory_timeline, phase
-from .timing import default_budget_s, time_ratio
 
 __all__ = ["POLICIES", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
@@ -674,7 +674,7 @@ class Profile:
                        f"{[m.config.label for m in self.measurements]}.")
 
     def ratio(self, m: ProfileMeasurement):
-        """`course_utils.timing.TimeRatio` of ``m``'s step time to ``none`` in its precision
+        """`course_utils.step_timing.TimeRatio` of ``m``'s step time to ``none`` in its precision
         (per round of the alternation)."""
         try:
             ref = self.get(m.config.precision, "none")
@@ -765,7 +765,7 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
         device: default: this machine's accelerator (`course_utils.config.default_device`).
         blocks: the repeated blocks (a dotted path or the container); default: `find_blocks`.
         forward: ``forward(model, batch)`` -> output (default `call_model`).
-        budget_s: seconds of alternated timing (default `course_utils.timing.default_budget_s`
+        budget_s: seconds of alternated timing (default `course_utils.step_timing.default_budget_s`
             of the size profile); ``steps``: exactly this many rounds instead.
         timed: False measures memory only.
         budget_bytes: the memory budget; a model whose parameters + gradients + AdamW state

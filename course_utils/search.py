@@ -10,7 +10,7 @@ out of memory at these sizes, so the budget is applied to the measured peak (the
 
 `race` then times the configurations at their largest batches in alternation
 (`course_utils.experiments.compare`) and compares their time *per token* round by round
-(`course_utils.timing.time_ratio`): whether checkpointing's larger batch outweighs its recompute
+(`course_utils.step_timing.time_ratio`): whether checkpointing's larger batch outweighs its recompute
 is decided outside the noise or not at all.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ from .experiments import compare, plain_label, round_sig
 from .guard import MemoryRefused, cuda_memory_cap
 from .measure import Measurement, measure
 from .memory_model import estimate
+from .step_timing import TimeRatio, time_ratio
 from .terms import GiB, MiB, check_positive_int, cuda_index, device_kind
-from .timing import TimeRatio, time_ratio
 from .training import train_step
 
 __all__ = ["BatchSearch", "Probe", "Race", "largest_batch", "memory_budget", "race"]

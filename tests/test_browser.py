@@ -36,10 +36,10 @@ pytestmark = pytest.mark.browser  # registered in pyproject.toml; select with -m
 
 CHROMIUM = "/usr/bin/chromium"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-DASHBOARD_LINE = "from course_utils.widgets import dashboard; dashboard()"
+DASHBOARD_LINE = "from course_utils.dashboard import dashboard; dashboard()"
 OOM_CELL = '''import torch
 from course_utils.training import train_step
-from course_utils.widgets import dashboard
+from course_utils.dashboard import dashboard
 
 
 def step_or_oom(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):

@@ -1,11 +1,11 @@
-"""The noise rule (course_utils.timing) and the verdict engine (course_utils.claims): every rule
+"""The noise rule (course_utils.step_timing) and the verdict engine (course_utils.claims): every rule
 gets numbers that make its claim hold and numbers that make it fail, and no time verdict is
 drawn inside the measured noise."""
 import pytest
 
 from course_utils.claims import CLAIMS, STATUSES, Verdict, claims_table, verdict
 from course_utils.hardware import HardwareInfo
-from course_utils.timing import interleaved, steps_for_budget, time_ratio
+from course_utils.step_timing import interleaved, steps_for_budget, time_ratio
 
 A100 = HardwareInfo(device="cuda", name="A100", compute_capability=(8, 0), native_bf16=True,
                     fp16_fast=True)

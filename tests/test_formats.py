@@ -1,5 +1,5 @@
 """Unit tests of lesson 01's tools: number formats (course_utils.formats), the op dtype recorder
-(course_utils.recorder), gradient capture (course_utils.gradients), and lesson 01's charts."""
+(course_utils.autocast_ops), gradient capture (course_utils.gradients), and lesson 01's charts."""
 import math
 
 import pandas as pd
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from course_utils import plots
+from course_utils.autocast_ops import OpDtypeRecorder
 from course_utils.config import config_for
 from course_utils.data import get_batch
 from course_utils.formats import (
@@ -22,7 +23,6 @@ from course_utils.formats import (
 )
 from course_utils.gradients import capture_gradients
 from course_utils.models import build_model
-from course_utils.recorder import OpDtypeRecorder
 from course_utils.saved_tensors import SavedTensorMeter, measure_saved
 from course_utils.terms import short_dtype
 

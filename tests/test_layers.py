@@ -20,17 +20,18 @@ LAYERS = {
     "course_utils": [
         ("terms", ["terms"]),
         ("machine and mechanisms", [
-            "store", "hardware", "data", "checkpointing", "timing", "timeline", "saved_tensors",
-            "offload", "loss_scaling", "gradients", "formats", "recorder", "quiz", "cli_args"]),
+            "store", "hardware", "data", "checkpointing", "step_timing", "memory_timeline",
+            "saved_tensors", "offload", "loss_scaling", "gradients", "formats", "autocast_ops", "quiz",
+            "cli_args"]),
         ("run description", ["config"]),
         ("model and estimate", ["models", "memory_model", "model_zoo"]),
         ("run guard", ["guard"]),
-        ("training", ["training", "exercise02"]),
+        ("training", ["training", "learner_checks"]),
         ("measurement", ["measure"]),
         ("experiments and evidence", [
-            "experiments", "search", "results", "evidence", "claims", "accuracy", "lora",
+            "experiments", "search", "results", "evidence", "claims", "training_arms", "lora",
             "profiling", "extrapolate", "card", "distributed"]),
-        ("presentation", ["plots", "widgets", "dashboard_run", "dashboard_report"]),
+        ("presentation", ["plots", "dashboard"]),
         ("entry points", ["cli", "cli_profile", "colab", "__init__"]),
     ],
     "course_grade": [

@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from course_utils import plots
-from course_utils.accuracy import (
+from course_utils.autocast_ops import POLICY_PROBES, OpDtypeRecorder, autocast_policy
+from course_utils.claims import verdict
+from course_utils.config import config_for
+from course_utils.loss_scaling import read_scaler_trace, snapshot, update_norm
+from course_utils.models import build_model
+from course_utils.training import train_step
+from course_utils.training_arms import (
     HARM,
     Arm,
     ArmHistory,
@@ -23,12 +29,6 @@ from course_utils.accuracy import (
     train_arm,
     train_arms,
 )
-from course_utils.claims import verdict
-from course_utils.config import config_for
-from course_utils.loss_scaling import read_scaler_trace, snapshot, update_norm
-from course_utils.models import build_model
-from course_utils.recorder import POLICY_PROBES, OpDtypeRecorder, autocast_policy
-from course_utils.training import train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = ROOT / "notebooks" / "01_amp_review.ipynb"

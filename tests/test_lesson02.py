@@ -1,7 +1,7 @@
 """Tests of what lesson 02 (activation checkpointing) adds to course_utils: the memory timeline,
 peak and kept-bytes helpers, per-module saved tensors, the lesson's charts, the PyTorch /
 Hugging Face behaviours the lesson teaches (all on CPU); that the lesson's checkpointing code is
-the library's, text for text; exercise 02's given helpers (course_utils.exercise02); and the
+the library's, text for text; exercise 02's given helpers (course_utils.learner_checks); and the
 lesson notebook's own rules (verdicts from the engine, charts as a cell's last expression)."""
 import ast
 import functools
@@ -22,13 +22,14 @@ from torch.utils.checkpoint import (
 )
 
 import course_utils.checkpointing as ck
-from course_utils import exercise02, plots, timeline
+from course_utils import learner_checks, plots
+from course_utils import memory_timeline as timeline_module
 from course_utils.config import config_for
 from course_utils.data import get_batch
 from course_utils.memory_model import block_bytes_per_token
+from course_utils.memory_timeline import Phase, Timeline, allocated_after, memory_timeline, peak_bytes, phase
 from course_utils.models import build_model
 from course_utils.saved_tensors import SavedTensorMeter, measure_saved, saved_by_module, saved_bytes
-from course_utils.timeline import Phase, Timeline, allocated_after, memory_timeline, peak_bytes, phase
 
 MB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def test_trace_timeline_parses_allocator_history():
         {"action": "free_completed", "size": 1000, "time_us": 200},
         {"action": "alloc", "size": 200, "time_us": 300},
     ]
-    tl = timeline._trace_timeline(trace, [("forward", 0, 3), ("backward", 3, 6)], "cuda:0", "test")
+    tl = timeline_module._trace_timeline(trace, [("forward", 0, 3), ("backward", 3, 6)], "cuda:0", "test")
     assert tl.allocated == [1000, 1500, 500, 700]
     assert tl.t_ms == [0.0, 0.05, 0.1, 0.2]
     assert tl.peak_bytes == 1500 and tl.final_bytes == 700
@@ -315,9 +316,9 @@ def test_recomputing_the_attention_core_keeps_no_seq_by_seq_tensor(cfg):
         linear = op in (aten.mm.default, aten.addmm.default)
         return CheckpointPolicy.MUST_SAVE if linear else CheckpointPolicy.PREFER_RECOMPUTE
 
-    runs = {"none": lambda: exercise02.forward_plain(layers, x),
-            "full": lambda: exercise02.forward_full(layers, x),
-            "core": lambda: exercise02.forward_selective(layers, x, keep_linear_outputs)}
+    runs = {"none": lambda: learner_checks.forward_plain(layers, x),
+            "full": lambda: learner_checks.forward_full(layers, x),
+            "core": lambda: learner_checks.forward_selective(layers, x, keep_linear_outputs)}
     kept, flops = {}, {}
     for name, run in runs.items():
         out, kept[name] = allocated_after(run)
@@ -476,10 +477,10 @@ def test_library_selective_policy_keeps_matmuls_and_recomputes_no_matmul(cfg):
     layers = build_model(cfg.replace(n_layers=2)).layers
     x = _x(cfg)
     kept, flops = {}, {}
-    for name, fwd in (("none", exercise02.forward_plain), ("full", exercise02.forward_full),
-                      ("sac", lambda b, t: exercise02.forward_selective(
+    for name, fwd in (("none", learner_checks.forward_plain), ("full", learner_checks.forward_full),
+                      ("sac", lambda b, t: learner_checks.forward_selective(
                           b, t, ck.save_matmuls_and_attention))):
-        kept[name] = exercise02.kept_after_forward(fwd, layers, x)
+        kept[name] = learner_checks.kept_after_forward(fwd, layers, x)
         with FlopCounterMode(display=False) as counter:
             fwd(layers, x).sum().backward()
         flops[name] = counter.get_total_flops()
@@ -524,23 +525,23 @@ def test_exercise02_helpers_count_calls_gradients_memory_and_flops(cfg):
     torch.manual_seed(0)
     blocks = build_model(cfg.replace(n_layers=3)).layers
     x = _x(cfg)
-    assert exercise02.forward_calls(exercise02.forward_plain, blocks, x) == [1, 1, 1]
-    assert exercise02.forward_calls(exercise02.forward_full, blocks, x) == [2, 2, 2]
-    assert exercise02.forward_calls(exercise02.checkpoint_every_segment, blocks, x, 3) == [2, 2, 2]
-    plain = exercise02.gradients(exercise02.forward_plain, blocks, x)
-    full = exercise02.gradients(exercise02.forward_full, blocks, x)
+    assert learner_checks.forward_calls(learner_checks.forward_plain, blocks, x) == [1, 1, 1]
+    assert learner_checks.forward_calls(learner_checks.forward_full, blocks, x) == [2, 2, 2]
+    assert learner_checks.forward_calls(learner_checks.checkpoint_every_segment, blocks, x, 3) == [2, 2, 2]
+    plain = learner_checks.gradients(learner_checks.forward_plain, blocks, x)
+    full = learner_checks.gradients(learner_checks.forward_full, blocks, x)
     assert len(plain) == len(list(blocks.parameters())) + 1 and plain[-1].shape == x.shape
     for a, b in zip(plain, full):
         torch.testing.assert_close(a, b)
-    assert exercise02.kept_after_forward(exercise02.forward_full, blocks, x) \
-        < exercise02.kept_after_forward(exercise02.forward_plain, blocks, x)
-    mm_plain = exercise02.matmul_flops(exercise02.forward_plain, blocks, x)
-    mm_full = exercise02.matmul_flops(exercise02.forward_full, blocks, x)
+    assert learner_checks.kept_after_forward(learner_checks.forward_full, blocks, x) \
+        < learner_checks.kept_after_forward(learner_checks.forward_plain, blocks, x)
+    mm_plain = learner_checks.matmul_flops(learner_checks.forward_plain, blocks, x)
+    mm_full = learner_checks.matmul_flops(learner_checks.forward_full, blocks, x)
     assert 0 < mm_plain < mm_full
     with pytest.raises(ValueError, match="require grad"):
-        exercise02.gradients(exercise02.forward_plain, blocks, x.detach())
+        learner_checks.gradients(learner_checks.forward_plain, blocks, x.detach())
     with pytest.raises(TypeError, match="nn.ModuleList"):
-        exercise02.forward_calls(exercise02.forward_plain, list(blocks), x)
+        learner_checks.forward_calls(learner_checks.forward_plain, list(blocks), x)
 
 
 # ------------------------------------------------------------------ the lesson notebook's rules

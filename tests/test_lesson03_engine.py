@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from course_utils import build_model, evidence, get_batch, lora, plots, verdict
+from course_utils import build_model, evidence, get_batch, learner_checks, lora, plots, verdict
 from course_utils.experiments import compare
 from course_utils.measure import Measurement, memory_step, warm_up
 from course_utils.memory_model import estimate, parameter_count
@@ -94,12 +94,12 @@ def _manual_grads(cfg, micro):
 
 def test_step_gradients_sees_what_the_optimizer_receives():
     micro = [get_batch(2, TINY.seq_len, step=i) for i in range(2)]
-    got = evidence.step_gradients(train_step, build_model(TINY), micro)
+    got = learner_checks.step_gradients(train_step, build_model(TINY), micro)
     assert got["steps"] == 1 and got["zeroed"] and got["saved"] is None
-    assert evidence.relative_error(got["grads"], _manual_grads(TINY, micro)) < 1e-6
+    assert learner_checks.relative_error(got["grads"], _manual_grads(TINY, micro)) < 1e-6
     assert got["loss"] == pytest.approx(sum(build_model(TINY)(x, y)[1].item() for x, y in micro) / 2,
                                         rel=1e-5)
-    full = evidence.step_gradients(train_step, build_model(TINY.replace(checkpoint="full")), micro[:1],
+    full = learner_checks.step_gradients(train_step, build_model(TINY.replace(checkpoint="full")), micro[:1],
                                    meter=True)
     assert sum(full["saved"].values()) == estimate(TINY.replace(checkpoint="full", batch_size=2)).saved_total
 
@@ -120,17 +120,18 @@ def test_a_step_without_unscale_is_caught_only_with_an_enabled_scaler():
 
     def run(step_fn, enabled):
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, enabled=enabled)
-        return evidence.step_gradients(step_fn, build_model(TINY), micro, scaler=scaler,
+        return learner_checks.step_gradients(step_fn, build_model(TINY), micro, scaler=scaler,
                                        max_grad_norm=0.01)["grads"]
-    assert evidence.relative_error(run(_step_without_unscale, False), run(train_step, False)) < 1e-6
-    assert evidence.relative_error(run(_step_without_unscale, True), run(train_step, True)) > 0.9
+    assert learner_checks.relative_error(run(_step_without_unscale, False), run(train_step, False)) < 1e-6
+    assert learner_checks.relative_error(run(_step_without_unscale, True), run(train_step, True)) > 0.9
 
 
 def test_relative_error_refuses_mismatches():
     a = [torch.ones(3)]
-    assert evidence.relative_error(a, [torch.ones(3)]) == 0
-    assert evidence.relative_error(a, [torch.ones(4)]) == math.inf
-    assert evidence.relative_error([], a) == math.inf and evidence.relative_error([None], a) == math.inf
+    assert learner_checks.relative_error(a, [torch.ones(3)]) == 0
+    assert learner_checks.relative_error(a, [torch.ones(4)]) == math.inf
+    assert learner_checks.relative_error([], a) == math.inf
+    assert learner_checks.relative_error([None], a) == math.inf
 
 
 def test_accumulation_c17_depends_for_train_step_and_is_busted_without_the_division():

@@ -50,8 +50,8 @@ def test_adamw_temporaries_cpu_default_and_cuda_foreach():
     import torch
 
     from course_utils.memory_model import largest_parameter_tensor, parameter_count
+    from course_utils.memory_timeline import peak_bytes
     from course_utils.models import build_model
-    from course_utils.timeline import peak_bytes
 
     cfg = config_for("cpu", device="cpu")
     for foreach, expected in ((False, 2 * 4 * largest_parameter_tensor(cfg)),

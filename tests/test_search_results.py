@@ -12,7 +12,7 @@ from course_utils import memory_model, results, search
 from course_utils.config import ModelShape, RunConfig, config_for
 from course_utils.measure import measure
 from course_utils.memory_model import estimate, parameter_count
-from course_utils.timeline import peak_during
+from course_utils.memory_timeline import peak_during
 
 SMOKE = config_for("smoke", device="cpu")
 MiB = 2**20

@@ -30,8 +30,8 @@ from course_utils import claims, memory_model, plots, store
 from course_utils.config import config_for
 from course_utils.experiments import summary
 from course_utils.hardware import detect
+from course_utils.step_timing import time_ratio
 from course_utils.terms import GiB, MiB
-from course_utils.timing import time_ratio
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[1]

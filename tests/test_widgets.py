@@ -1,4 +1,4 @@
-"""The live dashboard (course_utils.widgets) without a kernel: set controls, click Run (run
+"""The live dashboard (course_utils.dashboard) without a kernel: set controls, click Run (run
 synchronously, or on its worker thread), read the history, the messages and the chart.
 
 Runs on ipywidgets 8 (the main venv) and 7.7 (Colab's; `make test` runs this file again with
@@ -20,9 +20,10 @@ import torch
 from matplotlib.figure import Figure
 
 from course_utils import guard
-from course_utils import widgets as W
 from course_utils.config import config_for
-from course_utils.dashboard_run import StepClock, calibration_config, effective_flops, run_configs
+from course_utils.dashboard import Dashboard, dashboard, history_table, oom_suggestions
+from course_utils.dashboard import widget as W
+from course_utils.dashboard.run import StepClock, calibration_config, effective_flops, run_configs
 from course_utils.experiments import _table
 from course_utils.hardware import HardwareInfo, detect, is_emulated, recommend_precision
 from course_utils.measure import Measurement
@@ -30,7 +31,6 @@ from course_utils.memory_model import estimate
 from course_utils.plots import dashboard_chart
 from course_utils.terms import GiB, MiB
 from course_utils.training import train_step
-from course_utils.widgets import Dashboard, dashboard, history_table, oom_suggestions
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # A laptop CPU with AVX2 only: recipe fp32, bf16 emulated (timed with one step, labelled).

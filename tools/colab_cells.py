@@ -398,7 +398,7 @@ def t4_estimate(size: str = "t4", gpu: GPUSpec = T4):
 
 
 def _t4_block(size: str = "t4") -> str:
-    from course_utils.timing import default_budget_s, steps_for_budget
+    from course_utils.step_timing import default_budget_s, steps_for_budget
 
     df = t4_estimate(size)
     g, budget = df.attrs["gpu"], default_budget_s(size)
@@ -419,7 +419,7 @@ def _t4_block(size: str = "t4") -> str:
         f"fp32 ({g.fp32_tflops:g} TFLOPS), plus bytes moved at {g.bandwidth_efficiency:.0%} of "
         f"{g.bandwidth_gbs:g} GB/s; peak memory from `memory_model.estimate` (Colab's T4 shows "
         f"{g.memory_gib:g} GiB). One timed comparison of the T4 ladder (the first {len(ladder)} "
-        f"rows) runs rounds of all of them for {budget:g} s (`timing.default_budget_s`): about "
+        f"rows) runs rounds of all of them for {budget:g} s (`step_timing.default_budget_s`): about "
         f"{rounds} rounds, {total:.0f} s with a warm-up and a memory step each. "
         f"`{_TOOL} --t4` prints the table."])
 

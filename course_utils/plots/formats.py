@@ -166,7 +166,7 @@ def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation l
     Args:
         curves: ``{label: history}`` where a history is a `course_utils.training.TrainHistory`
             (its ``val_steps`` and ``val_loss`` are drawn) or a ``(steps, losses)`` pair; with
-            ``flushed=True``, a `course_utils.accuracy.ArmHistory` (its ``flushed``, a share
+            ``flushed=True``, a `course_utils.training_arms.ArmHistory` (its ``flushed``, a share
             0..1 per step, is drawn too).
         title: the figure's title; ylabel: the loss's name and unit;
         size: the size profile of the model trained, appended as "size '...'".
@@ -193,7 +193,7 @@ def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation l
         if flushed:
             if not getattr(h, "flushed", None):
                 raise ValueError(f"curve {label!r} has no flushed shares (an ArmHistory of "
-                                 "course_utils.accuracy.train_arms has).")
+                                 "course_utils.training_arms.train_arms has).")
             shares[label] = (list(h.steps) or list(range(1, len(h.flushed) + 1)),
                              [100 * float(f) for f in h.flushed])
     fig = new_figure(figsize=(11, 4))

@@ -13,8 +13,8 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from ..step_timing import time_ratio
 from ..terms import MiB
-from ..timing import time_ratio
 from ._style import (
     ALERT_COLOR,
     BASELINE_COLOR,
@@ -171,7 +171,7 @@ def _dashboard_references(df) -> list:
 
 
 def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None):
-    """The live dashboard's chart (`course_utils.widgets`): its last ``last`` rows.
+    """The live dashboard's chart (`course_utils.dashboard`): its last ``last`` rows.
 
     ``df`` is `Dashboard.history`: one row per measured configuration with ``run``, ``label``,
     ``baseline`` (True for the baseline each Run compares with: the recipe precision, no
@@ -335,7 +335,7 @@ def adoption_story(df, steps, estimates=()):
         (``measured``, ``not measured here`` or ``estimate``), ``adopted``, ``emulated`` and,
         for the step time against the previous adopted step, ``time_ratio``,
         ``time_verdict``, ``time_ratio_low``, ``time_ratio_high``
-        (`course_utils.timing.time_ratio` of the two rows' per-round times: a verdict only
+        (`course_utils.step_timing.time_ratio` of the two rows' per-round times: a verdict only
         outside the noise; "emulated" where either precision is).
 
     Raises:

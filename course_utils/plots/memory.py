@@ -82,7 +82,7 @@ def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block",
 
     Args:
         tables: ``{bar label: DataFrame}``, each frame as returned by
-            `course_utils.timeline.saved_by_module` (columns ``module``, ``module_type``,
+            `course_utils.memory_timeline.saved_by_module` (columns ``module``, ``module_type``,
             ``shape``, ``nbytes``).
         title: the axes title; size: the size profile, appended as "size '...'".
 
@@ -197,7 +197,7 @@ def memory_timeline_chart(timelines: dict, title: str = "memory over one trainin
     marked phases shaded.
 
     Args:
-        timelines: ``{label: Timeline}`` (`course_utils.timeline.memory_timeline`: ``t_ms``,
+        timelines: ``{label: Timeline}`` (`course_utils.memory_timeline.memory_timeline`: ``t_ms``,
             ``allocated`` in bytes, ``phases`` with ``name``, ``start_ms``, ``end_ms``).
         title: the figure's title; size: the size profile, appended as "size '...'".
 

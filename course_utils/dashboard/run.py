@@ -1,4 +1,4 @@
-"""One Run of the live dashboard (`course_utils.widgets`): what it runs, how long it will take,
+"""One Run of the live dashboard (`course_utils.dashboard`): what it runs, how long it will take,
 and the step hook that shows its progress and stops it between steps.
 
 **What a Run runs.** The chosen configuration and its *baseline* (`baseline_of`): the same
@@ -13,8 +13,8 @@ a `StepClock` (measured by an earlier Run, or scaled by FLOPs from a calibration
 2x away: one short step of this configuration, or of a smaller batch of it) times the steps the
 Run really performs: per configuration one warm-up step (a tiny batch where the precision is
 emulated on a CPU) and one profiled memory step (which also times an emulated precision), then
-the rounds of alternation that fit the timing budget (`course_utils.timing.steps_for_budget`: at
-least `course_utils.timing.MIN_ROUNDS`).
+the rounds of alternation that fit the timing budget (`course_utils.step_timing.steps_for_budget`: at
+least `course_utils.step_timing.MIN_ROUNDS`).
 
 **Progress and Stop** (`StepHook`): the training step every Run and calibration runs is wrapped;
 the wrapper counts steps for the progress bar, raises `Stopped` before the next step once Stop
@@ -28,14 +28,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .checkpointing import parse_policy
-from .config import RunConfig, step_flops
-from .hardware import HardwareInfo, is_emulated, recommend_precision
-from .measure import memory_step, prepare
-from .saved_tensors import SavedTensorMeter
-from .terms import autocast_dtype, short_dtype
-from .timing import MIN_ROUNDS, steps_for_budget, time_step
-from .training import setup, train_step
+from ..checkpointing import parse_policy
+from ..config import RunConfig, step_flops
+from ..hardware import HardwareInfo, is_emulated, recommend_precision
+from ..measure import memory_step, prepare
+from ..saved_tensors import SavedTensorMeter
+from ..step_timing import MIN_ROUNDS, steps_for_budget, time_step
+from ..terms import autocast_dtype, short_dtype
+from ..training import setup, train_step
 
 __all__ = ("COMPILE_ALLOWANCE_S", "RESCALE_LIMIT", "RunPlan", "StepClock", "StepHook", "Stopped",
            "baseline_of", "calibration_config", "effective_flops", "plan_run", "run_configs")

@@ -1,9 +1,8 @@
-"""The given helpers of exercise 02 (activation checkpointing), importable instead of pasted.
+"""Checks of a learner's code from the outside, importable by the graded exercises, the grader's
+kernel and ``tests/`` alike (no notebook globals: every helper takes what it checks).
 
-The exercise's learner writes a forward that checkpoints every k-th block, a segment-count rule and
-a selective checkpointing policy; the tests check them with these helpers. Each helper takes the
-blocks and the input explicitly (no notebook globals), so the same call works in the exercise, in
-the grader's kernel and in ``tests/``:
+**Exercise 02** (activation checkpointing). The learner writes a forward that checkpoints every
+k-th block, a segment-count rule and a selective checkpointing policy; the tests check them with:
 
 * `forward_plain(blocks, x)`: the plain forward, lesson 02's `run_blocks`;
 * `forward_full(blocks, x)`: every block checkpointed on its own (policy ``full``);
@@ -13,20 +12,28 @@ the grader's kernel and in ``tests/``:
   one segment rule `course_utils.checkpointing.segment_bounds`);
 * `gradients`, `forward_calls`, `kept_after_forward`, `matmul_flops`: what the tests compare
   (gradients, forward calls per block, bytes kept after the forward, matmul FLOPs).
+
+**Exercise 03** (the production step). `StepProbe` and `step_gradients` check a training step
+from the outside: the gradients its optimizer receives, whether it zeroed them, what it saved for
+backward; `relative_error` compares two lists of gradients.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 
 import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
 from .checkpointing import checkpoint_every_segment, run_blocks
-from .timeline import allocated_after
+from .memory_timeline import allocated_after
+from .saved_tensors import SavedTensorMeter
 
 __all__ = [
     "MATMULS",
+    "StepProbe",
     "checkpoint_every_segment",
     "forward_calls",
     "forward_full",
@@ -35,6 +42,8 @@ __all__ = [
     "gradients",
     "kept_after_forward",
     "matmul_flops",
+    "relative_error",
+    "step_gradients",
 ]
 
 #: The plain forward: ``x`` through ``blocks`` in order, nothing checkpointed (`run_blocks`).
@@ -105,7 +114,7 @@ def forward_calls(forward, blocks, x: torch.Tensor, *args) -> list[int]:
 def kept_after_forward(forward, blocks, x: torch.Tensor, *args) -> int | None:
     """Bytes still allocated when ``forward(blocks, x, *args)`` returns: what it keeps for backward
     (wherever it keeps it: autograd or selective checkpointing's cache) plus its output
-    (`course_utils.timeline.allocated_after`; None on a device without a memory counter)."""
+    (`course_utils.memory_timeline.allocated_after`; None on a device without a memory counter)."""
     _check(blocks, x)
     out, kept = allocated_after(lambda: forward(blocks, x, *args), x.device)
     del out
@@ -120,3 +129,78 @@ def matmul_flops(forward, blocks, x: torch.Tensor, *args) -> int:
     with FlopCounterMode(display=False) as counter:
         forward(blocks, x, *args).sum().backward()
     return sum(v for op, v in counter.get_flop_counts()["Global"].items() if str(op) in MATMULS)
+
+
+# --- exercise 03: a training step, checked from the outside ------------------------------------
+
+class StepProbe(torch.optim.Optimizer):
+    """An optimizer that applies nothing and remembers what it was asked to apply.
+
+    ``step()`` stores a copy of every parameter's ``.grad`` (None where a parameter has none) in
+    ``grads`` (unless ``record`` is False: then it allocates nothing, for peak measurements)
+    and counts itself in ``steps``. A training step that clips, unscales and zeroes
+    as it should hands it the final gradients, so two steps can be compared by what their
+    optimizer received. GradScaler accepts it like any optimizer (it has ``param_groups`` and
+    ``state``).
+    """
+
+    def __init__(self, params, record: bool = True):
+        super().__init__(params, {})
+        self.record = record
+        self.grads: list | None = None
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self.record:
+            self.grads = [None if p.grad is None else p.grad.detach().clone()
+                          for g in self.param_groups for p in g["params"]]
+        self.steps += 1
+
+
+def relative_error(got: list, want: list) -> float:
+    """``max |got - want| / max |want|`` over lists of tensors (inf if a tensor is missing or
+    shapes differ)."""
+    if len(got) != len(want) or any(
+            (g is None) != (w is None) or (g is not None and g.shape != w.shape)
+            for g, w in zip(got, want)):
+        return math.inf
+    pairs = [(g.float(), w.float()) for g, w in zip(got, want) if w is not None]
+    if not pairs:
+        return math.inf
+    diff = max((g - w).abs().max().item() for g, w in pairs)
+    scale = max(w.abs().max().item() for _, w in pairs)
+    return diff / scale if scale else (0.0 if diff == 0 else math.inf)
+
+
+def step_gradients(step_fn, model: torch.nn.Module, micro_batches, dtype=None, scaler=None,
+                   max_grad_norm: float = math.inf, meter: bool = False,
+                   record: bool = True) -> dict:
+    """Run ``step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)`` once with a
+    `StepProbe` as the optimizer and report what happened.
+
+    Args:
+        step_fn: a step with `course_utils.training.train_step`'s signature.
+        model: the model (its parameters' ``.grad`` must be None before: a fresh model).
+        scaler: a ``torch.amp.GradScaler`` (default: a disabled one for the model's device).
+        max_grad_norm: the clipping threshold passed on (default: no clipping).
+        meter: also count the bytes saved for backward during the step (`SavedTensorMeter`,
+            parameters excluded).
+        record: keep copies of the gradients (False: allocate nothing, to measure a peak).
+
+    Returns:
+        ``{"grads": [tensor or None per parameter] the optimizer received (None if it never
+        stepped), "loss": float or None, "steps": optimizer steps taken, "zeroed": every
+        .grad is None afterwards, "saved": {bucket: bytes} or None}``.
+    """
+    device = next(model.parameters()).device
+    probe = StepProbe(model.parameters(), record=record)
+    scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
+    ctx = SavedTensorMeter(model) if meter else contextlib.nullcontext()
+    with ctx as m:
+        loss = step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)
+    if isinstance(loss, torch.Tensor):
+        loss = loss.detach()
+    return {"grads": probe.grads, "loss": None if loss is None else float(loss),
+            "steps": probe.steps, "zeroed": all(p.grad is None for p in model.parameters()),
+            "saved": m.totals() if meter else None}

@@ -1,7 +1,11 @@
-"""The live dashboard of lesson 03: pick a precision, a checkpoint policy and a size, press Run.
+"""The live dashboard's widget: pick a precision, a checkpoint policy and a size, press Run.
+
+Over 400 lines because it is one class, `Dashboard`, whose controls, callbacks and Run share its
+widget state; what a Run runs and what it reports live beside it (`course_utils.dashboard.run`,
+`course_utils.dashboard.report`).
 
 Each Run compares the chosen configuration with its baseline (the recipe precision of this
-machine, no checkpointing, same size: `course_utils.dashboard_run`) through
+machine, no checkpointing, same size: `course_utils.dashboard.run`) through
 `course_utils.experiments.compare`: memory from one step each, step time in alternation so the
 ratio has a noise band; a ratio is printed only outside the noise. Before a Run, its duration
 is predicted from calibrated step times and the steps it really performs; a Run predicted above
@@ -41,32 +45,30 @@ import ipywidgets as widgets
 import pandas as pd
 from IPython.display import display
 
-from .checkpointing import MODES
-from .config import RunConfig, config_for, size_profile
-from .dashboard_report import (
+from ..checkpointing import MODES
+from ..config import RunConfig, config_for, size_profile
+from ..experiments import compare
+from ..guard import check_feasible
+from ..hardware import HardwareInfo, detect, recommend_precision
+from ..measure import ran_out_of_memory
+from ..memory_model import estimate
+from ..plots import dashboard_chart
+from ..step_timing import default_budget_s
+from ..terms import GiB
+from ..training import train_step
+from .report import (
     box,
     dtype_text,
     first_line,
     header_html,
-    history_table,
-    oom_suggestions,
     preview_message,
     result_message,
     table_html,
 )
-from .dashboard_run import StepClock, StepHook, Stopped, plan_run, run_configs
-from .experiments import compare
-from .guard import check_feasible
-from .hardware import HardwareInfo, detect, recommend_precision
-from .measure import ran_out_of_memory
-from .memory_model import estimate
-from .plots import dashboard_chart
-from .terms import GiB
-from .timing import default_budget_s
-from .training import train_step
+from .run import StepClock, StepHook, Stopped, plan_run, run_configs
 
 __all__ = ("SLOW_LIMIT_S", "MODE_ENV", "Dashboard", "background_updates_render", "dashboard",
-           "history_table", "oom_suggestions", "policy_options")
+           "policy_options")
 
 #: A Run predicted to take longer than this many seconds is refused unless "run anyway".
 SLOW_LIMIT_S = 60.0
@@ -130,7 +132,7 @@ class Dashboard:
         hw: the `HardwareInfo` behind the recipe, the baseline and the refusals (default:
             detected; tests pass a fake one).
         budget_s: seconds of alternating timed steps per Run (default
-            `course_utils.timing.default_budget_s` of the size).
+            `course_utils.step_timing.default_budget_s` of the size).
         slow_limit_s: refuse Runs predicted to take longer (seconds) unless "run anyway".
         step_fn: the training step (default `course_utils.training.train_step`).
         compare_fn: the comparison (default `course_utils.experiments.compare`).
@@ -138,7 +140,7 @@ class Dashboard:
             moves and Stop works); False runs it synchronously on the kernel's thread, in the
             click's callback (the bar and the result still update; Stop is hidden); None
             (default) asks `background_updates_render` (False on Colab, ``$COURSE_DASHBOARD``).
-        clock: a `course_utils.dashboard_run.StepClock` (default: a new one, calibrated by the
+        clock: a `course_utils.dashboard.run.StepClock` (default: a new one, calibrated by the
             first Run of each precision).
 
     Widgets: ``header``, ``precision``, ``checkpoint``, ``batch_size``, ``seq_len``, ``n_layers``,
@@ -266,7 +268,7 @@ class Dashboard:
         return df
 
     def plan(self, config: RunConfig | None = None):
-        """The `course_utils.dashboard_run.RunPlan` of a Run of ``config`` (default: the
+        """The `course_utils.dashboard.run.RunPlan` of a Run of ``config`` (default: the
         controls'): configurations, steps and predicted seconds."""
         config = config or self.current_config()
         return plan_run(run_configs(config, self.hw), self.clock, self.hw, self.budget_s)

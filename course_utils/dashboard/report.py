@@ -1,7 +1,7 @@
-"""What a dashboard Run reports (`course_utils.widgets`): the message, the history table, the
+"""What a dashboard Run reports (`course_utils.dashboard`): the message, the history table, the
 smaller variants after an out-of-memory error.
 
-Time words follow the course's one rule (`course_utils.timing.time_ratio`): a step-time ratio
+Time words follow the course's one rule (`course_utils.step_timing.time_ratio`): a step-time ratio
 is printed only when its verdict is faster or slower, outside the measured noise; otherwise the
 words say "within noise", "inconclusive at this size" or "emulated here: not the speed of real
 hardware". The table is `course_utils.experiments.summary`, the course's one results table.
@@ -12,11 +12,11 @@ import html
 
 import pandas as pd
 
-from .config import RunConfig
-from .experiments import summary, time_cell
-from .hardware import HardwareInfo, recommend_precision
-from .memory_model import estimate
-from .terms import MiB
+from ..config import RunConfig
+from ..experiments import summary, time_cell
+from ..hardware import HardwareInfo, recommend_precision
+from ..memory_model import estimate
+from ..terms import MiB
 
 __all__ = ("box", "dtype_text", "first_line", "header_html", "history_table", "oom_suggestions",
            "preview_message", "result_message", "table_html", "time_words")
@@ -202,7 +202,7 @@ def header_html(hw: HardwareInfo, size: str, base: RunConfig, recipe, budget_s: 
 def preview_message(cfg: RunConfig, configs, plan, problems, notes, force: bool,
                     slow_limit_s: float) -> str:
     """What the controls set up, before Run: the configuration and its analytic estimate, its
-    baseline, the predicted duration (`course_utils.dashboard_run.RunPlan`), refusals, notes."""
+    baseline, the predicted duration (`course_utils.dashboard.run.RunPlan`), refusals, notes."""
     est = estimate(cfg)
     lines = [(f"<b>{html.escape(cfg.label)}</b>: {cfg.n_layers} layers x d_model {cfg.d_model}, "
               f"batch {cfg.batch_size} x sequence {cfg.seq_len} x accumulation "
