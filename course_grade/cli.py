@@ -36,17 +36,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from . import gradebook
 from .execute import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT
 from .feedback import FORMATS, write_feedback
+from .files import MiB
 from .grade import grade_files, submission_files
-from .gradebook import (
-    build_gradebook,
-    read_roster,
-    summary_by_learner,
-    write_canvas,
-    write_moodle,
-    write_summary,
-)
 from .notebook import DEFAULT_MAX_SIZE, GradingError, load_sources
 from .parallel import default_jobs, threads_per_job
 from .release import check_release, release, release_student
@@ -69,35 +63,30 @@ EXIT_PARTLY_WRITTEN = 3  # graded, but the CSV or the log could not be (fully) w
 EXIT_SIGNAL_BASE = 128  # stopped by a signal: 128 + its number (130 Ctrl-C, 143 SIGTERM)
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
-    return value
+def _number(parse, unit: str, ok, rule: str):
+    """An argparse type: ``parse(text)`` (``int`` or ``float``), refused unless ``ok(value)``;
+    errors say "not a <unit>" or "must be <rule>", quoting the text."""
+    def number(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {unit}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}: {text!r}")
+        return value
+    return number
 
 
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of jobs: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 job: {text!r}")
-    return value
+_positive_seconds = _number(float, "number of seconds", lambda v: math.isfinite(v) and v > 0,
+                            "a positive number of seconds")
+_jobs = _number(int, "whole number of jobs", lambda v: v >= 1, "at least 1 job")
+_mib = _number(float, "number of MiB", lambda v: math.isfinite(v) and v >= 0,
+               "a number of MiB >= 0")
 
 
 def _mebibytes(text: str) -> int:
     """MiB on the command line, bytes inside (0 stays 0)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of MiB: {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of MiB >= 0: {text!r}")
-    return int(value * 2**20)
+    return int(_mib(text) * MiB)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,19 +102,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     rel.add_argument("--source", default="solutions", help="source folder (default: solutions)")
     rel.add_argument("--dest", default="exercises", help="output folder (default: exercises)")
-    rel.add_argument(
-        "--check", action="store_true",
-        help="write nothing; exit 1 if DEST is out of date with SOURCE",
-    )
-    rel.add_argument(
-        "--student", metavar="DIR",
-        help="write the learners' bundle to DIR (a new or empty folder): lessons, released "
-        "exercises, course_utils, pyproject.toml, README; no solutions, hidden tests or grader",
-    )
-    rel.add_argument(
-        "--lessons", metavar="DIR", default=None,
-        help="lesson folder for --student (default: notebooks/ next to SOURCE)",
-    )
+    rel.add_argument("--check", action="store_true",
+                     help="write nothing; exit 1 if DEST is out of date with SOURCE")
+    rel.add_argument("--student", metavar="DIR",
+                     help="write the learners' bundle to DIR (a new or empty folder): lessons, "
+                          "released exercises, course_utils, pyproject.toml, README; no "
+                          "solutions, hidden tests or grader")
+    rel.add_argument("--lessons", metavar="DIR", default=None,
+                     help="lesson folder for --student (default: notebooks/ next to SOURCE)")
     grd = commands.add_parser(
         "grade", help="grade submissions (notebooks or folders of them)",
         description="Execute each submission with the source's tests and score it. Exit status "
@@ -140,10 +124,8 @@ def _parser() -> argparse.ArgumentParser:
         "OMP_NUM_THREADS divided among them (default: one per usable core, at most one per "
         "2 GiB of memory)",
     )
-    grd.add_argument(
-        "--csv", metavar="FILE",
-        help="write one row per submission to FILE (atomically, at the end)",
-    )
+    grd.add_argument("--csv", metavar="FILE",
+                     help="write one row per submission to FILE (atomically, at the end)")
     grd.add_argument(
         "--log", metavar="FILE",
         help="append each result to FILE (JSON lines) as soon as it is graded "
@@ -161,11 +143,11 @@ def _parser() -> argparse.ArgumentParser:
     grd.add_argument(
         "--memory", type=_mebibytes, default=DEFAULT_MEMORY, metavar="MIB",
         help="address space a kernel may use, in MiB; 0: no limit "
-        f"(default: {DEFAULT_MEMORY // 2**20})",
+        f"(default: {DEFAULT_MEMORY // MiB})",
     )
     grd.add_argument(
         "--max-size", type=_mebibytes, default=DEFAULT_MAX_SIZE, metavar="MIB",
-        help=f"largest submission file read, in MiB (default: {DEFAULT_MAX_SIZE // 2**20})",
+        help=f"largest submission file read, in MiB (default: {DEFAULT_MAX_SIZE // MiB})",
     )
     grd.add_argument(
         "--feedback", metavar="DIR",
@@ -222,13 +204,13 @@ def _feedback(args, out) -> int:
 def _gradebook(args, out) -> int:
     sources = load_sources(args.source)
     results = [result for log in args.logs for result in read_log(log)]
-    roster = read_roster(args.roster)
+    roster = gradebook.read_roster(args.roster)
     max_points = {name: src.max_points for name, src in sources.items()}
-    book = build_gradebook(results, roster, list(sources), max_points)
-    table = summary_by_learner(book)
+    book = gradebook.build_gradebook(results, roster, list(sources), max_points)
+    table = gradebook.summary_by_learner(book)
     print(table.drop(columns=["notes"]).to_string(index=False, na_rep=""), file=out)
-    for path, writer in ((args.csv, write_summary), (args.moodle, write_moodle),
-                         (args.canvas, write_canvas)):
+    for path, writer in ((args.csv, gradebook.write_summary), (args.moodle, gradebook.write_moodle),
+                         (args.canvas, gradebook.write_canvas)):
         if path:
             writer(book, path)
             print(f"wrote {display_path(path)}", file=out)

@@ -23,6 +23,7 @@ from queue import Empty
 from nbformat import NotebookNode
 
 from .assemble import describe
+from .files import MiB
 from .notebook import first_line
 from .sandbox import (
     DEFAULT_MEMORY,
@@ -174,7 +175,7 @@ async def _reset_ipython(client, seconds: float) -> str | None:
 
 def _memory_note(limits: Limits) -> str:
     if limits.memory > 0:
-        return f"the kernel may use {limits.memory / 2**20:g} MiB (--memory)"
+        return f"the kernel may use {limits.memory / MiB:g} MiB (--memory)"
     return "the kernel's memory is not capped"
 
 
@@ -355,15 +356,9 @@ async def execute_async(
     return runs, issues
 
 
-def execute(
-    nb: NotebookNode,
-    protected: set[int],
-    limits: Limits,
-    sandbox: Sandbox | None,
-    workdir: Path,
-    stop: Stop | None = None,
-) -> tuple[list[CellRun | None], list[str]]:
-    """Blocking form of :func:`execute_async` (runs its own event loop)."""
+def execute(*args, **kwargs) -> tuple[list[CellRun | None], list[str]]:
+    """Blocking form of :func:`execute_async`, with the same arguments (runs its own event
+    loop)."""
     from jupyter_core.utils import run_sync  # lazy: the grade extra, needed only to execute notebooks
 
-    return run_sync(execute_async)(nb, protected, limits, sandbox, workdir, stop)
+    return run_sync(execute_async)(*args, **kwargs)

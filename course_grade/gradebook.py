@@ -37,15 +37,14 @@ LMSs leave a blank grade unchanged):
 from __future__ import annotations
 
 import csv
-import io
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import pandas as pd
 
+from .files import write_atomically
 from .results import SubmissionResult
 
 ROSTER_REQUIRED = ("learner", "submission")
@@ -214,20 +213,8 @@ def _number(value: float | None) -> str:
 
 def _write_rows(path: str | os.PathLike, rows: list[list[str]]) -> Path:
     """Write ``rows`` as CSV (UTF-8) atomically: a temporary file renamed over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = io.StringIO()
-    csv.writer(text, lineterminator="\n").writerows(rows)
-    handle = tempfile.NamedTemporaryFile("w", encoding="utf-8", newline="", dir=path.parent,
-                                         prefix=f".{path.name}.", suffix=".tmp", delete=False)
-    try:
-        with handle:
-            handle.write(text.getvalue())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomically(path, lambda handle: csv.writer(handle, lineterminator="\n")
+                            .writerows(rows))
 
 
 def write_summary(book: Gradebook, path: str | os.PathLike) -> Path:

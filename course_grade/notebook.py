@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from .files import MiB
+
 try:
     import nbformat
     from nbformat import NotebookNode
@@ -39,7 +41,7 @@ END_HIDDEN_TESTS = "### END HIDDEN TESTS"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 MARKDOWN_STUB = ("YOUR ANSWER HERE",)
 METADATA_KEY = "course_grade"  # notebook metadata written at release: {"source": "NN_name.ipynb"}
-DEFAULT_MAX_SIZE = 64 * 2**20  # bytes: the largest submission file the grader reads
+DEFAULT_MAX_SIZE = 64 * MiB  # bytes: the largest submission file the grader reads
 
 CELL_TYPES = ("code", "markdown", "raw")
 
@@ -252,14 +254,14 @@ def read_submission(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_SIZE) 
         if not stat.S_ISREG(info.st_mode):
             raise GradingError("not a regular file")
         if info.st_size > max_bytes:
-            size, limit = info.st_size / 2**20, max_bytes / 2**20
+            size, limit = info.st_size / MiB, max_bytes / MiB
             raise GradingError(f"too large: {size:.1f} MiB (the limit is {limit:g} MiB)")
         try:
             data = handle.read(max_bytes + 1)
         except OSError as error:
             raise GradingError(f"cannot be read: {error.strerror}") from None
     if len(data) > max_bytes:
-        raise GradingError(f"too large (the limit is {max_bytes / 2**20:g} MiB)")
+        raise GradingError(f"too large (the limit is {max_bytes / MiB:g} MiB)")
     try:
         return parse_notebook(data)
     except ValueError as error:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Sequence, TextIO
 
 import pandas as pd
 
+from .files import write_atomically
 from .results import SubmissionResult, display_path
 
 MESSAGE_WIDTH = 200  # characters of a message shown in the terminal table
@@ -84,24 +84,10 @@ def write_csv(results: Sequence[SubmissionResult], path: str | os.PathLike) -> P
     Creates the parent folder if needed; raises OSError if the file cannot be written (e.g.
     ``path`` is a folder).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{display_path(path)} is a folder, not a file")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", newline="", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-        delete=False,
-    )
-    try:
-        with handle:
-            summary_table(results).to_csv(handle, index=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
-    return path
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{display_path(Path(path))} is a folder, not a file")
+    table = summary_table(results)
+    return write_atomically(path, lambda handle: table.to_csv(handle, index=False))
 
 
 def read_log(path: str | os.PathLike) -> list[SubmissionResult]:

@@ -35,11 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from .files import MiB
+
 KERNEL_PACKAGES = ("course_utils",)  # imported by the graded notebooks: visible in the sandbox
 LEARNER_HOME = "/home/learner"  # the kernel's home and working folder inside the sandbox
 SANDBOX_UID = 65534  # nobody
-DEFAULT_MEMORY = 4096 * 2**20  # bytes of address space a kernel may map (RLIMIT_AS)
-MAX_MESSAGE_BYTES = 8 * 2**20  # larger kernel messages (a huge print) are never received
+DEFAULT_MEMORY = 4096 * MiB  # bytes of address space a kernel may map (RLIMIT_AS)
+MAX_MESSAGE_BYTES = 8 * MiB  # larger kernel messages (a huge print) are never received
 MAX_QUEUED_MESSAGES = 64  # messages zmq may queue for the grader per socket
 _PROBE_SECONDS = 30.0  # how long the check that bubblewrap works may take
 

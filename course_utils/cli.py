@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .cli_args import comma_list, positive_int
+from .cli_args import add_precisions_and_policies, positive_int
 from .config import SIZE_PROFILES, config_for, size_profile
 from .experiments import compare, ladder, summary
 from .hardware import detect, recommend_precision, report, use_threads
 from .measure import accept
 from .results import bench_rows, check_out_dir, write_bench
-from .terms import PRECISIONS
 
 __all__ = ["main"]
 
@@ -36,17 +35,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
                    help="size profile (default: $COURSE_SIZE, else chosen from the hardware)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best)")
-    p.add_argument("--precisions", type=comma_list(PRECISIONS, "precision"),
-                   default=None, help="comma-separated, e.g. fp32,bf16 (with --policies: a grid)")
-    p.add_argument("--policies", type=comma_list(None, "policy"), default=None,
-                   help="comma-separated checkpoint policies: none, full, every-K, segments:N, "
-                        "selective, memory-budget:B")
-    p.add_argument("--steps", type=positive_int, default=None,
-                   help="timed rounds (default: as many as fit in the size's time budget)")
-    p.add_argument("--budget", type=float, default=None,
-                   help="seconds of timed steps (default: per size profile)")
-    p.add_argument("--batch-size", type=positive_int, default=None)
-    p.add_argument("--seq-len", type=positive_int, default=None)
+    add_precisions_and_policies(
+        p, precisions_help="comma-separated, e.g. fp32,bf16 (with --policies: a grid)",
+        policies_help="comma-separated checkpoint policies: none, full, every-K, segments:N, "
+                      "selective, memory-budget:B")
+    for flag, kind, what in (
+            ("--steps", positive_int, "timed rounds (default: as many as fit in the size's time "
+                                      "budget)"),
+            ("--budget", float, "seconds of timed steps (default: per size profile)"),
+            ("--batch-size", positive_int, "sequences per micro-batch (default: the size's)"),
+            ("--seq-len", positive_int, "tokens per sequence (default: the size's)")):
+        p.add_argument(flag, type=kind, default=None, help=what)
     p.add_argument("--out", type=Path, default=None, help="folder for bench.json and bench.png")
     p.add_argument("--force", action="store_true",
                    help="run configurations that would be refused (fp16 on a CPU, emulated bf16 "

@@ -8,9 +8,9 @@ import argparse
 import re
 from typing import Callable, Sequence
 
-from .terms import GiB, MiB, check_positive_int
+from .terms import PRECISIONS, GiB, MiB, check_positive_int
 
-__all__ = ["comma_list", "positive_int", "parse_bytes"]
+__all__ = ["comma_list", "positive_int", "parse_bytes", "add_precisions_and_policies"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": MiB,
           "gib": GiB}
@@ -32,6 +32,17 @@ def comma_list(valid: Sequence[str] | None = None, what: str = "value") -> Calla
             raise argparse.ArgumentTypeError(f"unknown {what} {bad}: expected {', '.join(valid)}")
         return items
     return parse
+
+
+def add_precisions_and_policies(parser, *, precisions_help: str, policies_help: str,
+                                policies_default: list | None = None) -> None:
+    """The two options both commands take: ``--precisions`` (comma-separated `PRECISIONS`) and
+    ``--policies`` (comma-separated checkpoint policies, checked later against the model), with
+    each command's help and default."""
+    parser.add_argument("--precisions", type=comma_list(PRECISIONS, "precision"), default=None,
+                        help=precisions_help)
+    parser.add_argument("--policies", type=comma_list(None, "policy"), default=policies_default,
+                        help=policies_help)
 
 
 def positive_int(text: str) -> int:

@@ -26,10 +26,9 @@ from pathlib import Path
 
 from . import model_zoo
 from .card import profile_and_recommend
-from .cli_args import comma_list, parse_bytes, positive_int
+from .cli_args import add_precisions_and_policies, parse_bytes, positive_int
 from .config import SIZE_PROFILES, size_profile
 from .hardware import use_threads
-from .terms import PRECISIONS
 
 __all__ = ["main"]
 
@@ -64,11 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--course-gpt", action="store_true", help="the course's own GPT")
     src.add_argument("--cnn", action="store_true", help="a small residual CNN (no transformer)")
     shape = p.add_argument_group("dimensions (--hf-config; --course-gpt takes --size)")
-    shape.add_argument("--n-layer", type=positive_int, default=None, help="blocks")
-    shape.add_argument("--d-model", type=positive_int, default=None, help="width")
-    shape.add_argument("--n-head", type=positive_int, default=None, help="attention heads")
-    shape.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence")
-    shape.add_argument("--vocab-size", type=positive_int, default=256, help="vocabulary (256: bytes)")
+    for flag, default, what in (("--n-layer", None, "blocks"), ("--d-model", None, "width"),
+                                ("--n-head", None, "attention heads"),
+                                ("--seq-len", None, "tokens per sequence"),
+                                ("--vocab-size", 256, "vocabulary (256: bytes)")):
+        shape.add_argument(flag, type=positive_int, default=default, help=what)
     shape.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
                        help="size profile for defaults (default: $COURSE_SIZE or the hardware's)")
     fn = p.add_argument_group("your own model")
@@ -88,12 +87,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="effective batch wanted (micro-batch x accumulation steps)")
     run.add_argument("--batch-size", type=positive_int, default=None,
                      help="micro-batch that is timed (default: the size profile's)")
-    run.add_argument("--precisions", type=comma_list(PRECISIONS, "precision"), default=None,
-                     help="comma-separated (default: fp32 and this machine's recipe)")
-    run.add_argument("--policies", type=comma_list(None, "policy"),
-                     default=["none", "full", "selective", "offload"],
-                     help="comma-separated: none, full, every-K, selective, offload, "
-                          "offload+checkpoint, hf (default: none,full,selective,offload)")
+    add_precisions_and_policies(
+        run, precisions_help="comma-separated (default: fp32 and this machine's recipe)",
+        policies_default=["none", "full", "selective", "offload"],
+        policies_help="comma-separated: none, full, every-K, selective, offload, "
+                      "offload+checkpoint, hf (default: none,full,selective,offload)")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps (default: best)")
     run.add_argument("--time-budget", type=float, default=None,
                      help="seconds of alternated timing (default: the size profile's)")

@@ -12,16 +12,21 @@ live in `course_utils.terms`; the hardware a size profile is chosen from, in
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass, field
 
-import torch
-
 from .checkpointing import parse_policy
 from .hardware import detect
-from .terms import DEVICE_KINDS, GiB, autocast_dtype, check_positive_int, default_device, device_kind
+from .terms import (
+    DEVICE_KINDS,
+    GiB,
+    PrecisionOnDevice,
+    autocast_dtype,
+    check_positive_int,
+    default_device,
+    device_kind,
+)
 
 __all__ = ["ATTENTIONS", "SIZE_PROFILES", "SIZE_ENV", "ModelShape", "RunConfig", "size_profile",
            "config_for", "step_flops"]
@@ -93,7 +98,7 @@ _SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(PrecisionOnDevice):
     """One training configuration of the course's model: a `ModelShape` and how to train it.
 
     Build one with `config_for` (a size profile plus overrides); read the shape's fields
@@ -157,20 +162,6 @@ class RunConfig:
         if shape_changes:
             changes["shape"] = self.shape.replace(**shape_changes)
         return dataclasses.replace(self, **changes)
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        """The autocast dtype (None for fp32)."""
-        return autocast_dtype(self.precision)
-
-    @property
-    def device_type(self) -> str:
-        """``cuda``, ``cpu`` or ``mps``: what ``torch.autocast`` and ``GradScaler`` take."""
-        return device_kind(self.device)
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """``torch.autocast(device_type, dtype)`` for this precision (disabled for fp32)."""
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
     @property
     def tokens_per_step(self) -> int:

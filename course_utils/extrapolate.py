@@ -217,8 +217,7 @@ def block_input_bytes(spec: ModelSpec, batch_size: int, precision: str = "fp32")
     h = container[0].register_forward_pre_hook(hook, with_kwargs=True)
     cfg = ProfileConfig(spec.name, precision, device=spec.device)
     try:
-        with torch.no_grad(), torch.autocast(cfg.device_type, dtype=cfg.dtype,
-                                             enabled=cfg.dtype is not None):
+        with torch.no_grad(), cfg.autocast():
             spec.forward(model, spec.batch(batch_size))
     finally:
         h.remove()

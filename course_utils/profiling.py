@@ -67,7 +67,15 @@ from .memory_timeline import memory_timeline, phase
 from .offload import OffloadedBlock, offloaded_bytes
 from .saved_tensors import SavedTensorMeter, storage_bytes
 from .step_timing import default_budget_s, time_ratio
-from .terms import GiB, MiB, autocast_dtype, check_positive_int, default_device, device_kind
+from .terms import (
+    GiB,
+    MiB,
+    PrecisionOnDevice,
+    autocast_dtype,
+    check_positive_int,
+    default_device,
+    device_kind,
+)
 
 __all__ = ["POLICIES", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
@@ -335,7 +343,7 @@ def _to(batch, device):
 # --- records -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ProfileConfig:
+class ProfileConfig(PrecisionOnDevice):
     """What one row of a profile ran: a model, a precision, a policy, a micro-batch.
 
     It stands where `Measurement` has a `RunConfig`, with the same names where they exist.
@@ -371,14 +379,6 @@ class ProfileConfig:
     def tokens_per_step(self) -> int:
         """Items (tokens, or samples: ``unit``) per optimizer step."""
         return self.batch_size * self.items_per_sample * self.grad_accum_steps
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        return autocast_dtype(self.precision)
-
-    @property
-    def device_type(self) -> str:
-        return device_kind(self.device)
 
     def replace(self, **changes) -> "ProfileConfig":
         return dataclasses.replace(self, **changes)
@@ -506,7 +506,7 @@ class _State:
             if self.meter is not None:
                 self.meter.__enter__()
             try:
-                with torch.autocast(cfg.device_type, dtype=cfg.dtype, enabled=cfg.dtype is not None):
+                with cfg.autocast():
                     out = self.spec.forward(self.module, self.batch)
                     loss = _check_loss(self.spec.loss_fn(out, self.batch))
             finally:

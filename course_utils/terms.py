@@ -20,7 +20,7 @@ import torch
 
 __all__ = ["PRECISIONS", "PRECISION_DTYPES", "DEVICE_KINDS", "MiB", "GiB", "precision_dtype",
            "autocast_dtype", "short_dtype", "device_kind", "default_device", "cuda_index",
-           "check_positive_int"]
+           "PrecisionOnDevice", "check_positive_int"]
 
 #: The precisions a run can train in, in the order the course lists them.
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -110,6 +110,26 @@ def cuda_index(device: str | torch.device) -> int:
     if dev.type != "cuda":
         raise ValueError(f"{device!r} is not a CUDA device.")
     return torch.cuda.current_device() if dev.index is None else dev.index
+
+
+class PrecisionOnDevice:
+    """What a configuration with ``precision`` and ``device`` fields says about autocast: its
+    dtype, the device kind and the autocast context (`course_utils.config.RunConfig` and
+    `course_utils.profiling.ProfileConfig` both mix it in)."""
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The autocast dtype (None for fp32)."""
+        return autocast_dtype(self.precision)
+
+    @property
+    def device_type(self) -> str:
+        """``cuda``, ``cpu`` or ``mps``: what ``torch.autocast`` and ``GradScaler`` take."""
+        return device_kind(self.device)
+
+    def autocast(self):
+        """``torch.autocast(device_type, dtype)`` for this precision (disabled for fp32)."""
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
 
 def check_positive_int(name: str, value, *, minimum: int = 1, allow_none: bool = False) -> None:

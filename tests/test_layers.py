@@ -35,7 +35,7 @@ LAYERS = {
         ("entry points", ["cli", "cli_profile", "colab", "__init__"]),
     ],
     "course_grade": [
-        ("records", ["results", "stop", "notebook"]),
+        ("records", ["files", "results", "stop", "notebook"]),
         ("steps", ["release", "sandbox", "parallel", "execute", "assemble", "feedback",
                    "report"]),
         ("grading", ["grade", "gradebook"]),

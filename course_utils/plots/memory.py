@@ -339,11 +339,8 @@ def sharding_chart(table, config, ranks=(1, 2, 4, 8), title: str = "training sta
         ranks: world sizes the estimate's lines are drawn over (log2 axis).
         title: the axes title.
 
-    Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot.
-
-    Raises:
-        ValueError: ``table`` has no rows.
+    Returns a ``matplotlib.figure.Figure`` made without pyplot; raises ValueError for a table
+    without rows (no rank measured).
     """
     if len(table) == 0:
         raise ValueError("sharding_chart needs at least one measured rank.")
