@@ -24,6 +24,9 @@ not graded. With ``-j N`` several submissions are graded at once (see
 status 0, or 2 for an unreadable log or malformed sources. ``gradebook`` matches the logs'
 results to a roster (see :mod:`course_grade.gradebook`): 0, or 1 when a submission is unmatched
 or a learner misses an exercise (the files are written either way), 2 for a bad roster or log.
+
+Over 400 lines because it is the whole command line of ``course-grade``: every subcommand's
+arguments, checks and exit statuses in one place, each subcommand one function.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ a minimal environment and the same resource limits.
 
 Either way the kernel's address space (``RLIMIT_AS``) and CPU time (``RLIMIT_CPU``) are capped by
 a small wrapper that sets the limits and then executes ``python -m ipykernel_launcher``.
+
+Over 400 lines because it is one security boundary, read and reviewed as a unit: what the
+sandbox exposes, how a kernel starts inside it, and the limits on what it can send back.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ in this machine's results store (`course_utils.store`, keyed by machine, torch v
 size profile). `recorded_or_measure` gives lesson 03's ledger the verdict a lesson recorded
 here, as that lesson printed it, and measures again only what no lesson recorded, saying on
 which model.
+
+Over 400 lines because it holds one rule per claim (twenty) and the one engine that applies
+them: the rules are read side by side so that two lessons that measure the same numbers get the
+same label.
 """
 from __future__ import annotations
 

@@ -30,6 +30,10 @@ Sources: PyTorch "torchrun (Elastic Launch)" docs (``--standalone``, ``--nproc-p
 ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set per worker; workers start their own sessions, which is
 why a time-out stops them one by one); "Getting Started with Distributed Data Parallel";
 ``torch.distributed.fsdp.fully_shard`` (FSDP2) docs, whose parameters are ``DTensor`` shards.
+
+Over 400 lines because launching, stopping and reading ``torchrun``'s ranks is one
+process-management protocol (the rank runner, time limits, the ranks' last error, their reports);
+the per-rank byte counting it reports sits beside it.
 """
 from __future__ import annotations
 

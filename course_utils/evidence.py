@@ -13,6 +13,10 @@ and `time_between` / `memory_between` read the rule inputs of C1, C2, C4, C5 and
 
 Checking a learner's code (exercise 03's step probe) is `course_utils.learner_checks`'s subject;
 `accumulation` uses its `step_gradients` to see what the production step hands its optimizer.
+
+Over 400 lines because it holds one small function per claim measurement (each a few dozen
+lines, C6 to C18) and the readers of a compare table: split by lesson, the ledger's inputs would
+be spread over as many modules as it has claims.
 """
 from __future__ import annotations
 

@@ -19,6 +19,10 @@ Facts this module relies on (PyTorch and oneDNN docs; each checked by the course
 * ``ONEDNN_MAX_CPU_ISA`` (oneDNN's ISA cap, oneDNN docs "CPU Dispatcher Control") and
   ``ATEN_CPU_CAPABILITY`` (ATen's kernel level) make a CPU with bf16 instructions run as one
   without; `detect` honours both, so the course then plans as it would on that CPU.
+
+Over 400 lines because every fact here is read from one `HardwareInfo`: detection, the ISA caps,
+the recipe, emulation, the usable cores and threads, the matmul probe and the report that prints
+them must agree, and do by sitting together.
 """
 from __future__ import annotations
 

@@ -19,6 +19,10 @@ How each number is taken:
   own step), one `course_utils.step_timing.time_step` per step (the accelerator synchronised); as
   many steps as fit a time budget, or one step where the precision is only emulated on this
   hardware (its time is not the speed of real hardware).
+
+Over 400 lines because it is the one meter: the `Measurement` record, its check against the
+estimate, and the measurement core that `measure` and `course_utils.experiments.compare` share
+(accept, prepare, memory step, timing, the one out-of-memory message).
 """
 from __future__ import annotations
 

@@ -73,6 +73,10 @@ the CPU profiler's peak: within 2% for
 every policy in fp32 and bf16 at the ``cpu`` size (batches 1-16); within 5% for widths 128-384,
 and -6% at the ``smoke`` width (64, where the 256-byte vocabulary dominates) with ``full`` at
 batch 12 (``tests/test_memory_model.py``).
+
+Over 400 lines because every closed-form byte count lives here with its source formula:
+`estimate`, the peak walk and the sharded and scaled estimates share them, and a formula written
+twice would drift.
 """
 from __future__ import annotations
 

@@ -41,6 +41,10 @@ How each number is taken (as `course_utils.measure.measure` takes them for the c
   (`course_utils.step_timing.time_ratio`), so a difference inside the noise is called so.
 * **gradients**: the first step's gradients of every configuration are compared with those of
   ``none`` in the same precision (``grad_max_diff``): a policy must not change them.
+
+Over 400 lines because `profile` is one pipeline over any model, with its own record types:
+find the blocks, wrap them per policy, build the training state, measure its memory step, time
+the configurations and tabulate them; each part uses the record types of the others.
 """
 from __future__ import annotations
 

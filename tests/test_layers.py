@@ -1,6 +1,7 @@
-"""The packages' imports go one way: a module imports only from its own layer or the layers below
-(LAYERS, bottom first; CONTRIBUTING.md explains each), no two modules import each other in a
-circle, and a function-local import (which a circle could hide behind) says why it is lazy.
+"""The packages' structure. Imports go one way: a module imports only from its own layer or the
+layers below (LAYERS, bottom first; CONTRIBUTING.md explains each); no two modules import each
+other in a circle; a function-local import (which a circle could hide behind) says why it is
+lazy; a module over 400 lines says in its docstring why it is one module.
 
 The graph is read from the source with ``ast``: every ``import`` and ``from ... import``, at the
 top of a module or inside a function, relative or absolute.
@@ -221,3 +222,16 @@ def test_the_run_guard_reads_the_machine_and_the_estimate():
     assert {"hardware", "memory_model", "config"} <= from_guard
     assert not [(a, b) for a, b, _, _ in edges if b == "guard" and a in {"hardware", "memory_model",
                                                                              "config", "terms"}]
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_a_module_over_400_lines_says_why_in_its_docstring(package):
+    """A long module is one subject on purpose, and its docstring says which ("Over 400 lines
+    because ..."); otherwise it should be split."""
+    silent = []
+    for path in modules(ROOT / package).values():
+        text = path.read_text()
+        if len(text.splitlines()) > 400 and "Over 400 lines because" not in (
+                ast.get_docstring(ast.parse(text)) or ""):
+            silent.append(str(path.relative_to(ROOT)))
+    assert silent == [], f"modules over 400 lines whose docstring gives no reason: {silent}"
