@@ -79,7 +79,7 @@ $(IPYW7)/.installed: | $(VENV)/.test
 
 test-ipywidgets7: $(IPYW7)/.installed
 	PYTHONPATH=$(abspath $(IPYW7))$(if $(PYTHONPATH),:$(PYTHONPATH)) COURSE_IPYWIDGETS=7.7 COURSE_SIZE=smoke COURSE_STRICT_ESTIMATES=1 OMP_NUM_THREADS=1 \
-		$(BIN)/python -m pytest -n 2 --dist load tests/test_widgets.py -k "not memory_stays_flat"
+		$(BIN)/python -m pytest -n 2 --dist load tests/test_dashboard.py -k "not memory_stays_flat"
 
 # Notebooks run at the 'smoke' size; two workers, one notebook (or test module) each. A measurement
 # that differs from the analytic estimate fails the run (COURSE_STRICT_ESTIMATES=1, course_utils.measure).

@@ -43,8 +43,9 @@ STACKS = {
 }
 
 #: What every stack runs (pytest node ids and folders, from the repository root).
-TESTS = ["notebooks", "tests/test_saved_tensors.py", "tests/test_engine.py",
-         "tests/test_widgets.py",
+TESTS = ["notebooks", "tests/test_saved_tensors.py", "tests/test_checkpointing.py",
+         "tests/test_measure.py", "tests/test_training.py", "tests/test_cli.py",
+         "tests/test_dashboard.py",
          "tests/test_grading.py::test_each_solution_scores_full_marks"]
 
 VERSIONS = """

@@ -30,7 +30,7 @@ measured batches (allocator rounding makes small batches on CUDA noisier: measur
 that are not tiny); the sequence length is fixed (attention without a fused kernel grows with
 seq^2: extrapolate in the batch only). On the course's GPT, where the analytic model is the
 reference, the prediction at 4x the larger measured batch agrees with
-`course_utils.memory_model.estimate` within 5 % (``tests/test_profiling.py``).
+`course_utils.memory_model.estimate` within 5 % (``tests/test_extrapolate.py``).
 """
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from nbcells import cell
 
 from course_utils import colab
 from course_utils.config import config_for, size_profile
@@ -35,10 +36,6 @@ REAL = "https://github.com/some-school/amp-checkpointing-course"
 FOLDER = "amp-checkpointing-course"
 T4 = HardwareInfo(device="cuda", name="Tesla T4", compute_capability=(7, 5), native_bf16=False,
                   fp16_fast=True, total_memory_bytes=15 * 2**30, bf16_emulated=True)
-
-
-def _cells(path):
-    return json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
 
 
 # --------------------------------------------------------------------------- install_missing
@@ -277,8 +274,7 @@ def test_setup_cell_in_a_fresh_kernel_clones_the_release_and_imports_without_a_r
     work.mkdir()
 
     lesson = sorted((ROOT / "notebooks").glob("01_*.ipynb"))[0]
-    cell = next(c for c in _cells(lesson) if c.get("id") == colab_cells.SETUP_ID)
-    source = "".join(cell["source"])                            # the lesson's own cell
+    source = cell(lesson, colab_cells.SETUP_ID).source              # the lesson's own cell
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(source),
                 nbformat.v4.new_code_cell(

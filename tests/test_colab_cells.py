@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from nbcells import notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -33,10 +34,6 @@ def copy(tmp_path):
     for name in ("README.md", "pyproject.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
     return tmp_path
-
-
-def _cells(path):
-    return json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
 
 
 def _set_url(root, url):
@@ -118,7 +115,8 @@ def _unapply(path):
 def test_sync_writes_badges_setup_cells_and_metadata_idempotently(copy):
     for p in copy.rglob("*.ipynb"):
         _unapply(p)
-    before = {p: _cells(p) for d in ("notebooks", "solutions") for p in sorted((copy / d).glob("*.ipynb"))}
+    before = {p: notebook(p).cells for d in ("notebooks", "solutions")
+              for p in sorted((copy / d).glob("*.ipynb"))}
     assert cells.sync(copy, check=True)              # nothing applied yet: disagreements
     cells.sync(copy)
     _release(copy / "solutions", copy / "exercises")
@@ -128,7 +126,7 @@ def test_sync_writes_badges_setup_cells_and_metadata_idempotently(copy):
     assert texts == {p: p.read_bytes() for p in copy.rglob("*.ipynb")}
     cell = cells.setup_cell_source(URL, REF)
     for path, old in before.items():
-        new = _cells(path)
+        new = notebook(path).cells
         ids = [c["id"] for c in new]
         assert [i for i in ids if i != cells.SETUP_ID] == [c["id"] for c in old], "ids kept"
         setup = next(c for c in new if c["cell_type"] == "code")
@@ -142,7 +140,7 @@ def test_sync_writes_badges_setup_cells_and_metadata_idempotently(copy):
         assert meta["accelerator"] == "GPU" and meta["colab"] == {"gpuType": "T4", "provenance": []}
         assert meta["kernelspec"]["name"] == "python3"                # other metadata kept
     for path in sorted((copy / "exercises").glob("*.ipynb")):
-        title = "".join(_cells(path)[0]["source"])
+        title = notebook(path).cells[0].source
         assert f"/blob/main/exercises/{path.name})" in title          # learners open exercises
         assert "/solutions/" not in title
     r = subprocess.run([sys.executable, "-m", "nbstripout", "--verify", "--keep-id",

@@ -13,50 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from nbcells import cell
 
 from course_utils import distributed, hardware, plots
 from course_utils.config import config_for
 from course_utils.hardware import usable_cores
-from course_utils.memory_model import estimate, sharded_estimate, sharded_state_bytes
+from course_utils.memory_model import estimate, sharded_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = ROOT / "notebooks" / "04_scaling_out.ipynb"
 
 
 # --------------------------------------------------------------------------- the arithmetic
-
-def test_sharded_state_bytes_by_hand():
-    # N = 1000 parameters, K = 4 ranks, T = 10 tensors: 4000 B weights, 4000 B gradients,
-    # 8000 B AdamW moments + 40 B of step counters unsharded.
-    table = {s: sharded_state_bytes(1000, 4, s, n_tensors=10) for s in range(4)}
-    got = {s: (e.parameters, e.gradients, e.optimizer_state) for s, e in table.items()}
-    assert got == {0: (4000, 4000, 8040),
-                   1: (4000, 4000, 2000 + 4 * 3),      # ceil(10 / 4) = 3 counters
-                   2: (4000, 1000, 2000 + 4 * 3),
-                   3: (1000, 1000, 2000 + 4 * 10)}      # FSDP: every rank keeps every counter
-    assert table[3].total == 4040 and table[0].total == 16040
-
-
-def test_one_rank_shards_nothing_and_sizes_round_up():
-    assert {sharded_state_bytes(123, 1, s).total for s in range(4)} == {16 * 123}
-    e = sharded_state_bytes(10, 3, 3)                    # 40 / 3 bytes -> 14 on the largest rank
-    assert (e.parameters, e.gradients, e.optimizer_state) == (14, 14, 27)
-
-
-@pytest.mark.parametrize("args, problem", [
-    ((0, 2, 3), "n_parameters"), ((10, 0, 3), "world_size"), ((10, 2, 4), "stage"),
-    ((10, 2, True), "stage"), ((10, 2.0, 3), "world_size"), ((10, 2, 3, -1), "n_tensors")])
-def test_sharded_state_bytes_rejects_bad_input(args, problem):
-    with pytest.raises(ValueError, match=problem):
-        sharded_state_bytes(*args)
-
-
-def test_sharded_estimate_agrees_with_the_memory_model():
-    cfg = config_for("smoke", device="cpu")
-    e = estimate(cfg)
-    for stage in range(4):
-        assert sharded_estimate(cfg, 1, stage).total == e.parameters + e.gradients + e.optimizer_state
-    assert sharded_estimate(cfg, 2, 3).parameters == e.parameters // 2
 
 
 # --------------------------------------------------------------------------- in-process helpers
@@ -249,9 +217,7 @@ def test_a_rank_without_a_report_is_an_error(tmp_path):
 
 def lesson_script(cell_id: str) -> str:
     """The body of a %%writefile cell of lesson 04 (the script the learner reads)."""
-    cells = json.loads(LESSON.read_text())["cells"]
-    source = "".join(next(c for c in cells if c.get("id") == cell_id)["source"])
-    first, _, body = source.partition("\n")
+    first, _, body = cell(LESSON, cell_id).source.partition("\n")
     assert first.startswith("%%writefile"), f"cell {cell_id} is no longer a %%writefile cell"
     return body
 

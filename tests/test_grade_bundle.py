@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
-import json
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from nbcells import notebook
 
 import course_grade
 from course_grade.release import student_pyproject
@@ -46,10 +46,9 @@ def normalized(text: str) -> str:
 
 def cell_sources(path: Path) -> str:
     """A file's text; for a notebook, its cells' sources (as a learner sees them)."""
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".ipynb":
-        text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
-    return text
+        return "\n".join(c.source for c in notebook(path).cells)
+    return path.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbcells import cell
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 import course_grade as grading
@@ -40,10 +41,6 @@ def run_cli(*args: str) -> tuple[int, str]:
     with contextlib.redirect_stdout(out):
         status = grading.main(list(args))
     return status, out.getvalue()
-
-
-def cell(nb, cell_id):
-    return next(c for c in nb.cells if c.get("id") == cell_id)
 
 
 def replace_in_cell(nb, cell_id, old, new):

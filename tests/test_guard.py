@@ -2,9 +2,9 @@
 free RAM or a container's cgroup limit (v1 and v2, read from fake cgroup folders), whichever
 is smaller."""
 import pytest
+import torch
 
 from course_utils import guard, hardware
-from course_utils.cli import main as bench
 from course_utils.config import config_for
 from course_utils.guard import MemoryRefused, cgroup_memory, check_feasible, memory_headroom
 from course_utils.hardware import HardwareInfo
@@ -93,12 +93,6 @@ def test_a_cgroup_limit_below_free_ram_refuses_what_free_ram_would_accept(tmp_pa
     assert any("estimated peak" in n for n in check_feasible(big, CPU, force=True))
 
 
-def test_course_bench_refuses_under_the_cgroup_limit(tmp_path, monkeypatch, capsys):
-    fake_machine(tmp_path, monkeypatch, ram=64 * GiB, limit=300 * MiB, usage=280 * MiB)
-    assert bench(["--size", "smoke", "--device", "cpu", "--batch-size", "64"]) == 2
-    assert "container's memory limit" in capsys.readouterr().err
-
-
 def test_the_batch_search_stays_under_the_cgroup_limit(tmp_path, monkeypatch):
     """`search.largest_batch` under a budget far above a container's limit: batches whose
     estimate does not fit under the limit are refused (recorded as not fitting), not run."""
@@ -156,3 +150,26 @@ def test_the_cuda_memory_cap_names_the_device_by_index_and_lifts_itself(monkeypa
     with pytest.raises(RuntimeError), guard.cuda_memory_cap("cuda:1", 100 * GiB):
         raise RuntimeError("a step that fails")
     assert calls == [(0.25, 0), (1.0, 0), "emptied", (1.0, 1), (1.0, 1), "emptied"]
+
+
+def fake_cpu(monkeypatch, **flags):
+    caps = {"cpu_name": "Test CPU", "avx2": True, **flags}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps, raising=False)  # absent before 2.7
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+
+
+def test_cpu_without_bf16_notes_but_runs(monkeypatch):
+    fake_cpu(monkeypatch, avx512_f=True)
+    notes = check_feasible(config_for("smoke", device="cpu", precision="bf16"),
+                           hardware.detect("cpu"))
+    assert any("emulated" in n for n in notes)
+
+
+def test_fp16_on_cpu_refused_unless_tiny(monkeypatch):
+    fake_cpu(monkeypatch, avx512_f=True, avx512_bf16=True)
+    hw = hardware.detect("cpu")
+    with pytest.raises(ValueError, match="emulated"):
+        check_feasible(config_for("cpu", device="cpu", precision="fp16"), hw)
+    assert check_feasible(config_for("cpu", device="cpu", precision="fp16"), hw, force=True)
+    check_feasible(config_for("smoke", device="cpu", precision="fp16"), hw)  # tiny: allowed

@@ -2,9 +2,16 @@
 every-2 and -9 % for full at the cpu profile, and lessons plotted it as "estimate")."""
 import pytest
 
-from course_utils.config import config_for
+from course_utils import memory_model
+from course_utils.config import RunConfig, config_for
 from course_utils.measure import measure
-from course_utils.memory_model import estimate, peak_walk
+from course_utils.memory_model import (
+    estimate,
+    parameter_count,
+    peak_walk,
+    sharded_estimate,
+    sharded_state_bytes,
+)
 
 
 @pytest.mark.parametrize("precision,policy,batch", [
@@ -85,3 +92,76 @@ def test_the_estimate_says_where_its_peak_falls():
     detail = t.attrs["detail"]
     parts = detail[[f"at peak: {p}" for p in PEAK_PARTS]].sum(axis=1)
     assert ((parts - detail["peak GiB"]).abs() < 1e-6).all()  # the chart's bars end at the peak
+
+
+SMOKE = config_for("smoke", device="cpu")
+
+
+def test_scale_estimate_takes_the_same_type_as_the_course_model():
+    """estimate() reads a RunConfig whatever its ModelShape: the course model's or 7B's."""
+    cfg = SMOKE.replace(n_layers=4, checkpoint="full", precision="bf16")
+    same = memory_model.scale_config(cfg.shape, cfg.batch_size, "bf16", "full")
+    assert estimate(same).as_row() == estimate(cfg.replace(device="cuda")).as_row()
+    assert cfg.shape.n_parameters == parameter_count(cfg)
+    seven = memory_model.scale_config("7B", batch_size=2, checkpoint="full")
+    assert isinstance(seven, RunConfig) and seven.vocab_size == 32000 and seven.batch_size == 2
+    with pytest.raises(ValueError, match="unknown model"):
+        memory_model.scale_config("13B")
+
+
+def test_scale_models_have_their_names_parameter_counts():
+    for name, target in (("1B", 1e9), ("7B", 7e9), ("70B", 70e9)):
+        n = memory_model.SCALE_MODELS[name].n_parameters
+        assert 0.9 * target < n < 1.1 * target, (name, n)
+
+
+def test_scale_table_16_bytes_per_parameter_and_checkpointing_shrinks_activations():
+    t = memory_model.scale_table(detail=True)
+    assert len(t) == len(memory_model.SCALE_MODELS) * len(memory_model.SCALE_RECIPES)
+    assert ((t["bytes/param"] - 16).abs() < 1e-3).all()  # 4 weights + 4 grads + 8 AdamW
+    seven = t[t["model"] == "7B"].set_index("recipe")
+    n = memory_model.SCALE_MODELS["7B"].n_parameters
+    assert seven.loc["fp32", "weights"] == pytest.approx(4 * n / 2**30)
+    assert seven.loc["fp32", "AdamW state"] == pytest.approx(8 * n / 2**30, rel=1e-6)
+    assert seven.loc["fp32", "weight copies"] == 0
+    assert seven.loc["bf16 autocast", "weight copies"] > 0
+    ckpt = seven.loc["bf16 autocast + full ckpt", "activations"]
+    assert ckpt < 0.2 * seven.loc["bf16 autocast", "activations"]
+    # a larger micro-batch raises activations, not the 16 bytes/param
+    t8 = memory_model.scale_table(batch_size=8, detail=True)
+    assert (t8["activations"] > t["activations"]).all()
+    assert (t8["weights"] == t["weights"]).all()
+
+
+def test_sharded_state_bytes_by_hand():
+    # N = 1000 parameters, K = 4 ranks, T = 10 tensors: 4000 B weights, 4000 B gradients,
+    # 8000 B AdamW moments + 40 B of step counters unsharded.
+    table = {s: sharded_state_bytes(1000, 4, s, n_tensors=10) for s in range(4)}
+    got = {s: (e.parameters, e.gradients, e.optimizer_state) for s, e in table.items()}
+    assert got == {0: (4000, 4000, 8040),
+                   1: (4000, 4000, 2000 + 4 * 3),      # ceil(10 / 4) = 3 counters
+                   2: (4000, 1000, 2000 + 4 * 3),
+                   3: (1000, 1000, 2000 + 4 * 10)}      # FSDP: every rank keeps every counter
+    assert table[3].total == 4040 and table[0].total == 16040
+
+
+def test_one_rank_shards_nothing_and_sizes_round_up():
+    assert {sharded_state_bytes(123, 1, s).total for s in range(4)} == {16 * 123}
+    e = sharded_state_bytes(10, 3, 3)                    # 40 / 3 bytes -> 14 on the largest rank
+    assert (e.parameters, e.gradients, e.optimizer_state) == (14, 14, 27)
+
+
+@pytest.mark.parametrize("args, problem", [
+    ((0, 2, 3), "n_parameters"), ((10, 0, 3), "world_size"), ((10, 2, 4), "stage"),
+    ((10, 2, True), "stage"), ((10, 2.0, 3), "world_size"), ((10, 2, 3, -1), "n_tensors")])
+def test_sharded_state_bytes_rejects_bad_input(args, problem):
+    with pytest.raises(ValueError, match=problem):
+        sharded_state_bytes(*args)
+
+
+def test_sharded_estimate_agrees_with_the_memory_model():
+    cfg = config_for("smoke", device="cpu")
+    e = estimate(cfg)
+    for stage in range(4):
+        assert sharded_estimate(cfg, 1, stage).total == e.parameters + e.gradients + e.optimizer_state
+    assert sharded_estimate(cfg, 2, 3).parameters == e.parameters // 2

@@ -17,12 +17,21 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from torch.utils.checkpoint import checkpoint
 
-from course_utils import distributed, lora, plots
+from course_utils import distributed, evidence, lora, memory_model, plots, search
 from course_utils.config import config_for
+from course_utils.formats import FORMATS, format_table, log2_histogram
+from course_utils.measure import Measurement, measure
 from course_utils.memory_model import sharded_estimate
+from course_utils.memory_timeline import memory_timeline
+from course_utils.models import build_model
+from course_utils.plots.ladder import adoption_story
+from course_utils.saved_tensors import saved_by_module
+from course_utils.training_arms import Arm, ArmHistory
 
 MiB = 2**20
 RATIO = re.compile(r"\d+\.\d+x")
@@ -491,3 +500,262 @@ def test_pareto_front_treats_times_within_the_noise_as_ties():
     ax = plots.pareto_chart(table).axes[0]
     front = [line for line in ax.lines if line.get_label() == "Pareto front"][0]
     assert list(front.get_xdata()) == [700.0, 1020.0]   # a (1000 ms, 100 MiB) is out: b ties it
+
+
+SMOKE = config_for("smoke", device="cpu")
+
+
+def peak_at(config, batch):
+    return measure(config.replace(batch_size=batch), timed=False).peak_allocated
+
+
+@pytest.fixture(scope="module")
+def fp32_search():
+    """fp32's largest batch under the peak fp32 itself measured at batch 3."""
+    cfg = SMOKE.replace(precision="fp32")
+    budget = peak_at(cfg, 3)
+    return budget, search.largest_batch(cfg, budget)
+
+
+def test_lesson03_charts_draw_what_they_are_given(fp32_search):
+    """The charts of lesson 03 (course_utils.plots): real inputs in, the right panels out."""
+    from course_utils import plots
+    from course_utils.claims import Verdict, claims_table
+
+    budget, s = fp32_search
+    fig = plots.budget_chart([s])
+    left, right = fig.axes
+    assert [line.get_ydata()[0] for line in left.lines if line.get_color() == "#B71C1C"] == \
+        [pytest.approx(budget / MiB)]
+    assert len(right.collections) >= 1  # the star at the largest batch
+    with pytest.raises(ValueError):
+        plots.budget_chart([])
+
+    table = memory_model.scale_table()
+    fig = plots.scale_chart(table, gpus={"24 GiB": 24})
+    assert len(fig.axes) == len(memory_model.SCALE_MODELS)
+    assert fig.axes[0].get_xlim()[1] > 24  # the 1B panel reaches the 24 GiB line
+
+    story = pd.DataFrame({"step": ["a", "b", "c"], "step_time_s": [0.2, 0.1, float("nan")],
+                          "peak_allocated": [100 * MiB, 80 * MiB, 40 * MiB],
+                          "source": ["measured", "measured", "estimate"]})
+    fig = plots.adoption_chart(story)
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    assert "0.80x" in texts and any("0.50x" in t and "estimate" in t for t in texts)
+    assert any("not measured" in t.get_text() for t in fig.axes[0].texts)
+
+    ledger = claims_table([Verdict("C2", "busted", "peak 0.8x <fp32>", "[03 §1](#1.-The-ladder)"),
+                           Verdict("C1", "not measured here", "no GPU", "01")])
+    html = plots.styled_claims(ledger).to_html()
+    assert '<a href="#1.-The-ladder">03 §1</a>' in html
+    assert "&lt;fp32&gt;" in html  # evidence text is escaped, links are not
+    assert "#FFCDD2" in html  # failed red
+
+
+def _axes(fig):
+    return [ax for ax in fig.axes if ax.get_visible()]
+
+
+def test_format_range_chart_one_bar_pair_per_format():
+    fig = plots.format_range_chart(format_table())
+    ax = _axes(fig)[0]
+    assert len(ax.patches) == 2 * len(FORMATS)
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(FORMATS)[::-1]
+    with pytest.raises(ValueError):
+        plots.format_range_chart(pd.DataFrame({"max": [1.0]}))
+
+
+def test_log2_histogram_chart_panels_and_errors():
+    h = {"g": log2_histogram(torch.tensor([1e-9, 1e-5, 1e-3]))}
+    fig = plots.log2_histogram_chart(h, "fp16", scale=2.0 ** 16)
+    assert len(_axes(fig)) == 1
+    two = plots.log2_histogram_chart({"a": h["g"], "b": h["g"]})
+    assert len(_axes(two)) == 2
+    with pytest.raises(ValueError):
+        plots.log2_histogram_chart({})
+    with pytest.raises(ValueError):
+        plots.log2_histogram_chart(h, scale=-1.0)
+
+
+def test_scaler_trace_chart_accepts_series_and_checks_lengths():
+    steps = pd.Series([1, 2, 3])
+    fig = plots.scaler_trace_chart(steps, [4.0, 2.0, 2.0], skipped=steps[steps == 2],
+                                   injected=[2])
+    assert _axes(fig)[0].get_yscale() == "log"
+    with pytest.raises(ValueError):
+        plots.scaler_trace_chart([1, 2], [1.0])
+
+
+def test_memory_breakdown_and_loss_charts():
+    row = {"label": "fp32", "peak_allocated": 100 * 2**20}
+    for k in ("parameters", "gradients", "optimizer_state", "activations",
+              "autocast_weight_copies", "logits"):
+        row[k] = row["est_" + k] = 10 * 2**20
+    fig = plots.memory_breakdown_chart(pd.DataFrame([row, dict(row, label="bf16")]))
+    assert len(_axes(fig)[0].patches) == 2 * 2 * 6     # 2 configs x (measured, estimate) x 6 parts
+    with pytest.raises(ValueError):
+        plots.memory_breakdown_chart(pd.DataFrame())
+    fig = plots.loss_curves_chart({"a": ([0, 10, 20], [5.0, 3.0, 2.5])})
+    assert len(_axes(fig)) == 2
+    with pytest.raises(ValueError):
+        plots.loss_curves_chart({"a": ([0, 1], [5.0])})
+    with pytest.raises(ValueError):
+        plots.loss_curves_chart({})
+
+
+def _history(label, losses, flushed):
+    h = ArmHistory(config_for("smoke", device="cpu"), arm=Arm(label, "fp32"))
+    h.val_steps, h.val_loss = list(range(len(losses))), list(losses)
+    h.steps, h.flushed = list(range(1, len(flushed) + 1)), list(flushed)
+    return h
+
+
+def test_loss_curves_chart_with_the_flushed_share():
+    hs = {"fp32": _history("fp32", [5.0, 4.0], [0, 0]),
+          "fp16, no scaler": _history("fp16, no scaler", [5.0, 4.5], [0.2, 0.4])}
+    fig = plots.loss_curves_chart(hs, title="(B) test", size="smoke", flushed=True)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 2
+    assert "size 'smoke'" in fig.get_suptitle()
+    assert "flushed" in axes[1].get_title()
+    flushed_line = axes[1].get_lines()[1]
+    assert list(flushed_line.get_ydata()) == [20.0, 40.0]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "fp16, no scaler: 4.500, flushed 30%" in labels
+    # without flushed=True: the zoom on the second half, as before
+    zoom = plots.loss_curves_chart(hs)
+    assert "zoom" in [ax for ax in zoom.axes if ax.get_visible()][1].get_title()
+    with pytest.raises(ValueError, match="flushed"):
+        plots.loss_curves_chart({"x": _history("x", [1.0], [])}, flushed=True)
+    with pytest.raises(ValueError, match="flushed"):
+        plots.loss_curves_chart({"x": ([0, 1], [2.0, 1.0])}, flushed=True)
+
+
+MB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return config_for("smoke", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def block(cfg):
+    torch.manual_seed(0)
+    return build_model(cfg).layers[0]
+
+
+def _x(cfg, requires_grad=True):
+    return torch.randn(cfg.batch_size, cfg.seq_len, cfg.d_model, requires_grad=requires_grad)
+
+
+def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
+    x = _x(cfg)
+    plain = saved_by_module(block, lambda: block(x))
+    ckpt = saved_by_module(block, lambda: checkpoint(block, x, use_reentrant=False))
+    fig = plots.saved_tensors_chart({"plain": plain, "checkpoint": ckpt})
+    assert len(fig.axes) == 1 and len(fig.axes[0].patches) == plain.module.nunique() * 2 + 2
+    with pytest.raises(ValueError):
+        plots.saved_tensors_chart({})
+
+    growth = pd.DataFrame([dict(sweep=s, batch_size=b, seq_len=t, saved=b * t, est_saved=b * t,
+                                static=float("nan"), est_static=100.0)
+                           for s, b, t in (("batch_size", 1, 8), ("batch_size", 2, 8),
+                                           ("seq_len", 1, 8), ("seq_len", 1, 16))])
+    assert len(plots.memory_growth_chart(growth).axes) == 2
+    with pytest.raises(ValueError):
+        plots.memory_growth_chart(growth.drop(columns="est_static"))
+
+    seg = pd.DataFrame([dict(method=m, segments=s, saved_bytes=s * MB, peak_bytes=(s + 8 / s) * MB,
+                             est_saved=s * MB, est_peak=(s + 8 / s) * MB)
+                        for m in ("loop", "checkpoint_sequential") for s in (1, 2, 4, 8)])
+    fig = plots.segments_chart(seg, n_layers=8)
+    assert len(fig.axes) == 2
+    # equal peaks of two methods stay visible: a thin line with small markers over a thick one
+    thick, thin = [line for line in fig.axes[1].lines if "(measured)" in line.get_label()]
+    assert thick.get_linewidth() > 2 * thin.get_linewidth()
+    assert thick.get_markersize() > 2 * thin.get_markersize() and thin.get_zorder() > thick.get_zorder()
+    assert fig.legends and "loop (model)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    with pytest.raises(ValueError):
+        plots.segments_chart(seg.iloc[:0], n_layers=8)
+
+    table = pd.DataFrame({"label": ["a", "b", "c"], "step_time_s": [1.0, 1.2, 2.0],
+                          "step_time_iqr_s": [0.1, 0.1, None],
+                          "peak_allocated": [100 * MB, 50 * MB, 80 * MB]})
+    ax = plots.pareto_chart(table).axes[0]
+    from matplotlib.colors import same_color
+    front = sorted({float(v) for line in ax.lines if same_color(line.get_color(), "#DD8452")
+                    for v in line.get_xdata()})
+    assert front == [1000.0, 1200.0]  # the front joins a and b; c is dominated by b
+    with pytest.raises(ValueError):
+        plots.pareto_chart(table.assign(step_time_s=None))
+
+    att = pd.DataFrame([dict(attention=a, seq_len=t, saved_bytes=t * (t if a == "naive" else 1))
+                        for a in ("naive", "sdpa") for t in (8, 16, 32)])
+    labels = [line.get_label() for line in plots.attention_memory_chart(att).axes[0].lines]
+    assert any("slope 2.00" in label for label in labels)
+    assert any("slope 1.00" in label for label in labels)
+    # an estimate equal to its measurement is drawn over it, not hidden under it
+    lines = {line.get_label(): line for line in
+             plots.attention_memory_chart(att.assign(est_bytes=att.saved_bytes), size="smoke").axes[0].lines}
+    assert lines["naive: estimate"].get_zorder() > lines["naive: measured (slope 2.00)"].get_zorder()
+    assert lines["naive: measured (slope 2.00)"].get_markerfacecolor() == "white"
+
+    tl = memory_timeline(lambda: torch.ones(1000))
+    assert len(plots.memory_timeline_chart({"a": tl, "b": tl}).axes) == 2
+    with pytest.raises(ValueError):
+        plots.memory_timeline_chart({})
+
+
+TINY = evidence.small_config()
+
+
+def _table(rows, size="cpu"):
+    ms = []
+    for _label, precision, times, peak, emulated in rows:
+        m = Measurement(config=TINY.replace(precision=precision), peak_allocated=peak, emulated=emulated,
+                        activations=peak // 2, autocast_weight_copies=0, logits=peak // 4,
+                        parameters=400, gradients=400, optimizer_state=800)
+        m.add_times(times)
+        ms.append(m)
+    df = pd.DataFrame([m.as_row() for m in ms])
+    df["label"] = [r[0] for r in rows]
+    df.attrs.update(measurements=ms, size=size)
+    return df
+
+
+def test_adoption_story_skips_an_emulated_step_as_reference():
+    df = _table([("fp32", "fp32", [1.0, 1.02, 0.98, 1.0, 1.0], 1000, False),
+                 ("bf16", "bf16", [3.0], 800, True),
+                 ("fp32+full", "fp32", [1.3, 1.32, 1.28, 1.3, 1.3], 600, False)])
+    story = adoption_story(df, [("fp32", "fp32"), ("+ bf16", "bf16"), ("+ compile", None),
+                                      ("+ full", "fp32+full")], estimates=[("+ shard", 300)])
+    assert list(story["source"]) == ["measured", "measured", "not measured here", "measured", "estimate"]
+    assert list(story["adopted"]) == [True, False, True, True, True]
+    assert story["time_verdict"].tolist()[:2] == ["reference", "emulated"]
+    assert story.loc[3, "time_verdict"] == "slower" and story.loc[3, "time_ratio"] == pytest.approx(1.3)
+    fig = plots.adoption_chart(story, size="cpu")
+    mem = [t.get_text() for t in fig.axes[1].texts]
+    assert "0.80x" in mem and "0.60x" in mem    # + full against fp32, not against emulated bf16
+    assert any("0.50x" in t and "estimate" in t for t in mem)
+    times = [t.get_text() for t in fig.axes[0].texts]
+    assert "1.30x slower" in times and "emulated:\nnot drawn" in times
+    assert "previous adopted step" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="no row"):
+        adoption_story(df, [("x", "nope")])
+
+
+def test_routes_chart_marks_what_fits():
+    routes = lora.routes()
+    fig = plots.routes_chart(routes, gpu_gib=24, title="7B", size="cpu")
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert sum("does not fit" in t for t in texts) == 2 and sum(t.endswith(": fits") for t in texts) == 2
+    assert "24 GiB GPU" in texts
+    assert [line.get_xdata()[0] for line in ax.lines] == [24]
+    assert fig._suptitle.get_text() == "7B, size 'cpu'"
+    with pytest.raises(ValueError):
+        plots.routes_chart(routes.iloc[:0])
+    with pytest.raises(ValueError, match="gpu_gib"):
+        plots.routes_chart(routes, gpu_gib=0)
+    assert np.isfinite(ax.get_xlim()[1])

@@ -8,23 +8,14 @@ each policy. Every model is tiny: the whole module takes seconds.
 """
 from __future__ import annotations
 
-import json
-import math
-
 import pytest
 import torch
 import torch.nn as nn
 
-import course_utils.guard as guard
 from course_utils import model_zoo
-from course_utils.card import profile_and_recommend, recommend
-from course_utils.cli_args import parse_bytes
-from course_utils.cli_profile import main as cli_main
 from course_utils.config import config_for
-from course_utils.extrapolate import block_input_bytes, check_prediction, extrapolate
+from course_utils.extrapolate import block_input_bytes
 from course_utils.measure import measure
-from course_utils.memory_model import estimate
-from course_utils.offload import OffloadedBlock, transfer_time_estimate
 from course_utils.profiling import (
     CheckpointedBlock,
     ModelDoesNotFit,
@@ -35,7 +26,6 @@ from course_utils.profiling import (
     wrap_blocks,
 )
 from course_utils.saved_tensors import SavedTensorMeter
-from course_utils.terms import MiB
 
 POLICIES = ("none", "full", "every-2", "selective", "offload", "offload+checkpoint")
 
@@ -167,22 +157,6 @@ def test_profile_matches_the_course_measure_on_its_gpt(profiles):
             assert getattr(mine, f) == getattr(ref, f), (policy, f)
 
 
-@pytest.mark.parametrize("kind", ["gpt", "cnn"])
-@pytest.mark.parametrize("policy", ["offload", "offload+checkpoint"])
-def test_offloading_gives_equal_gradients_on_cpu(kind, policy):
-    z = zoo(kind)
-    spec = ModelSpec.create(z.build, z.make_batch, z.loss_fn, forward=z.forward, device="cpu")
-    batch = spec.batch(2)
-    grads = []
-    for p in ("none", policy):
-        model = spec.fresh(p)
-        spec.loss_fn(spec.forward(model, batch), batch).backward()
-        grads.append([q.grad for q in model.parameters()])
-    if policy == "offload":
-        assert any(isinstance(m, OffloadedBlock) for m in model.modules())
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
-
-
 def test_timed_profile_has_ratios_and_units():
     z = zoo("cnn")
     prof = profile(z.build, z.make_batch, batch_size=2, policies=("full",), steps=3,
@@ -227,159 +201,5 @@ def test_other_bad_inputs():
 
 # --- the extrapolated estimate ------------------------------------------------------------------
 
-def test_extrapolation_within_5_percent_of_the_analytic_model_at_4x():
-    # the cpu profile's width (at the smoke width the analytic model itself is off by ~6 %,
-    # memory_model's docstring), 2 blocks to stay quick; measured at batches 4 and 8
-    cfg = config_for("cpu", n_layers=2, device="cpu")
-    z = model_zoo.course_gpt("cpu", n_layers=2)
-    ex = extrapolate(z.build, z.make_batch, policies=("none", "full", "every-2"), batches=(4, 8))
-    big = 4 * 8
-    predicted = ex.peak(big, "none")
-    analytic = estimate(cfg.replace(batch_size=big)).peak_allocated
-    assert abs(predicted - analytic) / analytic < 0.05, (predicted, analytic)
-    for policy in ("none", "full", "every-2"):  # the block model's saved bytes: exact
-        assert ex.saved(big, policy) == estimate(cfg.replace(batch_size=big,
-                                                             checkpoint=policy)).saved_total
-    assert ex.saved(big, "selective") is None
-    # one real step at the batch predicted to fill a budget
-    budget = ex.peak(big, "full")
-    check = check_prediction(ex, budget, "full")
-    assert check.batch_size == ex.largest_batch(budget, "full") >= big
-    assert abs(check.error) < 0.03, check.note
-    with pytest.raises(ValueError, match="not even batch 1"):
-        check_prediction(ex, 1024, "none")
-
-
-def test_extrapolation_arguments():
-    z = zoo("cnn")
-    with pytest.raises(ValueError, match="two increasing"):
-        extrapolate(z.build, z.make_batch, batches=(4, 2), **z.kwargs())
-
-
-def test_transfer_time_estimate():
-    assert transfer_time_estimate(25 * 10**9, gbps=25.0) == pytest.approx(2.0)
-    with pytest.raises(ValueError):
-        transfer_time_estimate(1, gbps=0)
-
 
 # --- the card and the CLI -----------------------------------------------------------------------
-
-def test_card_follows_its_rule_and_its_numbers():
-    z = zoo("gpt")
-    prof, exs, card = profile_and_recommend(
-        z.build, z.make_batch, budget_bytes=64 * MiB, target_batch=8, precisions=("fp32",),
-        policies=("none", "full"), batch_size=4, device="cpu", budget_s=0.05, progress=False)
-    ex = exs["fp32"]
-    # a generous budget: no checkpointing, one micro-batch
-    assert (card.policy, card.micro_batch, card.accum_steps) == ("none", 8, 1)
-    assert card.predicted_peak == ex.peak(8, "none") <= card.budget_bytes
-    assert abs(card.measured_peak - card.predicted_peak) / card.measured_peak < 0.05
-    assert f"micro-batch of {ex.largest_batch(64 * MiB, 'none')} fits" in card.text()
-    # a budget between none's and full's peak at the measured batch: full, with accumulation
-    tight = (ex.peak(4, "none") + ex.peak(4, "full")) // 2
-    c2 = recommend(prof, exs, tight, target_batch=16, check=False)
-    assert c2.policy == "full"
-    assert c2.micro_batch * c2.accum_steps >= 16
-    assert c2.micro_batch <= ex.largest_batch(tight, "full")
-    assert ex.peak(c2.micro_batch, "full") <= tight
-    assert f"only {ex.largest_batch(tight, 'none')} samples fit" in c2.text()
-    assert json.dumps(c2.as_dict())
-    with pytest.raises(ValueError, match="nothing fits"):
-        recommend(prof, exs, 1024, check=False)
-
-
-def test_parse_bytes():
-    assert parse_bytes("14GiB") == 14 * 2**30
-    assert parse_bytes("512 MiB") == 512 * 2**20
-    assert parse_bytes("2000") == 2000 and parse_bytes("1.5KiB") == 1536
-    for bad in ("-1GiB", "lots", "3 parsecs"):
-        with pytest.raises(Exception, match="expected a size"):
-            parse_bytes(bad)
-
-
-def test_cli_prints_the_card_and_writes_json(tmp_path, capsys):
-    out = tmp_path / "card.json"
-    status = cli_main(["--course-gpt", "--size", "smoke", "--budget", "16MiB", "--device", "cpu",
-                       "--policies", "none,full", "--precisions", "fp32", "--time-budget", "0.05",
-                       "--target-batch", "8", "--out", str(out)])
-    text = capsys.readouterr().out
-    assert status == 0
-    assert "Recommendation for course GPT" in text and "recipe" in text
-    data = json.loads(out.read_text())
-    assert data["card"]["effective_batch"] >= 8
-    assert {r["checkpoint"] for r in data["profile"]} == {"none", "full"}
-    with pytest.raises(SystemExit):
-        cli_main(["--budget", "1GiB"])  # no model
-    with pytest.raises(SystemExit):
-        cli_main(["--course-gpt", "--cnn"])
-    assert math.isfinite(data["extrapolation"]["fp32"]["per_sample_bytes"]["none"])
-
-
-@pytest.mark.parametrize("model", [["--cnn"], ["--hf-config", "gpt2"], ["--hf-config", "llama"]])
-def test_cli_on_the_other_models(model, capsys):
-    if "--hf-config" in model:
-        pytest.importorskip("transformers")  # the [hf] extra: make test installs it
-    status = cli_main([*model, "--size", "smoke", "--budget", "64MiB", "--device", "cpu",
-                       "--policies", "none,full", "--precisions", "fp32", "--time-budget", "0.05",
-                       "--batch-size", "2", "--no-check"])
-    text = capsys.readouterr().out
-    assert status == 0 and "recipe      : fp32 + no checkpointing" in text
-
-
-def test_a_cpu_check_that_would_exhaust_the_ram_is_not_run(monkeypatch):
-    z = zoo("cnn")
-    ex = extrapolate(z.build, z.make_batch, batches=(1, 2), device="cpu", **z.kwargs())
-    # the guard's one reading of free memory (RAM and the container's limit)
-    monkeypatch.setattr(guard, "memory_headroom", lambda hw: (ex.peak(4) // 2, "RAM free now"))
-    c = check_prediction(ex, ex.peak(4), "none")
-    assert c.batch_size == 4 and c.measured_peak is None and not c.fits
-    assert "not run" in c.note and "of RAM free now" in c.note
-
-
-def test_card_without_a_target_uses_the_largest_batch_without_recomputation():
-    z = zoo("gpt")
-    prof, exs, card = profile_and_recommend(
-        z.build, z.make_batch, budget_bytes=8 * MiB, precisions=("fp32",), policies=("none", "full"),
-        batch_size=2, device="cpu", budget_s=0.05, check=False, progress=False)
-    largest = exs["fp32"].largest_batch(8 * MiB, "none")
-    assert (card.policy, card.micro_batch, card.accum_steps) == ("none", largest, 1)
-    assert card.measured_peak is None and card.check_note == "not checked"
-
-
-def test_on_cuda_the_card_plans_below_the_budget_and_steps_down_after_an_out_of_memory_step(
-        monkeypatch):
-    # On an H100 the plan at 99.9% of the budget ran out of memory (the allocator reserves more
-    # than it allocates): the card plans to CUDA_PLANNING_SHARE of the budget, and a micro-batch
-    # whose real step runs out of memory is never the one recommended.
-    from course_utils import card as card_module
-    from course_utils.card import BACK_OFF, CUDA_PLANNING_SHARE
-    from course_utils.extrapolate import PredictionCheck
-    from course_utils.hardware import HardwareInfo
-
-    z = zoo("gpt")
-    prof, exs, _ = profile_and_recommend(
-        z.build, z.make_batch, budget_bytes=64 * MiB, precisions=("fp32",), policies=("none",),
-        batch_size=2, device="cpu", budget_s=0.05, check=False, progress=False)
-    ex = exs["fp32"]
-    budget = ex.peak(40, "none")
-    planned = ex.largest_batch(int(budget * CUDA_PLANNING_SHARE), "none")
-    assert planned < ex.largest_batch(budget, "none")
-    fits_up_to = int(planned * BACK_OFF) - 1  # the first two tries run out of memory
-    ran = []
-
-    def fake_check(e, budget_bytes, policy="none", batch_size=None):
-        ran.append(batch_size)
-        oom = batch_size > fits_up_to
-        return PredictionCheck(policy, batch_size, budget_bytes, e.peak(batch_size, policy),
-                               None if oom else e.peak(batch_size, policy), None, not oom, oom,
-                               "ran out of memory" if oom else "fits")
-    monkeypatch.setattr(card_module, "check_prediction", fake_check)  # the card's own check
-    gpu = HardwareInfo(device="cuda", name="fake GPU", compute_capability=(9, 0), native_bf16=True)
-    card = recommend(prof, exs, budget, hw=gpu)
-    assert ran[0] == planned and len(ran) == 3 and ran == sorted(ran, reverse=True)
-    assert card.micro_batch == ran[-1] <= fits_up_to and card.measured_peak is not None
-    assert card.accum_steps == 1  # no target: the largest micro-batch that ran is the target
-    assert "Planned to 95% of the budget" in card.text() and "steps down to" in card.text()
-    ran.clear()  # with a target, accumulation reaches it at the smaller micro-batch
-    card = recommend(prof, exs, budget, hw=gpu, target_batch=planned)
-    assert card.micro_batch <= fits_up_to and card.micro_batch * card.accum_steps >= planned

@@ -50,12 +50,3 @@ def test_ruff_lints_the_package_tests_tools_and_every_notebook():
     r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-
-
-def test_lessons_are_numbered_and_start_with_objectives():
-    lessons = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    assert lessons, "no lesson notebooks found"
-    for path in lessons:
-        nb = json.loads(path.read_text())
-        first = "".join(nb["cells"][0]["source"]) + "".join(nb["cells"][1]["source"])
-        assert "objective" in first.lower(), f"{path.name}: list the learning objectives first"

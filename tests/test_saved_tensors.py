@@ -7,9 +7,12 @@ does not pass: there it silently reported full checkpointing's bytes for `select
 run in the support matrix (make test-matrix) on Colab's torch, the declared floor and the newest.
 """
 import contextlib
+import gc
+import weakref
 
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 import course_utils.checkpointing as ck
 import course_utils.saved_tensors as meter_module
@@ -17,9 +20,9 @@ from course_utils.config import config_for
 from course_utils.data import get_batch
 from course_utils.experiments import compare
 from course_utils.measure import STRICT_ENV, EstimateGap, measure
-from course_utils.memory_model import estimate
+from course_utils.memory_model import block_bytes_per_token, estimate
 from course_utils.models import build_model
-from course_utils.saved_tensors import measure_saved
+from course_utils.saved_tensors import SavedTensorMeter, measure_saved, saved_by_module
 
 SMOKE = config_for("smoke", device="cpu")
 SAVED = ("activations", "autocast_weight_copies", "logits")
@@ -94,3 +97,126 @@ def test_a_meter_that_misses_sacs_cache_is_caught_by_the_estimate(monkeypatch):
     monkeypatch.setenv(STRICT_ENV, "1")
     with pytest.raises(AssertionError, match="selective"):
         compare([cfg], timed=False, progress=False)
+
+
+def metered(config):
+    model = build_model(config)
+    x, y = get_batch(config.batch_size, config.seq_len)
+    return measure_saved(model, x, y, config.precision)
+
+
+@pytest.mark.parametrize("policy", ["none", "full", "every-2", "segments:2", "selective"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_meter_matches_estimate(policy, precision):
+    cfg = SMOKE.replace(n_layers=4, checkpoint=policy, precision=precision)
+    got = metered(cfg).totals()
+    est = estimate(cfg)
+    for field in ("activations", "autocast_weight_copies", "logits"):
+        assert got[field] == pytest.approx(getattr(est, field), rel=0.02), field
+
+
+def test_full_keeps_exactly_the_block_inputs():
+    cfg = SMOKE.replace(n_layers=4, checkpoint="full")
+    meter = metered(cfg)
+    B, T, d = cfg.batch_size, cfg.seq_len, cfg.d_model
+    block_inputs = [r for r in meter.records if r["bucket"] == "activations"
+                    and r["shape"] == (B, T, d) and r["dtype"] == torch.float32]
+    assert len(block_inputs) == cfg.n_layers
+    indices = 8 * B * T + 8 * T  # token indices and positions kept by the embeddings
+    assert meter.totals()["activations"] == cfg.n_layers * B * T * d * 4 + indices
+
+
+def test_bf16_saves_less_by_the_estimated_factor():
+    fp32 = SMOKE.replace(n_layers=4, d_model=128, n_heads=4)
+    bf16 = fp32.replace(precision="bf16")
+    measured = metered(bf16).totals()["activations"] / metered(fp32).totals()["activations"]
+    predicted = estimate(bf16).activations / estimate(fp32).activations
+    assert measured < 0.7  # a real saving ...
+    assert measured == pytest.approx(predicted, rel=0.05)  # ... of the predicted size
+    assert measured > 0.5  # and not the "50%" of claim C2: the residual stream stays fp32
+
+
+def test_autocast_weight_copies_have_their_own_field():
+    fp32 = metered(SMOKE).totals()
+    bf16 = metered(SMOKE.replace(precision="bf16")).totals()
+    assert fp32["autocast_weight_copies"] == 0
+    d, L = SMOKE.d_model, SMOKE.n_layers
+    # every Linear weight of every block (12 d^2 elements) and the head (256 d), in bf16
+    assert bf16["autocast_weight_copies"] == 2 * (L * 12 * d * d + 256 * d)
+
+
+def test_the_meter_frees_what_it_measures():
+    """Issue 9: a pack hook that returned the live tensor kept every forward's graph alive."""
+    cfg = SMOKE.replace(n_layers=2)
+    model = build_model(cfg)
+    x, y = get_batch(cfg.batch_size, cfg.seq_len)
+    seen = []
+    hook = model.layers[0].ln1.register_forward_hook(lambda m, i, out: seen.append(weakref.ref(out)))
+    meter = measure_saved(model, x, y)
+    hook.remove()
+    assert meter.totals()["activations"] > 0
+    gc.collect()
+    assert seen and seen[0]() is None, "a saved activation outlived measure_saved"
+
+
+def test_saved_bytes_by_dtype_add_up_to_the_meter():
+    cfg = config_for("smoke")
+    model = build_model(cfg)
+    x, y = get_batch(cfg.batch_size, cfg.seq_len)
+    meter = measure_saved(model, x, y, "bf16")
+    t = meter.by_dtype()
+    totals = meter.totals()
+    for bucket, n in totals.items():
+        assert t.loc[bucket, "bytes"].sum() == n
+    acts = t.loc["activations"]
+    # bf16 autocast leaves part of the saved activations in fp32 (residual stream, LayerNorm).
+    assert acts.loc["bf16", "bytes"] > 0 and acts.loc["fp32", "bytes"] > 0
+    assert set(t.loc["autocast_weight_copies"].index) == {"bf16"}
+    with pytest.raises(ValueError):
+        SavedTensorMeter(model).by_dtype()
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return config_for("smoke", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def block(cfg):
+    torch.manual_seed(0)
+    return build_model(cfg).layers[0]
+
+
+def _x(cfg, requires_grad=True):
+    return torch.randn(cfg.batch_size, cfg.seq_len, cfg.d_model, requires_grad=requires_grad)
+
+
+def test_saved_by_module_matches_the_meter_and_the_estimate(cfg, block):
+    x = _x(cfg)
+    table = saved_by_module(block, lambda: block(x))
+    assert list(table.columns) == ["module", "module_type", "shape", "dtype", "nbytes", "grad_fn"]
+    with SavedTensorMeter(block) as meter:
+        block(x)
+    assert table.nbytes.sum() == sum(meter.totals().values())
+    assert table.nbytes.sum() == block_bytes_per_token(cfg) * cfg.batch_size * cfg.seq_len
+    # forward order, innermost module: LayerNorm 1 first (the block input), GELU saves fc1's output
+    assert table.module.iloc[0] == "ln1" and table["shape"].iloc[0] == tuple(x.shape)
+    assert list(dict.fromkeys(table.module)) == ["ln1", "attn.qkv", "attn", "ln2", "mlp.fc1",
+                                                 "mlp.act", "mlp.fc2"]
+    gelu = table[table.module == "mlp.act"]
+    assert gelu["shape"].iloc[0] == (cfg.batch_size, cfg.seq_len, 4 * cfg.d_model)
+    # parameters are never listed
+    param_shapes = {tuple(p.shape) for p in block.parameters() if p.dim() == 2}
+    assert not param_shapes & set(table["shape"])
+    # the module's hooks are removed afterwards
+    assert not block._forward_hooks and not block._forward_pre_hooks
+
+
+def test_saved_by_module_of_a_checkpointed_block_keeps_only_its_input(cfg, block):
+    x = _x(cfg)
+    table = saved_by_module(block, lambda: checkpoint(block, x, use_reentrant=False))
+    assert len(table) == 1
+    assert table.nbytes.iloc[0] == x.numel() * x.element_size()
+    assert table.module.iloc[0] == "" and table.module_type.iloc[0] == "Block"
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        saved_by_module(lambda t: t, lambda: None)

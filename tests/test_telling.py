@@ -25,58 +25,18 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
+from nbcells import cell
 
-from course_utils import claims, memory_model, plots, store
-from course_utils.config import config_for
+from course_utils import claims, memory_model, plots
 from course_utils.experiments import summary
-from course_utils.hardware import detect
 from course_utils.step_timing import time_ratio
-from course_utils.terms import GiB, MiB
+from course_utils.terms import GiB
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # --- 1. a lesson's verdict == the ledger's ---------------------------------------------------
-
-def check_same_verdict(lesson: claims.Verdict, ledger: claims.Verdict) -> None:
-    assert (lesson.claim, lesson.status, lesson.evidence) == (ledger.claim, ledger.status,
-                                                              ledger.evidence), (lesson, ledger)
-
-
-@pytest.fixture
-def results_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
-    return tmp_path
-
-
-C11_LESSON = dict(flushed_unscaled=0.01331, flushed_scaled=0.0, scale=65536.0)
-C11_TINY = dict(flushed_unscaled=0.00113, flushed_scaled=0.0, scale=65536.0)
-
-
-def test_the_ledger_shows_the_verdict_the_lesson_recorded(results_dir):
-    lesson = claims.verdict("C11", where="01 §3", record=True, **C11_LESSON)  # as lesson 01 runs it
-    assert store.store_path().is_file()
-    ledger = claims.recorded_or_measure("C11", "[01](01_amp_review.ipynb)", lambda: C11_TINY,
-                                        model="a 2-block model")
-    check_same_verdict(lesson, ledger)
-    assert ledger.where == "[01](01_amp_review.ipynb)"
-    # the broken telling: a ledger that measures again on a tiny model prints other numbers
-    remeasured = claims.verdict("C11", where="03", **C11_TINY)
-    with pytest.raises(AssertionError):
-        check_same_verdict(lesson, remeasured)
-
-
-def test_only_what_no_lesson_recorded_is_measured_again_and_labelled(results_dir):
-    v = claims.recorded_or_measure("C11", "L01", lambda: C11_TINY, model="a 2-block model")
-    assert "measured again here on a 2-block model" in v.where
-    assert claims.recorded_verdict("C11") is None  # the ledger's own measurement is not recorded
-
-
-def test_a_verdict_is_recorded_only_for_this_machine_torch_and_size(results_dir):
-    claims.verdict("C11", where="01 §3", record=True, **C11_LESSON)
-    assert claims.recorded_verdict("C11") is not None
-    assert claims.recorded_verdict("C11", key=store.context_key("a100", detect())) is None
 
 
 # --- 2. faster/slower never inside the printed interval ---------------------------------------
@@ -133,8 +93,7 @@ def check_peak_sentence(sentence: str, estimates) -> None:
 
 
 def run_cell(nb_path: Path, cell_id: str, namespace: dict) -> str:
-    nb = nbformat.read(nb_path, 4)
-    src = next(c.source for c in nb.cells if c.get("id") == cell_id)
+    src = cell(nb_path, cell_id).source
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(src, f"{nb_path.name}:{cell_id}", "exec"), namespace)
@@ -310,12 +269,6 @@ def test_the_machinery_checker_rejects_a_body_about_the_engine():
         "The engine's verdicts come from one rule per claim; a test keeps the two texts "
         "identical, and compare() times the rounds in alternation at the smoke profile.")])
     assert machinery_share(nb) > 0.05
-
-
-def test_store_writes_nothing_outside_its_folder(results_dir):
-    claims.verdict("C10", where="03 §6", record=True)
-    assert [p.name for p in Path(results_dir).iterdir()] == ["results.json"]
-    assert config_for("smoke").batch_size > 0 and MiB == 2**20
 
 
 def check_ratio_inside_band(text: str) -> None:

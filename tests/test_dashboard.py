@@ -466,7 +466,7 @@ def test_a_run_over_the_containers_memory_limit_is_refused_not_killed(tmp_path, 
 
 def test_on_mps_the_dashboard_says_that_peaks_are_measured_on_the_cpu(quick_chart):
     """MPS has no peak-memory counter: `memory_step` takes the peak on the CPU
-    (tests/test_hardware_config.py), and the dashboard says so before and after a Run."""
+    (tests/test_measure.py), and the dashboard says so before and after a Run."""
     mps = HardwareInfo(device="mps", name="Apple M2 (test)", native_bf16=True, fp16_fast=True)
     fake = FakeCompare()
     d = Dashboard(size="smoke", hw=mps, compare_fn=fake, background=False)

@@ -1,0 +1,50 @@
+"""course_utils.extrapolate: the peak at any batch from two measured ones."""
+from __future__ import annotations
+
+import pytest
+
+from course_utils import model_zoo
+from course_utils.config import config_for
+from course_utils.extrapolate import check_prediction, extrapolate
+from course_utils.memory_model import estimate
+
+
+def zoo(kind: str) -> model_zoo.ZooModel:
+    if kind == "gpt":
+        return model_zoo.course_gpt("smoke")
+    if kind == "cnn":
+        return model_zoo.small_cnn(channels=8, n_blocks=2, image=8)
+    pytest.importorskip("transformers")  # the [hf] extra: make test installs it
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    return model_zoo.hf_causal_lm("gpt2" if kind == "gpt2" else "llama", n_layers=2, d_model=32,
+                                  n_heads=2, seq_len=16)
+
+
+def test_extrapolation_within_5_percent_of_the_analytic_model_at_4x():
+    # the cpu profile's width (at the smoke width the analytic model itself is off by ~6 %,
+    # memory_model's docstring), 2 blocks to stay quick; measured at batches 4 and 8
+    cfg = config_for("cpu", n_layers=2, device="cpu")
+    z = model_zoo.course_gpt("cpu", n_layers=2)
+    ex = extrapolate(z.build, z.make_batch, policies=("none", "full", "every-2"), batches=(4, 8))
+    big = 4 * 8
+    predicted = ex.peak(big, "none")
+    analytic = estimate(cfg.replace(batch_size=big)).peak_allocated
+    assert abs(predicted - analytic) / analytic < 0.05, (predicted, analytic)
+    for policy in ("none", "full", "every-2"):  # the block model's saved bytes: exact
+        assert ex.saved(big, policy) == estimate(cfg.replace(batch_size=big,
+                                                             checkpoint=policy)).saved_total
+    assert ex.saved(big, "selective") is None
+    # one real step at the batch predicted to fill a budget
+    budget = ex.peak(big, "full")
+    check = check_prediction(ex, budget, "full")
+    assert check.batch_size == ex.largest_batch(budget, "full") >= big
+    assert abs(check.error) < 0.03, check.note
+    with pytest.raises(ValueError, match="not even batch 1"):
+        check_prediction(ex, 1024, "none")
+
+
+def test_extrapolation_arguments():
+    z = zoo("cnn")
+    with pytest.raises(ValueError, match="two increasing"):
+        extrapolate(z.build, z.make_batch, batches=(4, 2), **z.kwargs())

@@ -1,0 +1,119 @@
+"""course_utils.memory_timeline: when bytes are allocated over one step (CPU profiler events, CUDA
+allocator history parsed), phases, peak and what stays allocated."""
+import pytest
+import torch
+
+from course_utils import memory_timeline as timeline_module
+from course_utils import search
+from course_utils.memory_timeline import (
+    Phase,
+    Timeline,
+    allocated_after,
+    memory_timeline,
+    peak_bytes,
+    peak_during,
+    phase,
+)
+
+MiB = 2**20
+
+
+def test_peak_during_sees_a_temporary_and_returns_the_value():
+    n = 4 * MiB // 4  # 4 MiB of fp32
+
+    def work():
+        tmp = torch.ones(n)  # freed before returning
+        return float(tmp.sum()) + 1
+
+    peak, value = peak_during(work, "cpu")
+    assert value == n + 1
+    assert 4 * MiB <= peak < 5 * MiB
+
+
+def test_peak_during_and_budget_on_missing_devices():
+    assert peak_during(lambda: 7, "mps") == (None, 7)  # no peak counter: None, never 0
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            search.memory_budget(0.5)
+    with pytest.raises(ValueError):
+        search.memory_budget(0.0)
+    with pytest.raises(ValueError):
+        search.memory_budget(1.5)
+
+
+MB = 1 << 20
+
+
+def test_memory_timeline_sees_an_allocation_and_its_free():
+    def fn():
+        with phase("make"):
+            a = torch.ones(MB // 4)  # 1 MiB of fp32
+            b = torch.ones(MB // 2)  # 2 MiB, freed before returning
+            del b
+        with phase("keep"):
+            return a * 2  # 1 MiB more, returned
+
+    tl = memory_timeline(fn)
+    assert tl.device == "cpu" and "profiler" in tl.method
+    assert len(tl.t_ms) == len(tl.allocated) > 0
+    assert tl.t_ms == sorted(tl.t_ms)
+    assert tl.peak_bytes >= 3 * MB  # a and b alive together
+    assert tl.final_bytes == MB  # only the result: b was deleted, a went with fn's frame
+    assert isinstance(tl.result, torch.Tensor) and tl.result.numel() == MB // 4
+    assert [p.name for p in tl.phases] == ["make", "keep"]
+    make, keep = tl.phases
+    assert make.start_ms <= make.end_ms <= keep.start_ms <= keep.end_ms
+    assert tl.phase_peak("make") >= 3 * MB
+    where, elapsed = tl.peak_moment()  # a and b alive together: inside "make", after both allocations
+    assert where == "make" and 0 < elapsed <= 1
+    assert Timeline(device="cpu", method="test").peak_moment() == (None, None)
+    frame = tl.to_frame()
+    assert list(frame.columns) == ["t_ms", "allocated_bytes"] and len(frame) == len(tl.t_ms)
+
+
+def test_timeline_errors_and_no_op_phase():
+    tl = memory_timeline(lambda: torch.zeros(10))
+    with pytest.raises(ValueError, match="no phase 'backward'"):
+        tl.phase_peak("backward")
+    with pytest.raises(ValueError, match="non-empty string"):
+        with phase(""):
+            pass
+    with phase("outside a timeline"):  # only a profiler annotation: must not fail
+        torch.zeros(3)
+    with pytest.raises(ValueError, match="no memory events"):
+        memory_timeline(lambda: None, "meta")
+    empty = Timeline(device="cpu", method="test")
+    assert empty.peak_bytes == 0 and empty.final_bytes == 0
+
+
+def test_peak_bytes_and_allocated_after_on_cpu():
+    def temporary():
+        t = torch.ones(MB)  # 4 MiB, gone when the function returns
+        return float(t.sum())
+
+    assert peak_bytes(temporary) >= 4 * MB
+    assert peak_bytes(lambda: None) == 0
+    out, kept = allocated_after(lambda: torch.ones(MB // 4))
+    assert kept == MB and out.numel() == MB // 4
+    out, kept = allocated_after(temporary)
+    assert kept == 0 and out == MB
+    # Devices without an event source answer None rather than a made-up number.
+    assert peak_bytes(lambda: None, "meta") is None
+    assert allocated_after(lambda: 5, "meta") == (5, None)
+
+
+def test_trace_timeline_parses_allocator_history():
+    # The CUDA path's parser, on a hand-written trace (no GPU needed).
+    trace = [
+        {"action": "segment_alloc", "size": 4096, "time_us": 100},
+        {"action": "alloc", "size": 1000, "time_us": 100},
+        {"action": "alloc", "size": 500, "time_us": 150},
+        {"action": "free_requested", "size": 1000, "time_us": 180},
+        {"action": "free_completed", "size": 1000, "time_us": 200},
+        {"action": "alloc", "size": 200, "time_us": 300},
+    ]
+    tl = timeline_module._trace_timeline(trace, [("forward", 0, 3), ("backward", 3, 6)], "cuda:0", "test")
+    assert tl.allocated == [1000, 1500, 500, 700]
+    assert tl.t_ms == [0.0, 0.05, 0.1, 0.2]
+    assert tl.peak_bytes == 1500 and tl.final_bytes == 700
+    assert tl.phases == [Phase("forward", 0.0, 0.05), Phase("backward", 0.08, 0.2)]

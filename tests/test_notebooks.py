@@ -1,0 +1,406 @@
+"""The notebooks as documents. First the rules every lesson keeps, each one test parametrised over
+the lessons (the library-text identity table, "a chart cell ends with its chart", one verdict per
+claim, objectives and summary, the setup cell, the measuring box); then the checks of one
+lesson's own cells. Every test reads cells through the one helper, ``nbcells``.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from nbcells import LESSONS, ROOT, cell, code, code_cells, markdown, notebook, python
+from test_telling import machinery_share  # the issue-18 checker of the telling, the same rule
+
+import course_utils.checkpointing as ck
+from course_utils import lora, model_zoo, plots, training
+from course_utils.checkpointing import SAVE
+from course_utils.claims import CLAIMS
+from course_utils.config import config_for
+from course_utils.data import get_batch
+from course_utils.models import build_model
+from course_utils.profiling import find_blocks, wrap_blocks
+from course_utils.saved_tensors import saved_bytes
+from course_utils.training import train_step
+
+LESSON = {p.stem[:2]: p for p in LESSONS}
+SOLUTION = {n: ROOT / "solutions" / f"{n}.ipynb" for n in ("03_combined_stack", "05_llama_block")}
+EXERCISE03 = ROOT / "exercises" / "03_combined_stack.ipynb"
+
+
+def lesson_ids(paths):
+    return [p.stem for p in paths]
+
+
+# ============================================================ rules every lesson keeps
+
+def test_lessons_are_numbered_from_01():
+    assert LESSONS, "no lesson notebooks found"
+    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(1, len(LESSONS) + 1)]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lesson_ids(LESSONS))
+def test_a_lesson_starts_with_objectives_and_ends_with_its_summary(path):
+    nb = notebook(path)
+    assert "learning objectives" in nb.cells[0].source.lower(), \
+        f"{path.name}: list the learning objectives first"
+    summary = cell(nb, "summary")
+    assert "## Summary" in summary.source
+    assert re.search(r"^## (What to try|Try) next", summary.source, re.MULTILINE)
+    after = nb.cells[nb.cells.index(summary) + 1:]  # at most the lesson's own timing line
+    assert all(c.cell_type == "code" and "this lesson ran in" in c.source for c in after), \
+        [c.get("id") for c in after]
+
+
+def _library_definitions(source: str) -> dict:
+    """Top-level ``def`` and ``NAME = ...`` statements of ``source``: name -> their exact text."""
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = ast.get_source_segment(source, node)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = ast.get_source_segment(source, node)
+    return out
+
+
+CHECKPOINTING = _library_definitions(inspect.getsource(ck))
+
+#: The library-text identity table: (lesson, cell, what the cell must be). A whole cell equals the
+#: library's source of the objects named; "definitions" cells define these names with the text of
+#: course_utils.checkpointing's.
+IDENTICAL = [
+    ("01", "recipe-accum", "whole", (train_step,)),
+    ("03", "train-step", "whole", (training.train_step,)),
+    ("03", "lora-code", "whole", (lora.LoRALinear, lora.add_lora)),
+    ("02", "segments-loop", "definitions", ("run_blocks", "checkpoint_every_segment")),
+    ("02", "sac-policy", "definitions", ("aten", "SAVE", "save_matmuls_and_attention")),
+]
+
+
+@pytest.mark.parametrize("lesson, cell_id, how, what", IDENTICAL,
+                         ids=[f"{n}-{c}" for n, c, _, _ in IDENTICAL])
+def test_a_cell_that_shows_library_code_is_the_librarys_text(lesson, cell_id, how, what):
+    source = cell(LESSON[lesson], cell_id).source
+    if how == "whole":
+        want = "\n\n\n".join(inspect.getsource(obj).strip() for obj in what)
+        assert source.strip() == want, f"lesson {lesson} cell {cell_id!r} differs from the library"
+        return
+    shown = _library_definitions(source)
+    for name in what:
+        assert name in shown, f"lesson {lesson} cell {cell_id!r} no longer defines {name}"
+        assert shown[name] == CHECKPOINTING[name], (
+            f"lesson {lesson} cell {cell_id!r} shows a {name} that differs from "
+            f"course_utils.checkpointing.{name}: make them the same text (the lesson shows the "
+            "library's code)")
+    if "checkpoint_every_segment" in what:
+        fn = ck.checkpoint_every_segment
+        assert textwrap.dedent(inspect.getsource(fn)).rstrip() == shown["checkpoint_every_segment"]
+        assert "segment_bounds(" in shown["checkpoint_every_segment"]  # the library's one rule
+
+
+def test_the_identity_table_sees_a_drifted_cell():
+    # The comparison itself can fail: the drift lesson 02 once had (an extra baddbmm) is caught.
+    drifted = CHECKPOINTING["SAVE"].replace("aten.bmm.default,",
+                                            "aten.bmm.default, aten.baddbmm.default,")
+    assert _library_definitions(drifted)["SAVE"] != CHECKPOINTING["SAVE"]
+    assert _library_definitions(CHECKPOINTING["SAVE"])["SAVE"] == CHECKPOINTING["SAVE"]
+
+
+#: Charts that describe no run of the lesson's model, so they name no size profile.
+SIZE_FREE = {"styled_claims", "format_range_chart", "scaler_trace_chart", "scale_chart",
+             "routes_chart", "sharding_chart"}
+#: Fewest chart cells per lesson (the rule below must have something to check).
+CHART_CELLS = {"01": 7, "02": 8, "03": 5, "04": 1, "05": 0}
+
+
+def _chart_call(node, charts):
+    """The chart function's name if ``node`` calls one (``name(...)`` or ``plots.name(...)``)."""
+    if not isinstance(node, ast.Call):
+        return None
+    f = node.func
+    name = f.id if isinstance(f, ast.Name) else (
+        f.attr if isinstance(f, ast.Attribute) and getattr(f.value, "id", None) == "plots" else None)
+    return name if name in charts else None
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lesson_ids(LESSONS))
+def test_a_chart_cell_ends_with_its_chart(path):
+    """A cell that draws a chart ends with the chart call (a chart made without pyplot shows
+    only as a cell's last expression), never hidden by ';', and names the size profile it
+    measured (``size=``) unless the chart describes no run of the model."""
+    charts = set(plots.__all__)
+    seen = 0
+    for c in code_cells(path):
+        tree = ast.parse(python(c.source))
+        if not any(_chart_call(n, charts) for n in ast.walk(tree)):
+            continue
+        seen += 1
+        last = tree.body[-1]
+        name = _chart_call(last.value, charts) if isinstance(last, ast.Expr) else None
+        assert name, f"{path.name} cell {c.id!r}: a chart must be the cell's last expression"
+        assert not c.source.rstrip().endswith(";"), f"{path.name} cell {c.id!r} hides its chart"
+        if name not in SIZE_FREE:
+            assert any(k.arg == "size" for k in last.value.keywords), \
+                f"{path.name} cell {c.id!r}: pass size= to {name}"
+    assert seen >= CHART_CELLS[path.stem[:2]], f"{path.name}: {seen} chart cells"
+
+
+#: The claims each lesson judges with ``verdict("Cn", ...)``, each exactly once.
+VERDICTS = {"01": {"C1", "C2", "C11", "C12", "C13", "C16", "C18"},
+            "02": {"C4", "C5", "C6", "C7", "C8", "C14", "C15"},
+            "03": {"C1", "C2", "C3", "C4", "C5", "C7", "C9", "C10", "C16", "C17", "C20"},
+            "04": {"C19"}, "05": set()}
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lesson_ids(LESSONS))
+def test_one_verdict_per_claim_from_the_engine(path):
+    """Each claim a lesson judges is one ``verdict(...)`` call of the claims engine: no Verdict
+    built by hand, no status word typed by the lesson."""
+    calls = {}
+    for c in code_cells(path):
+        src = python(c.source)
+        assert "Verdict(" not in src and "import Verdict" not in src, \
+            f"{path.name} cell {c.id!r} builds a Verdict by hand: call verdict()"
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "verdict":
+                calls.setdefault(node.args[0].value, []).append(c.id)
+    assert set(calls) == VERDICTS[path.stem[:2]], calls
+    assert all(len(where) == 1 for where in calls.values()), calls
+    assert not re.search(r'"(held|busted|failed|depends|not measured here)"', code(path))
+
+
+@pytest.mark.parametrize("path", [LESSON[n] for n in ("01", "02", "03", "05")],
+                         ids=lesson_ids([LESSON[n] for n in ("01", "02", "03", "05")]))
+def test_the_setup_cell_chooses_the_threads_once(path):
+    assert code(path).count("use_threads()") == 1
+    assert "use_threads()" in cell(path, "setup").source
+
+
+@pytest.mark.parametrize("path", [LESSON[n] for n in ("01", "02", "03", "04")],
+                         ids=lesson_ids([LESSON[n] for n in ("01", "02", "03", "04")]))
+def test_machinery_words_stay_in_the_measuring_box(path):
+    nb = notebook(path)
+    boxes = [c for c in nb.cells if c.get("id") == "how-measured"]
+    assert len(boxes) == 1 and "How this lesson measures" in boxes[0].source
+    assert machinery_share(nb) <= 0.05, f"{machinery_share(nb):.1%} machinery words"
+
+
+# ============================================================ lesson 01
+
+def _fresh(cfg):
+    model = build_model(cfg)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_lesson01_recipes_do_what_train_step_does(precision):
+    """bf16_step / fp16_step of §5, step for step, leave the same parameters as the course's
+    train_step with one micro-batch (GradScaler disabled for bf16, enabled for fp16)."""
+    ns = {"torch": torch}
+    for cell_id in ("recipe-bf16", "recipe-fp16"):
+        exec(compile(cell(LESSON["01"], cell_id).source, cell_id, "exec"), ns)  # noqa: S102 - the lesson's cell
+    bf16_step, fp16_step = ns["bf16_step"], ns["fp16_step"]
+    cfg = config_for("smoke", device="cpu")
+    batches = [get_batch(cfg.batch_size, cfg.seq_len, step=i) for i in range(2)]
+    (m1, o1), (m2, o2) = _fresh(cfg), _fresh(cfg)
+    s1 = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
+    s2 = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
+    for x, y in batches:
+        if precision == "bf16":
+            bf16_step(m1, o1, x, y)
+        else:
+            fp16_step(m1, o1, s1, x, y)
+        train_step(m2, o2, s2, [(x, y)], torch.bfloat16 if precision == "bf16" else torch.float16)
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+    assert s1.get_scale() == s2.get_scale()
+    # and the parameters did move (a recipe that skipped the step would also "agree")
+    assert not all(torch.equal(p, q) for p, q in zip(m1.parameters(), build_model(cfg).parameters()))
+
+
+def test_lesson01_prose_types_no_measured_ratio():
+    """Markdown states no speed or memory ratio (e.g. "fp16 ~200x slower", "0.03x"): those are
+    printed from this run's numbers."""
+    ratio = re.compile(r"~?\b\d+(?:\.\d+)?\s?x\b(?!\s*\d)")
+    nb = notebook(LESSON["01"])
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            found = [m.group(0) for m in ratio.finditer(c.source)]
+            assert not found, f"{c.id}: {found}"
+    assert "fp16 ~200x" not in "".join(c.source for c in nb.cells)
+
+
+def test_lesson01_setup_probes_the_matmuls_and_speaks_of_its_subject():
+    setup = cell(LESSON["01"], "setup").source
+    assert "matmul_probe(" in setup and "report(hw, probe)" in setup
+    prose = " ".join(c.source for c in notebook(LESSON["01"]).cells if c.cell_type == "markdown")
+    assert "TF32" in prose and "failed" not in prose
+
+
+# ============================================================ lesson 02
+
+def test_lesson02_setup_plans_from_the_recipe_and_teaches_the_segment_rule_as_its_formula():
+    assert "precision=recipe.precision" in cell(LESSON["02"], "setup").source
+    prose = " ".join(c.source for c in notebook(LESSON["02"]).cells if c.cell_type == "markdown")
+    # the segment rule as §4's formula gives it: sqrt(cN), one block per segment only when N <= c
+    assert "√(cN)" in prose and "N ≤ c" in prose
+    assert "for transformer blocks, checkpoint every block" not in prose.lower()
+    assert "cannot fix" not in prose
+
+
+def test_lesson02_hugging_face_cells_run_without_transformers(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    namespace = {"torch": torch}
+    for cell_id in ("hf", "hf-keeps", "hf-cache"):
+        exec(compile(cell(LESSON["02"], cell_id).source, cell_id, "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "pip install transformers" in out and namespace["transformers"] is None
+    assert namespace["cache_bytes"](None) == 0
+
+
+# ============================================================ lesson 03 and exercise 03
+
+def test_lesson03_the_ladder_and_the_race_run_the_cells_step():
+    for cell_id in ("ladder", "race"):
+        assert "step_fn=train_step" in cell(LESSON["03"], cell_id).source, cell_id
+    # no other definition of train_step could shadow the cell's
+    defs = [c.id for c in code_cells(LESSON["03"])
+            if re.search(r"^def train_step\b", c.source, re.MULTILINE)]
+    assert defs == ["train-step"]
+    assert "adapt=add_lora" in cell(LESSON["03"], "lora-measure").source
+
+
+def test_lesson03_the_ledger_is_one_engine_call_per_claim_in_order():
+    """Each claim once, in order: lesson 03's own verdicts (``verdict``) and the other lessons'
+    (``from_lesson``: the verdict that lesson recorded here, or measured again and labelled)."""
+    src = cell(LESSON["03"], "ledger").source
+    calls = [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", None) in ("verdict", "from_lesson")]
+    assert [c.args[0].value for c in calls] == list(CLAIMS), "each claim C1-C20 once, in order"
+    assert "claims.recorded_or_measure(" in src
+
+
+def test_lesson03_plans_from_the_recipe_and_the_dashboard_cell_is_one_line():
+    assert "recommend_precision(hw)" in cell(LESSON["03"], "setup").source
+    assert cell(LESSON["03"], "dashboard").source.strip() == "dashboard()"
+
+
+def test_lesson03_the_wrong_facts_are_gone():
+    prose = markdown(LESSON["03"])
+    assert "does not move" not in prose                  # the peak moves between recipes
+    assert "the size of the parameters" not in prose    # AdamW's temporary: as memory_model counts it
+    assert "LoRA" in prose and "fits" in prose          # the 7B route that fits
+    for word in ("BatchNorm", "scheduler", "no_sync"):  # accumulation's caveats
+        assert word in prose
+    # every sentence with a measured result is printed by code: no measured-looking figure in prose
+    assert not re.search(r"\d+\.\d+ ?(GiB|MiB)|\d+\.\d+x", prose)
+
+
+def test_lesson03_no_emulated_precision_is_searched_or_raced():
+    src = cell(LESSON["03"], "budget").source
+    assert "candidates = [PLAIN, FULL, PLAIN.replace(checkpoint=\"selective\")]" in src
+    assert 'PLAIN = base.replace(precision=RECIPE)' in cell(LESSON["03"], "ladder").source
+
+
+@pytest.mark.parametrize("path", [LESSON["03"], SOLUTION["03_combined_stack"], EXERCISE03],
+                         ids=["lesson", "solution", "exercise"])
+def test_notebook_03_code_passes_ruff_with_long_lines_checked(path):
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).exists():
+        pytest.fail("ruff is not installed in this environment (pip install ruff)")
+    out = subprocess.run([ruff, "check", "--line-length", "110", "--extend-select", "E501", str(path)],
+                         capture_output=True, check=False, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_exercise03_grades_the_step_not_bookkeeping():
+    """The step is one the lessons did not show (micro-batches of different lengths), graded
+    against plain PyTorch (one big batch), with no course step to delegate to; Part B grades
+    PyTorch's saved-tensor hooks, not the course's helpers."""
+    nb = notebook(SOLUTION["03_combined_stack"])
+    step = cell(nb, "q2-solution").source
+    for piece in ("torch.autocast(", "checkpoint(block, h, use_reentrant=False)", "n_tokens",
+                  "scaler.scale(loss).backward()", "scaler.unscale_(optimizer)", "clip_grad_norm_"):
+        assert piece in step, piece
+    assert "/ len(micro_batches)" not in step
+    setup = cell(nb, "setup").source
+    assert "train_step" not in setup and "compare" not in setup, "nothing to delegate to"
+    assert "loss.backward()" in cell(nb, "q2-helpers").source   # the reference is plain PyTorch
+    assert "saved_tensors_hooks" in cell(nb, "q3-solution").source
+    assert "evidence.time_between" not in "\n".join(c.source for c in nb.cells)
+    tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    quiz = [c for c in tests if "quiz.check(" in c.source]
+    assert len(quiz) == 3, "three auto-checked conceptual questions"
+
+
+# ============================================================ lesson 05 and exercise 05
+
+def _definitions(source: str, names, namespace: dict) -> dict:
+    """Execute the top-level definitions ``names`` (functions, classes) of a cell's source."""
+    tree = ast.parse(source)
+    keep = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names]
+    assert {n.name for n in keep} == set(names), f"cell lost one of {names}"
+    exec(compile(ast.Module(keep, []), "<cell>", "exec"), namespace)
+    return namespace
+
+
+def test_lesson05_block_finder_is_the_librarys_rule():
+    ns = _definitions(cell(LESSON["05"], "find").source, ["repeated_blocks"], {"nn": nn})
+    zoo = [model_zoo.course_gpt("smoke"), model_zoo.small_cnn(channels=8, n_blocks=2, image=8)]
+    try:
+        import transformers  # noqa: F401 - the [hf] extra: make test installs it
+        zoo += [model_zoo.hf_causal_lm(t, n_layers=2, d_model=32, n_heads=2, seq_len=16)
+                for t in ("gpt2", "llama")]
+    except ImportError:
+        pass
+    for z in zoo:
+        model = z.build()
+        assert ns["repeated_blocks"](model)[0] == find_blocks(model)[0], z.name
+    with pytest.raises(ValueError, match="no repeated blocks"):
+        ns["repeated_blocks"](nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+
+
+def test_lesson05_wrapper_keeps_what_the_librarys_keeps():
+    ns = _definitions(cell(LESSON["05"], "find").source, ["repeated_blocks"], {"nn": nn})
+    ns = _definitions(cell(LESSON["05"], "wrap").source, ["Checkpointed", "checkpoint_every_block"],
+                      {**ns, "checkpoint": torch.utils.checkpoint.checkpoint})
+    z = model_zoo.course_gpt("smoke")
+    x, y = z.make_batch(2)
+
+    def loss(model):
+        return model(x, y)[1]
+
+    mine, library = ns["checkpoint_every_block"](z.build()), wrap_blocks(z.build(), "full")
+    assert saved_bytes(loss, mine, model=mine) == saved_bytes(loss, library, model=library)
+
+
+def test_exercise05_solution_holds_at_other_shapes():
+    solution = notebook(SOLUTION["05_llama_block"])
+    ns = {"torch": torch, "nn": nn, "F": torch.nn.functional, "__name__": "block"}
+    exec(compile(cell(solution, "block").source.split("\n\ntorch.manual_seed(0)")[0], "<block>",
+                 "exec"), ns)
+    _definitions(cell(solution, "q3-solution").source, ["predict_saved_bytes"], ns)
+    for shape in ((1, 8, 16, 2, 48, 8), (4, 32, 64, 4, 192, 40), (2, 96, 48, 3, 160, 96)):
+        batch, seq, d, h, hidden, max_seq = shape
+        torch.manual_seed(0)
+        block = ns["LlamaBlock"](d, h, hidden, max_seq)
+        x = torch.randn(batch, seq, d, requires_grad=True)
+        measured = saved_bytes(block, x, model=block)
+        assert abs(ns["predict_saved_bytes"](*shape) / measured - 1) <= 0.05, shape
+
+
+def test_exercise05_policy_keeps_the_librarys_save_list():
+    from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+    ns = {"torch": torch, "CheckpointPolicy": CheckpointPolicy}
+    exec(compile(cell(SOLUTION["05_llama_block"], "q2-solution").source, "<q2>", "exec"), ns)
+    ctx = SelectiveCheckpointContext(is_recompute=False)
+    for op in SAVE:  # the course's save list (matmuls and every attention kernel)
+        assert ns["matmul_policy"](ctx, op) == CheckpointPolicy.MUST_SAVE, op

@@ -1,0 +1,114 @@
+"""course_utils.search: the largest batch under a budget (measured) and the race of a plain and a
+checkpointed configuration, each at its largest batch."""
+import pytest
+
+from course_utils import search
+from course_utils.config import config_for
+from course_utils.measure import measure
+
+SMOKE = config_for("smoke", device="cpu")
+
+
+MiB = 2**20
+
+
+def peak_at(config, batch):
+    return measure(config.replace(batch_size=batch), timed=False).peak_allocated
+
+
+@pytest.fixture(scope="module")
+def fp32_search():
+    """fp32's largest batch under the peak fp32 itself measured at batch 3."""
+    cfg = SMOKE.replace(precision="fp32")
+    budget = peak_at(cfg, 3)
+    return budget, search.largest_batch(cfg, budget)
+
+
+def test_largest_batch_finds_the_boundary_it_measured(fp32_search):
+    budget, s = fp32_search
+    assert s.batch_size == 3, [(p.batch_size, p.peak_allocated, p.fits) for p in s.probes]
+    probes = {p.batch_size: p for p in s.probes}
+    assert probes[3].fits and probes[3].peak_allocated <= budget
+    assert not probes[4].fits and probes[4].peak_allocated > budget
+    assert s.measurement.config.batch_size == 3
+    assert s.measurement.peak_allocated <= budget
+    assert s.tokens_per_s and s.tokens_per_s > 0
+    assert len(s.probes) <= 6, "estimate-guided search should need few measurements"
+    assert s.method.startswith("CPU")
+    row = s.as_row()
+    assert row["largest batch"] == 3 and row["tokens/step"] == 3 * SMOKE.seq_len
+    # the estimate curve covers batch 1 .. the largest probed + 1 and never decreases
+    batches, peaks = zip(*s.estimated)
+    assert batches[0] == 1 and list(peaks) == sorted(peaks)
+
+
+def test_checkpointing_fits_a_larger_batch_under_the_same_budget(fp32_search):
+    budget, plain = fp32_search
+    ckpt = search.largest_batch(SMOKE.replace(precision="fp32", checkpoint="full"), budget)
+    assert ckpt.batch_size > plain.batch_size
+    assert ckpt.measurement.peak_allocated <= budget
+    assert any(not p.fits for p in ckpt.probes)
+
+
+def test_largest_batch_reports_nothing_fits_and_respects_max_batch():
+    cfg = SMOKE.replace(precision="fp32")
+    none = search.largest_batch(cfg, 1024)  # 1 KiB: not even the parameters fit
+    assert none.batch_size == 0 and none.measurement is None and none.tokens_per_s is None
+    assert [p.batch_size for p in none.probes] == [1]
+    capped = search.largest_batch(cfg, 2**40, max_batch=2)
+    assert capped.batch_size == 2 and len(capped.probes) == 1
+
+
+@pytest.mark.parametrize("bad", [
+    dict(budget_bytes=0), dict(budget_bytes=-5), dict(budget_bytes=1.5e6), dict(max_batch=0),
+    dict(steps=0), dict(warmup=0), dict(guided_probes=0)])
+def test_largest_batch_rejects_bad_arguments(bad):
+    kw = dict(budget_bytes=10 * MiB) | bad
+    with pytest.raises(ValueError):
+        search.largest_batch(SMOKE, **kw)
+
+
+def test_largest_batch_refuses_a_device_without_peak_counter():
+    with pytest.raises(ValueError, match="peak-memory counter"):
+        search.largest_batch(SMOKE.replace(device="mps"), 10 * MiB)
+
+
+@pytest.fixture(scope="module")
+def race_inputs(fp32_search):
+    """fp32 and fp32 + full checkpointing searched under one budget."""
+    budget, plain = fp32_search
+    return budget, [plain, search.largest_batch(SMOKE.replace(checkpoint="full"), budget)]
+
+
+def test_race_times_each_at_its_largest_batch_per_token(race_inputs):
+    budget, searches = race_inputs
+    result = search.race(searches, steps=4, progress=False)
+    assert result.plain.label == "fp32" and result.checkpointed.label == "fp32+full"
+    assert result.plain.batch_size == searches[0].batch_size
+    assert result.checkpointed.batch_size == searches[1].batch_size > result.plain.batch_size
+    ms = result.table.attrs["measurements"]
+    assert [len(m.step_times_s) for m in ms] == [4, 4]  # timed in the same 4 rounds
+    per_token = [m.step_time_s / m.config.tokens_per_step for m in ms]
+    assert list(result.table["time_per_token_s"]) == pytest.approx(per_token)
+    # the ratio pairs the rounds: median of per-round ratios of seconds per token
+    a, b = ms[1], ms[0]
+    rounds = sorted((ta / a.config.tokens_per_step) / (tb / b.config.tokens_per_step)
+                    for ta, tb in zip(a.step_times_s, b.step_times_s))
+    assert result.per_token.ratio == pytest.approx((rounds[1] + rounds[2]) / 2)
+    assert result.per_token.verdict == "inconclusive at this size"  # smoke: never a verdict
+    assert result.budget_bytes == budget
+    described = result.describe()
+    assert "time per token" in described and f"batch {result.checkpointed.batch_size}" in described
+
+
+def test_race_needs_a_plain_and_a_checkpointed_configuration(race_inputs):
+    budget, (plain, ckpt) = race_inputs
+    with pytest.raises(ValueError, match="plain and a checkpointed"):
+        search.race([plain], steps=1, progress=False)
+    nothing = search.BatchSearch(config=SMOKE, budget_bytes=budget, batch_size=0, measurement=None)
+    with pytest.raises(ValueError, match="plain and a checkpointed"):
+        search.race([nothing, ckpt], steps=1, progress=False)
+    other = search.BatchSearch(config=ckpt.config, budget_bytes=budget + 1, batch_size=ckpt.batch_size,
+                               measurement=ckpt.measurement)
+    with pytest.raises(ValueError, match="one budget"):
+        search.race([plain, other], steps=1, progress=False)
