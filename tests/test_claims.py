@@ -1,6 +1,7 @@
-"""The noise rule (course_utils.step_timing) and the verdict engine (course_utils.claims): every rule
-gets numbers that make its claim hold and numbers that make it fail, and no time verdict is
-drawn inside the measured noise."""
+"""The verdict engine (course_utils.claims): every rule gets numbers that make its claim hold and
+numbers that make it fail, no time verdict is drawn inside the measured noise, and the ledger
+shows the verdict a lesson recorded on this machine (the results store), measuring again only
+what no lesson recorded."""
 import pytest
 
 from course_utils import claims, store

@@ -1,5 +1,6 @@
-"""Lesson 04's plumbing: the ZeRO arithmetic (by hand and against a torchrun measurement), the
-torchrun launcher's errors and time limit, and the per-rank byte counter.
+"""course_utils.distributed, lesson 04's plumbing: the torchrun launcher's errors and time limit, the
+per-rank byte counter, one core rule under a CPU quota, and lesson 04's ZeRO script measured
+with two gloo ranks against the estimate.
 
 The launches take most of the time here (each starts torchrun's agent and its ranks, each
 importing torch: about 5-10 s on a 2-core machine); the other tests take well under a second.

@@ -1,5 +1,5 @@
-"""Unit tests of lesson 01's tools: number formats (course_utils.formats), the op dtype recorder
-(course_utils.autocast_ops), gradient capture (course_utils.gradients), and lesson 01's charts."""
+"""course_utils.formats: what fp32, fp16, bf16 and FP8 represent (read from torch.finfo), bit
+layouts, casts, log2 histograms and underflow statistics, and the fp32 matmul settings."""
 import math
 
 import pytest

@@ -1,5 +1,6 @@
-"""The analytic peak against the measured one (issue 9: the old model was off by +19 % for
-every-2 and -9 % for full at the cpu profile, and lessons plotted it as "estimate")."""
+"""course_utils.memory_model: the analytic peak against the measured one (issue 9: the old model was
+off by +19 % for every-2 and -9 % for full at the cpu profile, and lessons plotted it as
+"estimate"), the estimates at model scale, and the ZeRO arithmetic of sharded training state."""
 import pytest
 
 from course_utils import memory_model

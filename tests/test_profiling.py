@@ -1,6 +1,7 @@
-"""course_utils.profile and its parts (blocks found and wrapped, offloading, the extrapolated
-estimate, the recommendation card, course-profile) on the course's GPT, a Hugging Face GPT-2 and a
-Llama-style model built from their configuration classes (nothing downloaded), and a plain CNN.
+"""course_utils.profiling: profile() and its parts (blocks found and wrapped, per-policy
+measurements, timing, bad inputs) on the course's GPT, a Hugging Face GPT-2 and a Llama-style
+model built from their configuration classes (nothing downloaded), and a plain CNN. Offloading,
+the extrapolation, the card and course-profile have their own files.
 
 Saved bytes are compared with the course's meter run independently of the profile (a plain
 forward, the course's own `measure`, HF's own checkpointing), and gradients with and without

@@ -4,7 +4,8 @@ Each rule is a checker function, run on what the course prints (the library's se
 tables, lesson cells executed here) *and* on a deliberately broken sentence, table or chart,
 which it must reject: a checker that accepted the broken case could not fail.
 
-1. a lesson's verdict and the claims ledger's agree for the same evidence;
+1. a lesson's verdict and the claims ledger's agree for the same evidence (the checker here;
+   the ledger's tests are in test_claims.py);
 2. a printed "faster"/"slower" never sits inside its printed interval;
 3. the "peak falls at" sentence names the estimate's own moment;
 4. a default table has at most 7 columns (index included) and no raw byte counts;
