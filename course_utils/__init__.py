@@ -8,17 +8,20 @@ The data flow::
       -> build_model; apply_checkpointing wraps blocks                       models, checkpointing
       -> train_step: autocast, GradScaler(enabled=fp16), unscale_, clip      training
       -> measure -> Measurement            estimate -> MemoryEstimate        measure, memory_model
-      -> compare / ladder -> table (noise-aware times)                       experiments, timing
+      -> compare / ladder -> table (noise-aware times)                       experiments, step_timing
       -> verdict per claim                                                   claims
-      -> plots, widgets (dashboard), cli (course-bench)
+      -> plots, dashboard, cli (course-bench)
     any nn.Module -> profile (blocks found, wrapped per policy) -> Profile    profiling, offload
       -> extrapolate (peak at any batch) -> recommendation card          extrapolate, card
       -> cli_profile (course-profile)
 
-Submodules not imported here (import them by name): ``plots`` (matplotlib), ``widgets``
-(ipywidgets), ``formats``, ``recorder``, ``gradients`` (lesson 01's tools), ``timeline``,
-``search`` (largest batch under a budget), ``results``, ``quiz``, ``cli``, ``extrapolate``,
-``card``, ``model_zoo`` (lesson 05's models), ``offload``, ``cli_profile``.
+Submodules not imported here (import them by name): ``plots`` (matplotlib), ``dashboard``
+(ipywidgets), ``formats``, ``autocast_ops``, ``gradients``, ``loss_scaling``, ``training_arms``
+(lesson 01's tools), ``memory_timeline``, ``learner_checks`` (the exercises' checks),
+``evidence``, ``lora``, ``distributed``, ``search`` (largest batch under a budget),
+``results``, ``quiz``, ``cli``, ``extrapolate``, ``card``, ``model_zoo`` (lesson 05's models),
+``offload``, ``cli_profile``. The words every module shares (precision names, units) are in
+``terms``; the layers are in CONTRIBUTING.md.
 """
 from .checkpointing import MODES, apply_checkpointing, segment_bounds
 from .claims import CLAIMS, Verdict, claims_table, verdict

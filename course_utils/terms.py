@@ -3,7 +3,7 @@ course prints, and the one check of a positive integer.
 
 This module is the bottom of the package: it imports nothing of the course (only ``torch``), and
 every other module takes these words from here, so a precision, a device or a MiB means the same
-thing in every lesson, table and error message (DESIGN.md, "Terms").
+thing in every lesson, table and error message.
 
 * Precisions: ``fp32``, ``bf16`` (autocast), ``fp16`` (autocast + GradScaler) (`PRECISIONS`);
   `precision_dtype` gives the dtype a precision computes in, `autocast_dtype` the dtype

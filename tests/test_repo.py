@@ -1,10 +1,12 @@
-"""House rules that keep the repository usable: clean notebooks, numbered lessons."""
+"""House rules that keep the repository usable: clean notebooks, ruff over everything, and the
+pre-commit hooks that run the same checks before a commit."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for d in ("notebooks", "solutions", "exercises")
@@ -50,3 +52,18 @@ def test_ruff_lints_the_package_tests_tools_and_every_notebook():
     r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def test_the_pre_commit_hooks_run_what_ci_checks():
+    """.pre-commit-config.yaml runs ruff (notebooks included) and nbstripout --keep-id with the
+    git filter's extra keys (Makefile), both from the venv CI uses."""
+    hooks = {h["id"]: h for repo in yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+             for h in repo["hooks"]}
+    assert hooks["ruff"]["entry"].split()[:2] == [".venv/bin/ruff", "check"]
+    assert "jupyter" in hooks["ruff"]["types_or"] and "python" in hooks["ruff"]["types_or"]
+    strip = hooks["nbstripout"]["entry"]
+    assert "-m nbstripout --keep-id" in strip and hooks["nbstripout"]["files"] == r"\.ipynb$"
+    makefile = (ROOT / "Makefile").read_text()
+    keys = makefile.split("LANGUAGE_INFO_KEYS := $(foreach k,", 1)[1].split(",", 1)[0].split()
+    keys = [k.strip("\\") for k in keys if k.strip("\\")]
+    assert keys and all(f"metadata.language_info.{k}" in strip for k in keys)
