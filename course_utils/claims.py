@@ -219,8 +219,11 @@ def _c7(full_time, per_token_time=None):
     u = _unsettled(full_time, "full / none step time")
     if u:
         return u
-    if full_time.verdict == "faster":
-        return "held", full_time.describe("per step, full / none")
+    if full_time.verdict == "faster":  # the same step plus a recomputed forward cannot be
+        # faster: the load changed while it was timed (lesson 03 on a busy laptop, 5 rounds)
+        return "inconclusive", (full_time.describe("per step, full / none") + ": faster than "
+                                "the same step without its recomputation, which only adds work; "
+                                "the machine's load changed while it was timed: run it again")
     text = full_time.describe("per step, full / none")
     if per_token_time is not None and per_token_time.verdict == "faster":
         return "depends", (text + "; but at the largest batch under the budget, "
