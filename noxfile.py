@@ -95,8 +95,10 @@ def _stack(name: str):
         # in one resolution, so that nothing upgrades what the stack fixes.
         session.install(f"torch=={spec['torch']}")
         session.install("-e", ".[lab,hf,grade,test]", f"torch=={spec['torch']}", *spec["pins"])
-        versions = json.loads(session.run("python", "-c", VERSIONS, silent=True).strip()
-                              .splitlines()[-1])
+        printed = session.run("python", "-c", VERSIONS, silent=True)
+        if printed is None:  # nox --install-only: nothing runs
+            return
+        versions = json.loads(printed.strip().splitlines()[-1])
         OUT.mkdir(parents=True, exist_ok=True)
         # Not session.create_tmp(): it points TMPDIR into the environment, which the grader's
         # sandbox exposes to learner code, so the grader (rightly) refuses to grade from there.

@@ -11,14 +11,14 @@ thing in every lesson, table and error message.
   for a dtype (``torch.bfloat16`` -> ``"bf16"``).
 * Devices: `device_kind` (``"cuda"`` for ``"cuda:1"``), `default_device` (this machine's best),
   `cuda_index` (the index CUDA's memory functions need).
-* Units: `MiB` = 2^20 bytes, `GiB` = 2^30 bytes (IEC binary prefixes).
+* Units: `KiB` = 2^10 bytes, `MiB` = 2^20 bytes, `GiB` = 2^30 bytes (IEC binary prefixes).
 * `check_positive_int`: the one rule for counts and sizes (``bool`` is not an integer here).
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["PRECISIONS", "PRECISION_DTYPES", "DEVICE_KINDS", "MiB", "GiB", "precision_dtype",
+__all__ = ["PRECISIONS", "PRECISION_DTYPES", "DEVICE_KINDS", "KiB", "MiB", "GiB", "precision_dtype",
            "autocast_dtype", "short_dtype", "device_kind", "default_device", "cuda_index",
            "PrecisionOnDevice", "check_positive_int"]
 
@@ -38,7 +38,9 @@ _DTYPE_NAMES.update({getattr(torch, attr): name for attr, name in (
 #: The device kinds the course runs on (what ``torch.autocast`` and ``GradScaler`` take).
 DEVICE_KINDS = ("cpu", "cuda", "mps")
 
-#: Bytes in a mebibyte (2^20) and a gibibyte (2^30): the units every table and sentence prints.
+#: Bytes in a kibibyte (2^10), a mebibyte (2^20) and a gibibyte (2^30): the units every table and
+#: sentence prints.
+KiB = 2**10
 MiB = 2**20
 GiB = 2**30
 

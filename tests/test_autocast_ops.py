@@ -2,6 +2,7 @@
 autograd; autocast's op lists read on this device."""
 import pytest
 import torch
+from helpers import Tiny
 
 from course_utils.autocast_ops import POLICY_PROBES, OpDtypeRecorder, autocast_policy
 from course_utils.config import config_for
@@ -9,19 +10,9 @@ from course_utils.data import get_batch
 from course_utils.models import build_model
 
 
-class _Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln = torch.nn.LayerNorm(8)
-        self.fc = torch.nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.fc(self.ln(x))
-
-
 def test_recorder_sees_autocast_dtypes_and_modules():
     torch.manual_seed(0)
-    m, x = _Tiny(), torch.randn(3, 8)
+    m, x = Tiny(), torch.randn(3, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         expected = m(x)
     with OpDtypeRecorder(m) as rec, torch.autocast("cpu", dtype=torch.bfloat16):

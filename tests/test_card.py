@@ -5,24 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import zoo
 
 import course_utils.guard as guard
-from course_utils import model_zoo
 from course_utils.card import profile_and_recommend, recommend
 from course_utils.extrapolate import check_prediction, extrapolate
 from course_utils.terms import MiB
-
-
-def zoo(kind: str) -> model_zoo.ZooModel:
-    if kind == "gpt":
-        return model_zoo.course_gpt("smoke")
-    if kind == "cnn":
-        return model_zoo.small_cnn(channels=8, n_blocks=2, image=8)
-    pytest.importorskip("transformers")  # the [hf] extra: make test installs it
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    return model_zoo.hf_causal_lm("gpt2" if kind == "gpt2" else "llama", n_layers=2, d_model=32,
-                                  n_heads=2, seq_len=16)
 
 
 def test_card_follows_its_rule_and_its_numbers():

@@ -7,6 +7,7 @@ import functools
 
 import pytest
 import torch
+from helpers import x_like
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -65,23 +66,8 @@ def test_policies_wrap_blocks_and_the_forward_is_a_plain_loop():
     assert "for block in self.layers:" in src and "checkpoint" not in src
 
 
-@pytest.fixture(scope="module")
-def cfg():
-    return config_for("smoke", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def block(cfg):
-    torch.manual_seed(0)
-    return build_model(cfg).layers[0]
-
-
-def _x(cfg, requires_grad=True):
-    return torch.randn(cfg.batch_size, cfg.seq_len, cfg.d_model, requires_grad=requires_grad)
-
-
 def test_checkpoint_recomputes_once_and_keeps_gradients(cfg, block):
-    x = _x(cfg)
+    x = x_like(cfg)
     calls = []
     hook = block.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
@@ -102,7 +88,7 @@ def test_checkpoint_recomputes_once_and_keeps_gradients(cfg, block):
 def test_checkpoint_sequential_leaves_its_last_segment_plain(cfg):
     torch.manual_seed(0)
     layers = build_model(cfg.replace(n_layers=4)).layers
-    x = _x(cfg)
+    x = x_like(cfg)
     unit = x.numel() * x.element_size()
     plain_block = block_bytes_per_token(cfg) * cfg.batch_size * cfg.seq_len
 
@@ -117,7 +103,7 @@ def test_checkpoint_sequential_leaves_its_last_segment_plain(cfg):
 
 
 def test_reentrant_checkpoint_loses_gradients_when_no_input_requires_grad(cfg, block):
-    x = _x(cfg, requires_grad=False)
+    x = x_like(cfg, requires_grad=False)
     head = torch.nn.Linear(cfg.d_model, 3)
     for reentrant, expect_grads in ((True, False), (False, True)):
         block.zero_grad(set_to_none=True)
@@ -131,7 +117,7 @@ def test_selective_policy_keeps_less_than_none_and_recomputes_no_matmul(cfg):
     from torch.utils.flop_counter import FlopCounterMode
     torch.manual_seed(0)
     layers = build_model(cfg.replace(n_layers=2)).layers
-    x = _x(cfg)
+    x = x_like(cfg)
     mm = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
 
     def policy(ctx, op, *args, **kwargs):
@@ -249,7 +235,7 @@ def test_recomputing_the_attention_core_keeps_no_seq_by_seq_tensor(cfg):
 def test_checkpoint_every_segment_splits_with_segment_bounds(cfg):
     torch.manual_seed(0)
     blocks = build_model(cfg.replace(n_layers=5)).layers
-    x = _x(cfg)
+    x = x_like(cfg)
     order = []
     hooks = [b.register_forward_pre_hook(lambda *_, i=i: order.append(i)) for i, b in enumerate(blocks)]
     try:
@@ -278,7 +264,7 @@ def test_library_selective_policy_keeps_matmuls_and_recomputes_no_matmul(cfg):
     from torch.utils.flop_counter import FlopCounterMode
     torch.manual_seed(0)
     layers = build_model(cfg.replace(n_layers=2)).layers
-    x = _x(cfg)
+    x = x_like(cfg)
     kept, flops = {}, {}
     for name, fwd in (("none", learner_checks.forward_plain), ("full", learner_checks.forward_full),
                       ("sac", lambda b, t: learner_checks.forward_selective(

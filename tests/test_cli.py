@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from helpers import fake_machine
 
 import course_utils.measure  # noqa: F401 - the module (course_utils.measure is the function)
 from course_utils import guard
@@ -17,7 +18,6 @@ measure_mod = sys.modules["course_utils.measure"]
 
 
 def test_course_bench_checks_each_configuration_once(monkeypatch, capsys):
-    from course_utils import guard
     from course_utils.cli import main
 
     checked = []
@@ -77,28 +77,6 @@ def test_course_bench_refuses_bad_input_before_measuring(capsys, tmp_path, monke
             main(bad)
         err = capsys.readouterr().err
         assert "expected" in err or "unknown" in err, err
-
-
-def write(folder, **files):
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name.replace("__", ".")).write_text(text)
-    return folder
-
-
-def fake_machine(tmp_path, monkeypatch, ram: int, limit: int | None, usage: int = 0,
-                 inactive: int = 0):
-    """Point the guard at fake files: ``ram`` bytes of MemAvailable and a cgroup v2 root with
-    ``limit`` (None: ``max``) and ``usage`` bytes."""
-    (tmp_path / "meminfo").write_text(f"MemTotal: {2 * ram // 1024} kB\n"
-                                      f"MemAvailable: {ram // 1024} kB\n")
-    (tmp_path / "self_cgroup").write_text("0::/\n")
-    write(tmp_path / "cgroup", cgroup__controllers="cpu memory",
-          memory__max="max" if limit is None else str(limit), memory__current=str(usage),
-          memory__stat=f"anon {usage - inactive}\ninactive_file {inactive}\n")
-    monkeypatch.setattr(guard, "MEMINFO", str(tmp_path / "meminfo"))
-    monkeypatch.setattr(guard, "CGROUP_ROOT", str(tmp_path / "cgroup"))
-    monkeypatch.setattr(guard, "PROC_CGROUP", str(tmp_path / "self_cgroup"))
 
 
 def test_course_bench_refuses_under_the_cgroup_limit(tmp_path, monkeypatch, capsys):

@@ -2,15 +2,12 @@
 and the readers of a compare table."""
 from __future__ import annotations
 
-import pandas as pd
 import pytest
+from helpers import TINY, measured_table
 
 from course_utils import evidence, verdict
 from course_utils.experiments import compare
-from course_utils.measure import Measurement
 from course_utils.memory_model import parameter_count
-
-TINY = evidence.small_config()
 
 
 def test_sqrt_segments_c6():
@@ -93,22 +90,8 @@ def test_accumulation_c17_depends_for_train_step_and_is_busted_without_the_divis
         evidence.accumulation(TINY, k=1)
 
 
-def _table(rows, size="cpu"):
-    ms = []
-    for _label, precision, times, peak, emulated in rows:
-        m = Measurement(config=TINY.replace(precision=precision), peak_allocated=peak, emulated=emulated,
-                        activations=peak // 2, autocast_weight_copies=0, logits=peak // 4,
-                        parameters=400, gradients=400, optimizer_state=800)
-        m.add_times(times)
-        ms.append(m)
-    df = pd.DataFrame([m.as_row() for m in ms])
-    df["label"] = [r[0] for r in rows]
-    df.attrs.update(measurements=ms, size=size)
-    return df
-
-
 def test_time_and_memory_between_rows():
-    df = _table([("a", "fp32", [1.0, 1.1, 0.9, 1.0, 1.05], 1000, False),
+    df = measured_table([("a", "fp32", [1.0, 1.1, 0.9, 1.0, 1.05], 1000, False),
                  ("b", "fp32", [1.3, 1.4, 1.2, 1.3, 1.35], 800, False),
                  ("c", "fp32", [1.0, 1.2, 0.8, 1.1, 0.9], 900, False),
                  ("d", "bf16", [3.0], 700, True)])

@@ -2,23 +2,12 @@
 from __future__ import annotations
 
 import pytest
+from helpers import zoo
 
 from course_utils import model_zoo
 from course_utils.config import config_for
 from course_utils.extrapolate import check_prediction, extrapolate
 from course_utils.memory_model import estimate
-
-
-def zoo(kind: str) -> model_zoo.ZooModel:
-    if kind == "gpt":
-        return model_zoo.course_gpt("smoke")
-    if kind == "cnn":
-        return model_zoo.small_cnn(channels=8, n_blocks=2, image=8)
-    pytest.importorskip("transformers")  # the [hf] extra: make test installs it
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    return model_zoo.hf_causal_lm("gpt2" if kind == "gpt2" else "llama", n_layers=2, d_model=32,
-                                  n_heads=2, seq_len=16)
 
 
 def test_extrapolation_within_5_percent_of_the_analytic_model_at_4x():

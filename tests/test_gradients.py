@@ -1,6 +1,7 @@
 """course_utils.gradients: capturing every gradient of a backward, sampled or whole."""
 import pytest
 import torch
+from helpers import Tiny
 
 from course_utils.config import config_for
 from course_utils.data import get_batch
@@ -8,19 +9,9 @@ from course_utils.gradients import capture_gradients
 from course_utils.models import build_model
 
 
-class _Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln = torch.nn.LayerNorm(8)
-        self.fc = torch.nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.fc(self.ln(x))
-
-
 def test_capture_gradients_matches_autograd():
     torch.manual_seed(0)
-    m, x = _Tiny(), torch.randn(5, 8)
+    m, x = Tiny(), torch.randn(5, 8)
     with capture_gradients(m) as g:
         out = m(x)
         (out * 3.0).sum().backward()
@@ -48,7 +39,7 @@ def test_capture_gradients_course_model_counts_each_output_once():
 
 def test_capture_gradients_sampling_caps_each_tensor():
     torch.manual_seed(0)
-    m, x = _Tiny(), torch.randn(50, 8)
+    m, x = Tiny(), torch.randn(50, 8)
     with capture_gradients(m, max_per_tensor=16) as g:
         (m(x) * 3.0).sum().backward()
     assert torch.equal(g.by_module["fc"], torch.full((16,), 3.0))
@@ -61,7 +52,7 @@ def test_capture_gradients_sampling_caps_each_tensor():
 
 
 def test_capture_gradients_without_backward_raises():
-    m = _Tiny()
+    m = Tiny()
     for p in m.parameters():
         p.grad = None
     with pytest.raises(ValueError, match="no gradients"):

@@ -3,6 +3,7 @@ free RAM or a container's cgroup limit (v1 and v2, read from fake cgroup folders
 is smaller."""
 import pytest
 import torch
+from helpers import fake_cpu, fake_machine, write
 
 from course_utils import guard, hardware
 from course_utils.config import config_for
@@ -12,28 +13,6 @@ from course_utils.memory_model import estimate
 from course_utils.terms import GiB, MiB
 
 CPU = HardwareInfo(device="cpu", name="test CPU", cpu_features={"avx2": True}, bf16_emulated=True)
-
-
-def write(folder, **files):
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name.replace("__", ".")).write_text(text)
-    return folder
-
-
-def fake_machine(tmp_path, monkeypatch, ram: int, limit: int | None, usage: int = 0,
-                 inactive: int = 0):
-    """Point the guard at fake files: ``ram`` bytes of MemAvailable and a cgroup v2 root with
-    ``limit`` (None: ``max``) and ``usage`` bytes."""
-    (tmp_path / "meminfo").write_text(f"MemTotal: {2 * ram // 1024} kB\n"
-                                      f"MemAvailable: {ram // 1024} kB\n")
-    (tmp_path / "self_cgroup").write_text("0::/\n")
-    write(tmp_path / "cgroup", cgroup__controllers="cpu memory",
-          memory__max="max" if limit is None else str(limit), memory__current=str(usage),
-          memory__stat=f"anon {usage - inactive}\ninactive_file {inactive}\n")
-    monkeypatch.setattr(guard, "MEMINFO", str(tmp_path / "meminfo"))
-    monkeypatch.setattr(guard, "CGROUP_ROOT", str(tmp_path / "cgroup"))
-    monkeypatch.setattr(guard, "PROC_CGROUP", str(tmp_path / "self_cgroup"))
 
 
 def test_cgroup_v2_limit_minus_usage_counting_the_file_cache_as_free(tmp_path):
@@ -130,7 +109,6 @@ def test_mps_runs_are_told_that_their_peak_is_measured_on_the_cpu():
 def test_the_cuda_memory_cap_names_the_device_by_index_and_lifts_itself(monkeypatch):
     # torch refuses a device without an index here ("Expected a torch.device with a specified
     # index", torch 2.11 on an H100): the cap passes the index of "cuda" and of "cuda:1".
-    import torch
 
     calls = []
 
@@ -150,13 +128,6 @@ def test_the_cuda_memory_cap_names_the_device_by_index_and_lifts_itself(monkeypa
     with pytest.raises(RuntimeError), guard.cuda_memory_cap("cuda:1", 100 * GiB):
         raise RuntimeError("a step that fails")
     assert calls == [(0.25, 0), (1.0, 0), "emptied", (1.0, 1), (1.0, 1), "emptied"]
-
-
-def fake_cpu(monkeypatch, **flags):
-    caps = {"cpu_name": "Test CPU", "avx2": True, **flags}
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps, raising=False)  # absent before 2.7
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
 
 
 def test_cpu_without_bf16_notes_but_runs(monkeypatch):

@@ -4,28 +4,19 @@ import math
 
 import pytest
 import torch
+from helpers import TINY, x_like
 
-from course_utils import evidence, learner_checks
-from course_utils.config import config_for
+from course_utils import learner_checks
 from course_utils.data import get_batch
 from course_utils.memory_model import estimate
 from course_utils.models import build_model
 from course_utils.training import train_step
 
 
-@pytest.fixture(scope="module")
-def cfg():
-    return config_for("smoke", device="cpu")
-
-
-def _x(cfg, requires_grad=True):
-    return torch.randn(cfg.batch_size, cfg.seq_len, cfg.d_model, requires_grad=requires_grad)
-
-
 def test_exercise02_helpers_count_calls_gradients_memory_and_flops(cfg):
     torch.manual_seed(0)
     blocks = build_model(cfg.replace(n_layers=3)).layers
-    x = _x(cfg)
+    x = x_like(cfg)
     assert learner_checks.forward_calls(learner_checks.forward_plain, blocks, x) == [1, 1, 1]
     assert learner_checks.forward_calls(learner_checks.forward_full, blocks, x) == [2, 2, 2]
     assert learner_checks.forward_calls(learner_checks.checkpoint_every_segment, blocks, x, 3) == [2, 2, 2]
@@ -43,9 +34,6 @@ def test_exercise02_helpers_count_calls_gradients_memory_and_flops(cfg):
         learner_checks.gradients(learner_checks.forward_plain, blocks, x.detach())
     with pytest.raises(TypeError, match="nn.ModuleList"):
         learner_checks.forward_calls(learner_checks.forward_plain, list(blocks), x)
-
-
-TINY = evidence.small_config()
 
 
 def _manual_grads(cfg, micro):

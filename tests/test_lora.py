@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TINY
 
-from course_utils import build_model, evidence, lora
+from course_utils import build_model, lora
 from course_utils.measure import memory_step, warm_up
 from course_utils.memory_model import estimate, parameter_count
 from course_utils.terms import GiB
-
-TINY = evidence.small_config()
 
 
 def test_lora_linear_starts_at_the_base_and_trains_only_adapters():

@@ -18,20 +18,18 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import arm_history, measured_table, x_like
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch.utils.checkpoint import checkpoint
 
-from course_utils import distributed, evidence, lora, memory_model, plots, search
+from course_utils import distributed, lora, memory_model, plots
 from course_utils.config import config_for
 from course_utils.formats import FORMATS, format_table, log2_histogram
-from course_utils.measure import Measurement, measure
 from course_utils.memory_model import sharded_estimate
 from course_utils.memory_timeline import memory_timeline
-from course_utils.models import build_model
 from course_utils.plots.ladder import adoption_story
 from course_utils.saved_tensors import saved_by_module
-from course_utils.training_arms import Arm, ArmHistory
 
 MiB = 2**20
 RATIO = re.compile(r"\d+\.\d+x")
@@ -120,6 +118,17 @@ def searches() -> list:
                        probe(16, 108, False, None)])]
 
 
+def race() -> NS:
+    """`search.race`'s result: plain bf16 at batch 3, full checkpointing at 8 (faster per token
+    outside the noise), selective at 5 (within noise); per-step ratios to the first row."""
+    return NS(table=pd.DataFrame({
+        "label": ["bf16", "bf16+full", "bf16+selective"], "batch_size": [3, 8, 5],
+        "grad_accum_steps": [1, 1, 1], "step_time_s": [0.0608, 0.127, 0.102],
+        "tokens_per_s": [6316.0, 8063.0, 6275.0], "time_ratio": [1.0, 2.17, 1.68],
+        "time_ratio_low": [1.0, 2.02, 1.55], "time_ratio_high": [1.0, 2.32, 1.80],
+        "time_verdict": ["reference", "slower", "slower"], "emulated": [False] * 3}))
+
+
 def scale_table() -> pd.DataFrame:
     """`memory_model.scale_table(detail=True)`'s columns (GiB) for 1B, 7B and 70B, made up."""
     rows = []
@@ -189,6 +198,7 @@ def charts():
         ("adoption_chart", lambda: plots.adoption_chart(story())),
         ("pareto_chart", lambda: figure("pareto")),
         ("budget_chart", lambda: plots.budget_chart(searches())),
+        ("race_chart", lambda: plots.race_chart(race())),
         ("format_range_chart", lambda: plots.format_range_chart(fmt)),
         ("log2_histogram_chart", lambda: plots.log2_histogram_chart({"grads": hist}, "fp16",
                                                                     scale=2.0**16)),
@@ -349,6 +359,7 @@ def test_all_lists_every_public_chart():
     lambda: plots.adoption_chart(story().iloc[:0]),
     lambda: plots.pareto_chart(policy_table().iloc[:0]),
     lambda: plots.budget_chart([]),
+    lambda: plots.race_chart(NS(table=race().table.iloc[:0])),
     lambda: plots.memory_breakdown_chart(compare_table().iloc[:0]),
     lambda: plots.memory_growth_chart(growth().iloc[:0]),
     lambda: plots.scale_chart(scale_table().iloc[:0]),
@@ -502,21 +513,6 @@ def test_pareto_front_treats_times_within_the_noise_as_ties():
     assert list(front.get_xdata()) == [700.0, 1020.0]   # a (1000 ms, 100 MiB) is out: b ties it
 
 
-SMOKE = config_for("smoke", device="cpu")
-
-
-def peak_at(config, batch):
-    return measure(config.replace(batch_size=batch), timed=False).peak_allocated
-
-
-@pytest.fixture(scope="module")
-def fp32_search():
-    """fp32's largest batch under the peak fp32 itself measured at batch 3."""
-    cfg = SMOKE.replace(precision="fp32")
-    budget = peak_at(cfg, 3)
-    return budget, search.largest_batch(cfg, budget)
-
-
 def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     """The charts of lesson 03 (course_utils.plots): real inputs in, the right panels out."""
     from course_utils import plots
@@ -524,10 +520,10 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
 
     budget, s = fp32_search
     fig = plots.budget_chart([s])
-    left, right = fig.axes
-    assert [line.get_ydata()[0] for line in left.lines if line.get_color() == "#B71C1C"] == \
+    (ax,) = fig.axes                    # memory only: the search's single steps are not a throughput
+    assert [line.get_ydata()[0] for line in ax.lines if line.get_color() == "#B71C1C"] == \
         [pytest.approx(budget / MiB)]
-    assert len(right.collections) >= 1  # the star at the largest batch
+    assert len(ax.collections) == len([p for p in s.probes if p.peak_allocated is not None])
     with pytest.raises(ValueError):
         plots.budget_chart([])
 
@@ -603,16 +599,9 @@ def test_memory_breakdown_and_loss_charts():
         plots.loss_curves_chart({})
 
 
-def _history(label, losses, flushed):
-    h = ArmHistory(config_for("smoke", device="cpu"), arm=Arm(label, "fp32"))
-    h.val_steps, h.val_loss = list(range(len(losses))), list(losses)
-    h.steps, h.flushed = list(range(1, len(flushed) + 1)), list(flushed)
-    return h
-
-
 def test_loss_curves_chart_with_the_flushed_share():
-    hs = {"fp32": _history("fp32", [5.0, 4.0], [0, 0]),
-          "fp16, no scaler": _history("fp16, no scaler", [5.0, 4.5], [0.2, 0.4])}
+    hs = {"fp32": arm_history("fp32", [5.0, 4.0], [0, 0]),
+          "fp16, no scaler": arm_history("fp16, no scaler", [5.0, 4.5], [0.2, 0.4])}
     fig = plots.loss_curves_chart(hs, title="(B) test", size="smoke", flushed=True)
     axes = [ax for ax in fig.axes if ax.get_visible()]
     assert len(axes) == 2
@@ -626,7 +615,7 @@ def test_loss_curves_chart_with_the_flushed_share():
     zoom = plots.loss_curves_chart(hs)
     assert "zoom" in [ax for ax in zoom.axes if ax.get_visible()][1].get_title()
     with pytest.raises(ValueError, match="flushed"):
-        plots.loss_curves_chart({"x": _history("x", [1.0], [])}, flushed=True)
+        plots.loss_curves_chart({"x": arm_history("x", [1.0], [])}, flushed=True)
     with pytest.raises(ValueError, match="flushed"):
         plots.loss_curves_chart({"x": ([0, 1], [2.0, 1.0])}, flushed=True)
 
@@ -634,23 +623,8 @@ def test_loss_curves_chart_with_the_flushed_share():
 MB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def cfg():
-    return config_for("smoke", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def block(cfg):
-    torch.manual_seed(0)
-    return build_model(cfg).layers[0]
-
-
-def _x(cfg, requires_grad=True):
-    return torch.randn(cfg.batch_size, cfg.seq_len, cfg.d_model, requires_grad=requires_grad)
-
-
 def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
-    x = _x(cfg)
+    x = x_like(cfg)
     plain = saved_by_module(block, lambda: block(x))
     ckpt = saved_by_module(block, lambda: checkpoint(block, x, use_reentrant=False))
     fig = plots.saved_tensors_chart({"plain": plain, "checkpoint": ckpt})
@@ -707,25 +681,8 @@ def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
         plots.memory_timeline_chart({})
 
 
-TINY = evidence.small_config()
-
-
-def _table(rows, size="cpu"):
-    ms = []
-    for _label, precision, times, peak, emulated in rows:
-        m = Measurement(config=TINY.replace(precision=precision), peak_allocated=peak, emulated=emulated,
-                        activations=peak // 2, autocast_weight_copies=0, logits=peak // 4,
-                        parameters=400, gradients=400, optimizer_state=800)
-        m.add_times(times)
-        ms.append(m)
-    df = pd.DataFrame([m.as_row() for m in ms])
-    df["label"] = [r[0] for r in rows]
-    df.attrs.update(measurements=ms, size=size)
-    return df
-
-
 def test_adoption_story_skips_an_emulated_step_as_reference():
-    df = _table([("fp32", "fp32", [1.0, 1.02, 0.98, 1.0, 1.0], 1000, False),
+    df = measured_table([("fp32", "fp32", [1.0, 1.02, 0.98, 1.0, 1.0], 1000, False),
                  ("bf16", "bf16", [3.0], 800, True),
                  ("fp32+full", "fp32", [1.3, 1.32, 1.28, 1.3, 1.3], 600, False)])
     story = adoption_story(df, [("fp32", "fp32"), ("+ bf16", "bf16"), ("+ compile", None),
@@ -759,3 +716,28 @@ def test_routes_chart_marks_what_fits():
     with pytest.raises(ValueError, match="gpu_gib"):
         plots.routes_chart(routes, gpu_gib=0)
     assert np.isfinite(ax.get_xlim()[1])
+
+
+def test_the_budget_chart_draws_no_throughput_the_search_did_not_time():
+    """The search times one step per batch, not in alternation: its chart draws memory only,
+    and names the configurations in words."""
+    fig = plots.budget_chart(searches())
+    assert len(fig.axes) == 1
+    axis_words = " ".join(ax.get_ylabel() + ax.get_xlabel() + ax.get_title() for ax in fig.axes)
+    assert "tokens" not in axis_words
+    names = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "bf16 + full checkpointing: largest batch 14" in names
+    assert not any("bf16+full" in n for n in names)
+
+
+def test_the_race_chart_prints_a_per_token_ratio_only_outside_the_noise():
+    """Per token, full checkpointing at batch 8 is 2.17 x 3/8 = 0.81 of bf16's time (band
+    0.76-0.87: 1.23x faster); selective at batch 5 is 1.68 x 3/5 = 1.01 (band 0.93-1.08:
+    within noise, so no number)."""
+    fig = plots.race_chart(race(), size="cpu")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts == ["reference", "1.23x faster", "≈1x\n(within noise)"]
+    assert [round(b.get_height()) for b in _bars(fig.axes[0])] == [6316, 8063, 6275]
+    assert any(c.has_yerr for c in fig.axes[0].containers if hasattr(c, "has_yerr"))
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks[1].replace("\n", " ") == "bf16 + full checkpointing micro-batch 8"

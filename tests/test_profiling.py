@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from helpers import zoo
 
-from course_utils import model_zoo
 from course_utils.config import config_for
 from course_utils.extrapolate import block_input_bytes
 from course_utils.measure import measure
@@ -29,18 +29,6 @@ from course_utils.profiling import (
 from course_utils.saved_tensors import SavedTensorMeter
 
 POLICIES = ("none", "full", "every-2", "selective", "offload", "offload+checkpoint")
-
-
-def zoo(kind: str) -> model_zoo.ZooModel:
-    if kind == "gpt":
-        return model_zoo.course_gpt("smoke")
-    if kind == "cnn":
-        return model_zoo.small_cnn(channels=8, n_blocks=2, image=8)
-    pytest.importorskip("transformers")  # the [hf] extra: make test installs it
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    return model_zoo.hf_causal_lm("gpt2" if kind == "gpt2" else "llama", n_layers=2, d_model=32,
-                                  n_heads=2, seq_len=16)
 
 
 BLOCKS = {"gpt": ("layers", "Block"), "gpt2": ("transformer.h", "GPT2Block"),

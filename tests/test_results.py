@@ -29,6 +29,41 @@ def test_committed_results_reads_course_bench_output(tmp_path):
     assert isinstance(df, pd.DataFrame)
 
 
+TRANSCRIPT = """--- [setup]
+device        : cuda (Some GPU 80GB)
+torch         : 2.11.0+cu130
+
+--- [cuda-memory-tools]
+| Allocated memory      |   3997 MiB |  15524 MiB |  86928 MiB |  82931 MiB |
+                                                        MiB
+peak allocated in the step (max_memory_allocated)   15524.6
+estimated peak (memory_model.estimate)              15580.5
+reserved now (memory_reserved)                      16180.0
+of which split blocks (fragmentation)                1082.7
+used outside PyTorch's allocator: CUDA context,...    766.8
+memory snapshot: /tmp/x/memory_snapshot.pickle (0.7 MiB).
+--- [phase-timeline]
+peak allocated in the step (max_memory_allocated)   1.0
+"""
+
+
+def test_committed_memory_tools_reads_lesson_04s_gpu_transcript(tmp_path):
+    """Lesson 04's memory-tools cell, on a machine without a GPU, quotes the committed GPU run
+    in one line: the four numbers of that cell's table, read from its section alone."""
+    assert results.committed_memory_tools(tmp_path) is None
+    folder = tmp_path / "lesson-timings-Some-GPU-2026-01-01" / "transcripts"
+    folder.mkdir(parents=True)
+    (folder / "04_scaling_out.txt").write_text(TRANSCRIPT.replace("--- [cuda-memory-tools]", "--- [other]"))
+    assert results.committed_memory_tools(tmp_path) is None     # no table: nothing to quote
+    (folder / "04_scaling_out.txt").write_text(TRANSCRIPT)
+    got = results.committed_memory_tools(tmp_path)
+    assert got == {"run": "lesson-timings-Some-GPU-2026-01-01", "device": "Some GPU 80GB",
+                   "torch": "2.11.0+cu130", "peak_allocated": 15524.6, "reserved": 16180.0,
+                   "split_blocks": 1082.7, "outside_allocator": 766.8}
+    committed = results.committed_memory_tools()               # the run committed with the course
+    assert committed is None or committed["reserved"] >= committed["peak_allocated"] > 0
+
+
 def test_results_are_found_beside_the_imported_course_not_from_the_working_folder(tmp_path,
                                                                                  monkeypatch):
     """On Colab the working folder is /content and the course is a clone inside it: the results

@@ -12,6 +12,7 @@ import weakref
 
 import pytest
 import torch
+from helpers import x_like
 from torch.utils.checkpoint import checkpoint
 
 import course_utils.checkpointing as ck
@@ -176,23 +177,8 @@ def test_saved_bytes_by_dtype_add_up_to_the_meter():
         SavedTensorMeter(model).by_dtype()
 
 
-@pytest.fixture(scope="module")
-def cfg():
-    return config_for("smoke", device="cpu")
-
-
-@pytest.fixture(scope="module")
-def block(cfg):
-    torch.manual_seed(0)
-    return build_model(cfg).layers[0]
-
-
-def _x(cfg, requires_grad=True):
-    return torch.randn(cfg.batch_size, cfg.seq_len, cfg.d_model, requires_grad=requires_grad)
-
-
 def test_saved_by_module_matches_the_meter_and_the_estimate(cfg, block):
-    x = _x(cfg)
+    x = x_like(cfg)
     table = saved_by_module(block, lambda: block(x))
     assert list(table.columns) == ["module", "module_type", "shape", "dtype", "nbytes", "grad_fn"]
     with SavedTensorMeter(block) as meter:
@@ -213,7 +199,7 @@ def test_saved_by_module_matches_the_meter_and_the_estimate(cfg, block):
 
 
 def test_saved_by_module_of_a_checkpointed_block_keeps_only_its_input(cfg, block):
-    x = _x(cfg)
+    x = x_like(cfg)
     table = saved_by_module(block, lambda: checkpoint(block, x, use_reentrant=False))
     assert len(table) == 1
     assert table.nbytes.iloc[0] == x.numel() * x.element_size()

@@ -4,24 +4,11 @@ import pytest
 
 from course_utils import search
 from course_utils.config import config_for
-from course_utils.measure import measure
 
 SMOKE = config_for("smoke", device="cpu")
 
 
 MiB = 2**20
-
-
-def peak_at(config, batch):
-    return measure(config.replace(batch_size=batch), timed=False).peak_allocated
-
-
-@pytest.fixture(scope="module")
-def fp32_search():
-    """fp32's largest batch under the peak fp32 itself measured at batch 3."""
-    cfg = SMOKE.replace(precision="fp32")
-    budget = peak_at(cfg, 3)
-    return budget, search.largest_batch(cfg, budget)
 
 
 def test_largest_batch_finds_the_boundary_it_measured(fp32_search):
@@ -99,6 +86,28 @@ def test_race_times_each_at_its_largest_batch_per_token(race_inputs):
     assert result.budget_bytes == budget
     described = result.describe()
     assert "time per token" in described and f"batch {result.checkpointed.batch_size}" in described
+    assert described.startswith(f"fp32 + full checkpointing at micro-batch {result.checkpointed.batch_size} "
+                                f"against fp32 at micro-batch {result.plain.batch_size}")
+    assert "fp32+full" not in described          # the configurations in words, never the short label
+    assert "cannot tell" in result.reading()     # no verdict at the smoke size, so no reading either
+    from course_utils import plots
+    fig = plots.race_chart(result, size="smoke")
+    assert [t.get_text() for t in fig.axes[0].texts] == ["reference", "inconclusive"]
+
+
+def test_the_race_reading_follows_the_per_token_verdict():
+    """The sentence under the race says what the per-token verdict says, nothing more: the
+    larger batch repaid the recompute only when the time per token is faster outside the
+    noise."""
+    from course_utils.step_timing import TimeRatio
+    plain, ckpt = SMOKE.replace(batch_size=3), SMOKE.replace(checkpoint="full", batch_size=8)
+
+    def reading(verdict, c=ckpt):
+        return search.Race(None, plain, c, TimeRatio(0.8, 0.7, 0.9, 9, verdict), 2**20).reading()
+    assert "repaid its recompute" in reading("faster")
+    assert "did not repay" in reading("slower")
+    assert "cannot tell" in reading("within noise") and "(within noise)" in reading("within noise")
+    assert "no larger micro-batch" in reading("faster", c=ckpt.replace(batch_size=3))
 
 
 def test_race_needs_a_plain_and_a_checkpointed_configuration(race_inputs):

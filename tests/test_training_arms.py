@@ -1,6 +1,7 @@
 """course_utils.training_arms: lesson 01's arms (fp16 without a scaler, a scaled-down loss), the
 flushed share of weight gradients and the harm rule."""
 import pytest
+from helpers import arm_history
 
 from course_utils.claims import verdict
 from course_utils.config import config_for
@@ -77,17 +78,10 @@ def test_train_arms_refuses_before_running(tiny):
         train_arm(tiny, Arm("a", "fp32"), 0, 1)
 
 
-def _history(label, losses, flushed):
-    h = ArmHistory(config_for("smoke", device="cpu"), arm=Arm(label, "fp32"))
-    h.val_steps, h.val_loss = list(range(len(losses))), list(losses)
-    h.steps, h.flushed = list(range(1, len(flushed) + 1)), list(flushed)
-    return h
-
-
 def test_harm_rule_and_results_table():
-    hs = {"ref": _history("ref", [5.0, 4.0], [0, 0]),
-          "close": _history("close", [5.0, 4.0 * (1 + HARM / 2)], [0.1, 0.3]),
-          "far": _history("far", [5.0, 4.0 * (1 + 1.5 * HARM)], [0.2, 0.6])}
+    hs = {"ref": arm_history("ref", [5.0, 4.0], [0, 0]),
+          "close": arm_history("close", [5.0, 4.0 * (1 + HARM / 2)], [0.1, 0.3]),
+          "far": arm_history("far", [5.0, 4.0 * (1 + 1.5 * HARM)], [0.2, 0.6])}
     assert relative_gap(hs, "far", "ref") == pytest.approx(1.5 * HARM)
     assert not shows_harm(hs, "close", "ref") and shows_harm(hs, "far", "ref")
     t = results_table(hs, "ref")

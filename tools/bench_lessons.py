@@ -204,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"running {_name(path)} ...", flush=True)
         r = run_notebook(path, args.timeout, env,
-                         args.save_executed / path.name if args.save_executed else None,
+                         # notebooks/03_x and solutions/03_x share a name: keep their folder
+                         args.save_executed / path.parent.name / path.name
+                         if args.save_executed else None,
                          args.limit)
         report["notebooks"].append(r)
         print(f"  {r['seconds']} s, {r['status']}", flush=True)

@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from ..experiments import plain_label
 from ..step_timing import time_ratio
 from ..terms import MiB
 from ._style import (
@@ -87,6 +88,8 @@ def _put_caption(fig, text: str, width: int = 150) -> None:
 def comparison_chart(df, title: str = "", size: str | None = None):
     """Three panels for a `course_utils.experiments.compare` table, one bar per configuration.
 
+    Each configuration is named in words (`course_utils.experiments.plain_label`).
+
     1. step time (ms, median), annotated with the ratio to the first row only where the
        difference is outside the noise (else "≈1x (within noise)", "inconclusive"); emulated
        precisions hatched and labelled "emulated here"; error bars: the ratio's spread
@@ -111,7 +114,7 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     """
     if len(df) == 0:
         raise ValueError("comparison_chart() needs at least one row (a compare() table).")
-    labels, n = list(df["label"]), len(df)
+    labels, n = [plain_label(v) for v in df["label"]], len(df)
     x = np.arange(n)
     fig = new_figure((max(10, 2.2 * n + 6), 4.9))
     ax_t, ax_p, ax_s = fig.subplots(1, 3)
@@ -139,7 +142,8 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     ax_s.set_title("saved tensors (for backward)", fontsize=10)
     for ax in (ax_t, ax_p, ax_s):
         ax.set_xticks(x)
-        ax.set_xticklabels(labels, rotation=30, ha="right")
+        ax.set_xticklabels([textwrap.fill(lab, 20) for lab in labels], rotation=30, ha="right",
+                           fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     ax_p.margins(y=0.1)
     ax_s.margins(y=0.1)

@@ -1,0 +1,131 @@
+"""What several test modules build the same way: fake hardware and machines, small models and
+tables. ``from helpers import fake_cpu, ...`` (pytest puts ``tests/`` on ``sys.path``); the
+fixtures of the same kind are in ``conftest.py``."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from course_utils import evidence, guard, model_zoo
+from course_utils.measure import Measurement, measure
+from course_utils.training_arms import Arm, ArmHistory
+
+#: The ledger's tiny model (`course_utils.evidence.small_config`): the `smoke` profile on the CPU.
+TINY = evidence.small_config()
+
+
+# ------------------------------------------------------------------ hardware and machines
+
+def fake_cuda(monkeypatch, name, cc, mem_gib):
+    """Make torch report one CUDA GPU ``name`` of compute capability ``cc`` and ``mem_gib`` GiB
+    (90% free), with is_bf16_supported as torch answers on that capability."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(name=name, total_memory=int(mem_gib * 2**30)))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: cc)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(mem_gib * 2**30 * 0.9),
+                                                                int(mem_gib * 2**30)))
+
+    def is_bf16_supported(including_emulation=True):
+        # What torch reports: True on a T4 when emulation counts (including_emulation=True).
+        return True if including_emulation else cc >= (8, 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+
+
+def fake_cpu(monkeypatch, **flags):
+    """Make torch report a CPU with AVX2 and ``flags`` (e.g. ``amx_bf16=True``), no ISA cap."""
+    caps = {"cpu_name": "Test CPU", "avx2": True, **flags}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps, raising=False)  # absent before 2.7
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+
+
+def write(folder, **files):
+    """Write ``files`` (``name__ext`` -> ``name.ext``) into ``folder``; returns the folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name.replace("__", ".")).write_text(text)
+    return folder
+
+
+def fake_machine(tmp_path, monkeypatch, ram: int, limit: int | None, usage: int = 0,
+                 inactive: int = 0):
+    """Point the guard at fake files: ``ram`` bytes of MemAvailable and a cgroup v2 root with
+    ``limit`` (None: ``max``) and ``usage`` bytes."""
+    (tmp_path / "meminfo").write_text(f"MemTotal: {2 * ram // 1024} kB\n"
+                                      f"MemAvailable: {ram // 1024} kB\n")
+    (tmp_path / "self_cgroup").write_text("0::/\n")
+    write(tmp_path / "cgroup", cgroup__controllers="cpu memory",
+          memory__max="max" if limit is None else str(limit), memory__current=str(usage),
+          memory__stat=f"anon {usage - inactive}\ninactive_file {inactive}\n")
+    monkeypatch.setattr(guard, "MEMINFO", str(tmp_path / "meminfo"))
+    monkeypatch.setattr(guard, "CGROUP_ROOT", str(tmp_path / "cgroup"))
+    monkeypatch.setattr(guard, "PROC_CGROUP", str(tmp_path / "self_cgroup"))
+
+
+# ------------------------------------------------------------------ models and inputs
+
+class Tiny(torch.nn.Module):
+    """LayerNorm then Linear: the smallest model with a cast autocast makes and one it keeps."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.ln(x))
+
+
+def x_like(cfg, requires_grad=True):
+    """A block's input for ``cfg``: ``(batch, seq, d_model)`` random values."""
+    return torch.randn(cfg.batch_size, cfg.seq_len, cfg.d_model, requires_grad=requires_grad)
+
+
+def zoo(kind: str) -> model_zoo.ZooModel:
+    """A tiny model of lesson 05's zoo: ``gpt`` (the course's), ``cnn``, ``gpt2`` or ``llama``
+    (Hugging Face, skipped without transformers)."""
+    if kind == "gpt":
+        return model_zoo.course_gpt("smoke")
+    if kind == "cnn":
+        return model_zoo.small_cnn(channels=8, n_blocks=2, image=8)
+    pytest.importorskip("transformers")  # the [hf] extra: make test installs it
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    return model_zoo.hf_causal_lm("gpt2" if kind == "gpt2" else "llama", n_layers=2, d_model=32,
+                                  n_heads=2, seq_len=16)
+
+
+def peak_at(config, batch):
+    """The measured peak (bytes) of ``config`` at micro-batch ``batch``."""
+    return measure(config.replace(batch_size=batch), timed=False).peak_allocated
+
+
+# ------------------------------------------------------------------ tables
+
+def measured_table(rows, size="cpu"):
+    """A `compare`-like table of `TINY` rows ``(label, precision, step times, peak, emulated)``,
+    with its Measurements in ``attrs`` (what `evidence` and `plots.adoption_story` read)."""
+    ms = []
+    for _label, precision, times, peak, emulated in rows:
+        m = Measurement(config=TINY.replace(precision=precision), peak_allocated=peak, emulated=emulated,
+                        activations=peak // 2, autocast_weight_copies=0, logits=peak // 4,
+                        parameters=400, gradients=400, optimizer_state=800)
+        m.add_times(times)
+        ms.append(m)
+    df = pd.DataFrame([m.as_row() for m in ms])
+    df["label"] = [r[0] for r in rows]
+    df.attrs.update(measurements=ms, size=size)
+    return df
+
+
+def arm_history(label, losses, flushed):
+    """An `ArmHistory` of lesson 01's arms with these validation losses and flushed shares."""
+    h = ArmHistory(TINY, arm=Arm(label, "fp32"))
+    h.val_steps, h.val_loss = list(range(len(losses))), list(losses)
+    h.steps, h.flushed = list(range(1, len(flushed) + 1)), list(flushed)
+    return h
