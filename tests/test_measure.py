@@ -30,13 +30,13 @@ def live_tensor_bytes() -> int:
     seen = {}
     for obj in gc.get_objects():
         if isinstance(obj, torch.Tensor):
-            try:  # a tensor left by another test (a compile's fake tensor) may not say its device
+            try:  # a tensor another test left (a compile's fake tensor) has no data to count
                 if obj.device.type != "cpu":
                     continue
                 st = obj.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
             except (RuntimeError, NotImplementedError):
                 continue
-            seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
 
 
