@@ -637,6 +637,15 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
     return m, state, grads
 
 
+def _sig_text(v: float, digits: int = 3) -> str:
+    """``v`` at ``digits`` significant figures, with thousands separators: 434853.8 ->
+    ``"435,000"``, 11836.4 -> ``"11,800"``, 13.94 -> ``"13.9"``."""
+    if not v or not math.isfinite(v):
+        return f"{v:g}"
+    places = digits - 1 - int(math.floor(math.log10(abs(v))))
+    return f"{round(v, places):,.{max(0, places)}f}"
+
+
 @dataclass
 class Profile:
     """What `profile` measured on one model.
@@ -674,30 +683,95 @@ class Profile:
         raise KeyError(f"{precision}+{policy} was not profiled: measured "
                        f"{[m.config.label for m in self.measurements]}.")
 
+    def reference(self, m: ProfileMeasurement) -> ProfileMeasurement:
+        """The row ``m`` is compared with: ``none`` in its precision (else the first row)."""
+        try:
+            return self.get(m.config.precision, "none")
+        except KeyError:
+            return self.measurements[0]
+
     def ratio(self, m: ProfileMeasurement):
         """`course_utils.timing.TimeRatio` of ``m``'s step time to ``none`` in its precision
         (per round of the alternation)."""
-        try:
-            ref = self.get(m.config.precision, "none")
-        except KeyError:
-            ref = self.measurements[0]
+        ref = self.reference(m)
         return time_ratio(m.step_times_s, ref.step_times_s, size=self.size,
                           emulated=m.emulated or ref.emulated)
+
+    def step_s(self, m: ProfileMeasurement) -> float | None:
+        """``m``'s step time as the tables print it (seconds): the reference's median step
+        times ``m``'s ratio to it (`ratio`, the median of the per-round ratios), so that the
+        milliseconds, the ratio and the throughput of a row agree.
+
+        Each row's own median can come from a different round: under a load that changes during
+        the timing (a shared machine), the ratio of two medians then compares steps taken at
+        different loads, while the per-round ratio compares steps taken seconds apart. On a
+        2-core machine beside other jobs, lesson 05 printed 1934 ms against 931 ms (2.08x) next
+        to a per-round ratio of 1.22x. A row that is the reference, or that was not timed in the
+        same rounds as it, keeps its own median."""
+        ref = self.reference(m)
+        r = self.ratio(m)
+        if m is ref or r.ratio is None or ref.step_time_s is None or r.low is None:
+            return m.step_time_s
+        return ref.step_time_s * r.ratio
+
+    def drifted(self) -> list[tuple[ProfileMeasurement, float, Any]]:
+        """The rows whose two own medians disagree with their per-round ratio: ``(measurement,
+        ratio of the medians, TimeRatio)`` where the ratio of the row's median step time to its
+        reference's lies outside the noise band of the per-round ratios. That happens when the
+        machine's load changed while the rows were timed (`step_s`)."""
+        out = []
+        for m in self.measurements:
+            ref = self.reference(m)
+            r = self.ratio(m)
+            if m is ref or r.low is None or not m.step_time_s or not ref.step_time_s:
+                continue
+            of_medians = m.step_time_s / ref.step_time_s
+            if not round(r.low, 2) <= round(of_medians, 2) <= round(r.high, 2):
+                out.append((m, of_medians, r))
+        return out
+
+    def load_note(self) -> str:
+        """One sentence when `drifted` finds rows (else ``""``): which, and what to do."""
+        rows = self.drifted()
+        if not rows:
+            return ""
+        from .experiments import plain_label
+        said = "; ".join(f"{plain_label(m.config.label)}: medians {d:.2f}x, per-round "
+                         f"{r.low:.2f}-{r.high:.2f}x" for m, d, r in rows)
+        return ("The machine's load changed while the rows were timed: the ratio of two rows' "
+                f"median step times falls outside the band of their per-round ratios ({said}). "
+                "The tables give each row's time as the reference's median times its per-round "
+                "ratio; run the cell again on a quieter machine for tighter numbers.")
+
+    def time_text(self, m: ProfileMeasurement) -> str:
+        """``m``'s time against its reference as a table cell: `course_utils.experiments.time_cell`
+        (a ratio only outside the noise, a speed-up as ``"1.43x faster"``) and its noise band in
+        the same direction: ``"1.31x slower (1.24-1.38x)"``, ``"within noise (0.95-1.07x)"``."""
+        from .experiments import time_cell
+        from .timing import printed_band
+        ref = self.reference(m)
+        if m is ref:
+            return "1.00x (reference, emulated)" if m.emulated else "1.00x (reference)"
+        r = self.ratio(m)
+        cell = time_cell(r.ratio, r.verdict)
+        if r.low is None or r.ratio is None:
+            return cell
+        lo, hi = printed_band(r.ratio, r.low, r.high) if r.verdict == "faster" else (r.low, r.high)
+        return f"{cell} ({lo:.2f}-{hi:.2f}x)"
 
     def table(self) -> pd.DataFrame:
         """One row per configuration: `Measurement.as_row`'s fields (bytes, seconds), then
         ``time_ratio`` / ``time_ratio_low`` / ``time_ratio_high`` / ``time_verdict`` against
-        ``none`` of the same precision, ``peak_ratio`` and ``saved_ratio`` against it."""
+        ``none`` of the same precision, ``paired_step_time_s`` (`step_s`), ``peak_ratio`` and
+        ``saved_ratio`` against it."""
         rows = []
         for m in self.measurements:
             row = m.as_row()
             r = self.ratio(m)
-            try:
-                ref = self.get(m.config.precision, "none")
-            except KeyError:
-                ref = self.measurements[0]
+            ref = self.reference(m)
             row.update(time_ratio=r.ratio, time_ratio_low=r.low, time_ratio_high=r.high,
-                       time_verdict="reference" if m is ref else r.verdict)
+                       time_verdict="reference" if m is ref else r.verdict,
+                       paired_step_time_s=self.step_s(m))
             row["peak_ratio"] = (m.peak_allocated / ref.peak_allocated
                                  if m.peak_allocated and ref.peak_allocated else None)
             row["saved_ratio"] = (m.saved_total / ref.saved_total
@@ -705,32 +779,40 @@ class Profile:
             rows.append(row)
         return pd.DataFrame(rows)
 
-    def summary(self) -> pd.DataFrame:
-        """The readable table: MiB, milliseconds, ratios to ``none`` (time ratios shown only
-        outside the noise, `course_utils.experiments.time_cell`), gradients' largest
-        difference from ``none``."""
-        from .experiments import time_cell
+    def summary(self, detail: bool = False) -> pd.DataFrame:
+        """The readable table, one row per configuration labelled in words
+        (`course_utils.experiments.plain_label`): ``step ms`` (`step_s`), ``time vs none``
+        (`time_text`: a ratio only outside the noise, with its noise band), throughput (three
+        significant figures), ``peak MiB`` and ``saved MiB``, and ``to host MiB`` where a row
+        moved bytes to the host. ``detail=True`` adds each row's own median step time, the
+        saved bytes as a share of ``none``'s and the gradients' largest difference from
+        ``none``'s."""
+        from .experiments import plain_label
         df = self.table()
 
         def mib(col):
             return [None if v is None or pd.isna(v) else round(v / MiB, 2) for v in df[col]]
-        out = pd.DataFrame({"config": df["label"]})
-        out["step ms"] = [None if v is None or pd.isna(v) else round(v * 1e3, 1)
-                          for v in df["step_time_s"]]
-        out["time vs none"] = [time_cell(r, v) for r, v in zip(df["time_ratio"],
-                                                               df["time_verdict"])]
-        out[f"{self.unit}/s"] = [None if v is None or pd.isna(v) else round(v, 1)
-                                 for v in df["tokens_per_s"]]
+        out = pd.DataFrame({"config": [plain_label(v) for v in df["label"]]})
+        steps = [self.step_s(m) for m in self.measurements]
+        out["step ms"] = [None if s is None else round(s * 1e3, 1) for s in steps]
+        out["time vs none"] = [self.time_text(m) for m in self.measurements]
+        out[f"{self.unit}/s"] = [None if not s else _sig_text(m.config.tokens_per_step / s)
+                                 for m, s in zip(self.measurements, steps)]
         out["peak MiB"] = mib("peak_allocated")
         out["saved MiB"] = mib("saved_total")
-        out["to host MiB"] = mib("bytes_to_host")
-        out["saved x"] = df["saved_ratio"].astype(float).round(3)
-        out["max |grad diff|"] = df["grad_max_diff"]
+        if detail or any(m.bytes_to_host for m in self.measurements):  # offloading ran
+            on_gpu = any(m.config.device_type == "cuda" for m in self.measurements)
+            out["to host MiB" if on_gpu else "would go to host MiB"] = mib("bytes_to_host")
+        if detail:
+            out["own median step ms"] = [None if v is None or pd.isna(v) else round(v * 1e3, 1)
+                                         for v in df["step_time_s"]]
+            out["saved x"] = df["saved_ratio"].astype(float).round(3)
+            out["max |grad diff|"] = df["grad_max_diff"]
         return out.set_index("config")
 
     def saved_by_block(self, precision: str, policy: str) -> pd.DataFrame:
-        """Saved bytes of one configuration grouped by where they were saved: each block
-        (``block 0``...) and ``outside the blocks``; columns ``bytes`` and ``MiB``."""
+        """Saved tensors of one configuration grouped by where they were saved: each block
+        (``block 0``...) and ``outside the blocks``; one column, ``MiB``."""
         m = self.get(precision, policy)
         df = m.saved_modules
 
@@ -738,9 +820,7 @@ class Profile:
             i = block_of(name, self.blocks)
             return "outside the blocks" if i is None else f"block {i}"
         g = df.assign(where=df["module"].map(where)).groupby("where", sort=False)["nbytes"].sum()
-        out = g.to_frame("bytes")
-        out["MiB"] = out["bytes"] / MiB
-        return out
+        return (g / MiB).to_frame("MiB")
 
 
 def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = None, *,
