@@ -164,15 +164,27 @@ def _c4(peak_ratio, saved_ratio):
 
 
 def _c5(full_time, flops_ratio=None):
-    """``full_time``: TimeRatio full / none, same precision. Held for +15% to +40%."""
+    """``full_time``: TimeRatio full / none, same precision. Held when the whole noise band, as
+    printed, lies from 1.15 to 1.40 (+15% to +40%); busted when it lies wholly outside;
+    inconclusive when it straddles an edge (the run cannot tell)."""
     u = _unsettled(full_time, "full / none step time")
     if u:
         return u
     cost = full_time.ratio - 1
     flops = f"; FLOPs {_pct(flops_ratio - 1)}" if flops_ratio is not None else ""
-    return ("held" if 0.15 <= cost <= 0.40 else "busted",
-            f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-33%; held from "
+    text = (f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-33%; held from "
             f"+15% to +40%){flops}")
+    if full_time.low is None:  # too few rounds, but beyond 2x: the ratio alone decides
+        return ("held" if 1.15 <= full_time.ratio <= 1.40 else "busted"), text
+    lo, hi = round(full_time.low, 2), round(full_time.high, 2)
+    if 1.15 <= lo and hi <= 1.40:
+        return "held", text
+    if hi < 1.15 or lo > 1.40:
+        return "busted", text
+    edges = [e for e in (1.15, 1.40) if lo < e <= hi or lo <= e < hi]
+    edge = " and ".join(f"{_pct(e - 1)}" for e in edges)
+    return "inconclusive", (f"{text}; that band straddles the {edge} edge"
+                            f"{'s' * (len(edges) > 1)} of the held range")
 
 
 def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=4):
