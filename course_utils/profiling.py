@@ -40,7 +40,9 @@ How each number is taken (as `course_utils.measure.measure` takes them for the c
   (`course_utils.timing.interleaved`); ratios to ``none`` in the same precision by round
   (`course_utils.timing.time_ratio`), so a difference inside the noise is called so.
 * **gradients**: the first step's gradients of every configuration are compared with those of
-  ``none`` in the same precision (``grad_max_diff``): a policy must not change them.
+  ``none`` in the same precision (``grad_max_diff``, next to the largest gradient,
+  ``grad_scale``): a policy must not change them beyond rounding (bit for bit where the kernels
+  are deterministic, as on a CPU).
 """
 from __future__ import annotations
 
@@ -396,7 +398,8 @@ class ProfileMeasurement(Measurement):
             (backward copies them back); 0 for other policies. ``weight_bytes_to_host``: the
             part of them that are weights saved by matmuls (``save_on_cpu`` copies those too).
         grad_max_diff: largest absolute difference between this configuration's first-step
-            gradients and those of ``none`` in the same precision (None where not compared).
+            gradients and those of ``none`` in the same precision (None where not compared);
+            ``grad_scale``: the largest absolute gradient of that ``none`` step, to read it by.
         saved_modules: saved bytes by module (DataFrame ``module``, ``module_type``,
             ``nbytes``, ``bucket``), from the meter.
     """
@@ -406,6 +409,7 @@ class ProfileMeasurement(Measurement):
     bytes_to_host: int = 0
     weight_bytes_to_host: int = 0
     grad_max_diff: float | None = None
+    grad_scale: float | None = None
     saved_modules: Any = field(default=None, repr=False)
 
     def as_row(self) -> dict:
@@ -616,6 +620,8 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
                      (math.inf if (a is None or b is None) else (a - b).abs().max().item())
                      for a, b in zip(grads, reference_grads)]
             m.grad_max_diff = max(diffs) if diffs else 0.0
+            m.grad_scale = max((b.abs().max().item() for b in reference_grads
+                                if b is not None and b.numel()), default=0.0)
         mem = _memory(state)
         step_s = mem.pop("step_s")
         for k, v in mem.items():
@@ -742,6 +748,24 @@ class Profile:
                 f"median step times falls outside the band of their per-round ratios ({said}). "
                 "The tables give each row's time as the reference's median times its per-round "
                 "ratio; run the cell again on a quieter machine for tighter numbers.")
+
+    def gradients_text(self) -> str:
+        """The first step's gradients of every configuration against ``none`` in its precision,
+        in one sentence: bit for bit equal, or equal to within the largest difference (next to
+        the largest gradient)."""
+        diffs = [m for m in self.measurements if m.grad_max_diff is not None]
+        n = f"over all {len(diffs)} configurations" if len(diffs) > 1 else "of the one configuration"
+        if not diffs:
+            return "gradients: not compared"
+        worst = max(diffs, key=lambda m: m.grad_max_diff)
+        if worst.grad_max_diff == 0:
+            return f"gradients of the first step against 'none', {n}: bit-for-bit equal"
+        scale = f" (the largest gradient is {worst.grad_scale:.3g})" if worst.grad_scale else ""
+        gpu = any(m.config.device_type == "cuda" for m in self.measurements)
+        return (f"gradients of the first step against 'none', {n}: equal to within "
+                f"{worst.grad_max_diff:.2g}{scale}, not bit for bit"
+                + (": GPU kernels that add in a varying order differ in the last bits even "
+                   "between two plain runs" if gpu else ""))
 
     def time_text(self, m: ProfileMeasurement) -> str:
         """``m``'s time against its reference as a table cell: `course_utils.experiments.time_cell`

@@ -97,3 +97,59 @@ def test_exercise05_policy_keeps_the_librarys_save_list():
     ctx = SelectiveCheckpointContext(is_recompute=False)
     for op in SAVE:  # the course's save list (matmuls and every attention kernel)
         assert ns["matmul_policy"](ctx, op) == CheckpointPolicy.MUST_SAVE, op
+
+
+def _run(cell: str, namespace: dict) -> str:
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(_cells(LESSON)[cell], cell, "exec"), namespace)
+    return out.getvalue()
+
+
+def test_the_cpu_card_budget_leaves_no_checkpointing_out():
+    # a budget every policy met (full's peak at 4x the batch) made the card pick 'none' on every
+    # CPU run; halfway between full's and none's peaks at the measured batch, none cannot fit
+    from types import SimpleNamespace
+    peaks = {"none": lambda b: 30 + 5 * b, "full": lambda b: 30 + 2 * b}
+    ex = SimpleNamespace(peak=lambda b, policy: peaks[policy](b))
+    seen = {}
+
+    def recommend(prof, exs, budget, **kw):
+        seen.update(budget=budget, **kw)
+        return SimpleNamespace(text=lambda: "card", options_table=lambda: None)
+    ns = {"hw": SimpleNamespace(device="cpu"), "ex": ex, "B": 4, "PRECISION": "fp32",
+          "prof": None, "recommend": recommend, "device": "cpu"}
+    _run("card", ns)
+    assert ex.peak(4, "full") < seen["budget"] < ex.peak(4, "none")
+    assert "halfway" in seen["budget_source"]
+
+
+def test_lesson05_measures_the_course_gpt_in_this_machines_precision():
+    src = _cells(LESSON)["estimate-gpt"]
+    tree = ast.parse(src)
+    calls = {n.func.id: n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id in ("extrapolate", "estimate")}
+    assert any(k.arg == "precision" for k in calls["extrapolate"].keywords)
+    replace = next(n for n in ast.walk(calls["estimate"]) if isinstance(n, ast.Call)
+                   and getattr(n.func, "attr", "") == "replace")
+    assert "precision" in {k.arg for k in replace.keywords}
+
+
+def test_ladder_read_names_the_method_profile_called():
+    transformers = pytest.importorskip("transformers")
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    import pandas as pd
+    from test_profiling import synthetic_profile
+    prof = synthetic_profile({"none": [1.0] * 6, "full": [1.3] * 6, "hf": [1.3] * 6})
+    for m in prof.measurements:
+        m.saved_modules = pd.DataFrame({"module": ["layers.0.x", "head"], "nbytes": [2**20, 2**10]})
+    out = _run("ladder-read", {"prof": prof, "PRECISION": "fp32", "MiB": 2**20,
+                               "transformers": transformers, "display": lambda *a: None})
+    called = ("activation_checkpointing_enable()"
+              if hasattr(transformers.PreTrainedModel, "activation_checkpointing_enable")
+              else "gradient_checkpointing_enable()")
+    assert f"Hugging Face's own {called} keeps" in out
+    assert "bit-for-bit equal" in out
