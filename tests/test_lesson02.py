@@ -604,3 +604,38 @@ def test_lesson02_has_one_measuring_box_and_teaches_the_segment_rule_as_its_form
     assert "for transformer blocks, checkpoint every block" not in prose.lower()
     assert "cannot fix" not in prose
     assert "MUST_CPU_OFFLOAD" in prose or "CPU-offload" in prose or "CPU offload" in prose
+
+
+def test_the_attention_cell_says_where_its_sequence_lengths_stop():
+    """§7 said the lengths stop where one block's seq x seq matrices pass 1 GiB; at the cpu size
+    they stop at 8T (128 MiB), and only the h100 size is cut by that cap."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+    body = ast.parse(_cell_source("attention")).body
+    head = ast.Module([n for n in body[:3]], [])  # candidates, lengths, the sentence
+    for size, capped in (("cpu", False), ("h100", True)):
+        c = config_for(size)
+        ns = {"T": c.seq_len, "B": c.batch_size, "cfg": SimpleNamespace(n_heads=c.n_heads)}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(head, "attention", "exec"), ns)
+        lengths = ns["lengths"]
+        assert all(c.batch_size * c.n_heads * L * L * 4 <= 2**30 for L in lengths)
+        assert (len(lengths) < len(ns["candidates"])) == capped, size
+        assert f"{lengths[0]} to {lengths[-1]}" in out.getvalue()
+        assert ("would pass 1 GiB" in out.getvalue()) == capped, out.getvalue()
+    md = next(c for c in json.loads(LESSON.read_text())["cells"] if c.get("id") == "s7")
+    assert "stop where one block's seq × seq matrices would pass 1 GiB" not in "".join(md["source"])
+
+
+def test_the_reentrant_cell_comments_a_will_raise_that_did_not_happen(cfg, capsys):
+    import warnings
+    ns = {"torch": torch, "checkpoint": torch.utils.checkpoint.checkpoint, "warnings": warnings,
+          "build_model": build_model, "cfg": cfg, "B": cfg.batch_size, "T": cfg.seq_len,
+          "d": cfg.d_model, "device": "cpu"}
+    exec(compile(_cell_source("reentrant-default"), "reentrant-default", "exec"), ns)
+    out = capsys.readouterr().out
+    promised = any("will raise" in str(w.message) for w in ns["caught"])
+    ran = ns["outcome"].startswith("ran")
+    assert ("has not happened in torch" in out) == (promised and ran), out
