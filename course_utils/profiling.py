@@ -712,42 +712,14 @@ class Profile:
         the timing (a shared machine), the ratio of two medians then compares steps taken at
         different loads, while the per-round ratio compares steps taken seconds apart. On a
         2-core machine beside other jobs, lesson 05 printed 1934 ms against 931 ms (2.08x) next
-        to a per-round ratio of 1.22x. A row that is the reference, or that was not timed in the
-        same rounds as it, keeps its own median."""
+        to a per-round ratio of 1.22x. (The noise band reaches the ratio of the two medians,
+        `course_utils.timing.time_ratio`.) A row that is the reference, or that was not timed in
+        the same rounds as it, keeps its own median."""
         ref = self.reference(m)
         r = self.ratio(m)
         if m is ref or r.ratio is None or ref.step_time_s is None or r.low is None:
             return m.step_time_s
         return ref.step_time_s * r.ratio
-
-    def drifted(self) -> list[tuple[ProfileMeasurement, float, Any]]:
-        """The rows whose two own medians disagree with their per-round ratio: ``(measurement,
-        ratio of the medians, TimeRatio)`` where the ratio of the row's median step time to its
-        reference's lies outside the noise band of the per-round ratios. That happens when the
-        machine's load changed while the rows were timed (`step_s`)."""
-        out = []
-        for m in self.measurements:
-            ref = self.reference(m)
-            r = self.ratio(m)
-            if m is ref or r.low is None or not m.step_time_s or not ref.step_time_s:
-                continue
-            of_medians = m.step_time_s / ref.step_time_s
-            if not round(r.low, 2) <= round(of_medians, 2) <= round(r.high, 2):
-                out.append((m, of_medians, r))
-        return out
-
-    def load_note(self) -> str:
-        """One sentence when `drifted` finds rows (else ``""``): which, and what to do."""
-        rows = self.drifted()
-        if not rows:
-            return ""
-        from .experiments import plain_label
-        said = "; ".join(f"{plain_label(m.config.label)}: medians {d:.2f}x, per-round "
-                         f"{r.low:.2f}-{r.high:.2f}x" for m, d, r in rows)
-        return ("The machine's load changed while the rows were timed: the ratio of two rows' "
-                f"median step times falls outside the band of their per-round ratios ({said}). "
-                "The tables give each row's time as the reference's median times its per-round "
-                "ratio; run the cell again on a quieter machine for tighter numbers.")
 
     def gradients_text(self) -> str:
         """The first step's gradients of every configuration against ``none`` in its precision,

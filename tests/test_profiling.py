@@ -440,13 +440,10 @@ def test_a_row_prints_one_statistic_for_its_milliseconds_and_its_ratio():
             assert row["step ms"] / ref_ms == pytest.approx(shown, abs=0.01), label
         else:
             assert cell == "1.00x (reference)" or cell.startswith("within noise ("), cell
-    assert s.loc["fp32 + full checkpointing", "time vs none"] == "1.25x slower (1.20-2.12x)"
+    # the band reaches the medians' 2.40x (course_utils.timing); the milliseconds follow 1.25x
+    assert s.loc["fp32 + full checkpointing", "time vs none"] == "1.25x slower (1.20-2.40x)"
+    assert s.loc["fp32 + full checkpointing", "step ms"] == 1250.0
     assert s.loc["fp32 + full checkpointing", "tokens/s"] == "410"   # 512 tokens / 1.25 s
-    # the drift is told, with the numbers that disagree
-    assert "full" in [m.config.checkpoint for m, _, _ in prof.drifted()]
-    assert "offload" not in [m.config.checkpoint for m, _, _ in prof.drifted()]  # same rounds
-    assert "medians 2.40x, per-round 1.20-2.12x" in prof.load_note()
-    assert synthetic_profile({"none": [1.0] * 6, "full": [1.3] * 6}).load_note() == ""
     # nothing moved to the host: no column for it; offloading ran: a column, named for the device
     assert not any("host" in c for c in s.columns)
     moved = synthetic_profile(DRIFT, moved=3 * MiB).summary()
