@@ -33,6 +33,7 @@ __all__ = [
     "HARM",
     "Arm",
     "ArmHistory",
+    "flushed_trend",
     "relative_gap",
     "results_table",
     "shows_harm",
@@ -196,6 +197,51 @@ def relative_gap(histories: dict, label: str, reference: str) -> float:
 def shows_harm(histories: dict, label: str, reference: str) -> bool:
     """Whether ``label`` ended more than `HARM` (relative) above ``reference``'s validation loss."""
     return relative_gap(histories, label, reference) > HARM
+
+
+def _pct(x: float) -> str:
+    """A share (0 to 1) as a percentage with two significant figures."""
+    if x == 0:
+        return "0 %"
+    return f"{100 * x:.2g} %" if 100 * x >= 1e-3 else "under 0.001 %"
+
+
+def flushed_trend(history: ArmHistory) -> str:
+    """How the flushed share of ``history`` moved over its run, in words generated from its
+    per-step values: the mean of the first fifth of the steps against the mean of the last
+    fifth, and the peak where it stands well above both (a rise and a fall within the run).
+
+    Examples: ``"rose from 0.1 % (mean of steps 1-4) to 2.7 % (mean of steps 17-20)"``,
+    ``"rose to 2.7 % at step 21 and fell back: 1 % (mean of steps 1-20), 0.005 % (mean of
+    steps 81-100)"``.
+
+    Raises:
+        ValueError: a history without flushed shares.
+    """
+    f = list(history.flushed)
+    if not f:
+        raise ValueError("flushed_trend needs a history with a flushed share per step.")
+    n = len(f)
+    k = max(1, n // 5)
+    first, last = sum(f[:k]) / k, sum(f[-k:]) / k
+    steps = history.steps if len(history.steps) == n else list(range(1, n + 1))
+    head = f"step {steps[0]}" if k == 1 else f"steps {steps[0]}-{steps[k - 1]}"
+    tail = f"step {steps[-1]}" if k == 1 else f"steps {steps[-k]}-{steps[-1]}"
+    mean = "" if k == 1 else "mean of "
+    top = max(range(n), key=lambda i: f[i])
+    if f[top] == 0:
+        return f"stayed at 0 % at every one of the {n} steps"
+    if 0 < top < n - 1 and f[top] > 1.5 * max(first, last):
+        return (f"rose to {_pct(f[top])} at step {steps[top]} and fell back: {_pct(first)} "
+                f"({mean}{head}), {_pct(last)} ({mean}{tail})")
+    if last > 1.25 * first:
+        verb = "rose"
+    elif first > 1.25 * last:
+        verb = "fell"
+    else:
+        return (f"stayed about level: {_pct(first)} ({mean}{head}), {_pct(last)} "
+                f"({mean}{tail})")
+    return f"{verb} from {_pct(first)} ({mean}{head}) to {_pct(last)} ({mean}{tail})"
 
 
 def results_table(histories: dict, reference: str) -> pd.DataFrame:

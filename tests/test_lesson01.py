@@ -17,6 +17,7 @@ from course_utils.accuracy import (
     HARM,
     Arm,
     ArmHistory,
+    flushed_trend,
     relative_gap,
     results_table,
     shows_harm,
@@ -379,6 +380,30 @@ def test_harm_rule_and_results_table():
     assert verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=gap).status == "held"
     gap = relative_gap(hs, "far", "ref")
     assert verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=gap).status == "busted"
+
+
+def test_flushed_trend_says_how_the_share_moved():
+    """The sentence under table (A) is generated from the per-step shares: a hump (the 100-step
+    runs), a rise (a 20-step run that stops on the rising side), a fall, and none at all."""
+    hump = [0.0] * 10 + [0.01 * i for i in range(1, 11)] + [0.1 - 0.01 * i for i in range(1, 11)] \
+        + [0.0001] * 70
+    text = flushed_trend(_history("h", [1.0], hump))
+    assert text.startswith("rose to 10 % at step 20 and fell back") and "steps 81-100" in text
+    assert "0.01 %" in text                      # the last fifth's mean, 0.0001 as a percentage
+    assert flushed_trend(_history("r", [1.0], [0.001 * i for i in range(1, 21)])).startswith(
+        "rose from 0.25 % (mean of steps 1-4) to 1.9 % (mean of steps 17-20)")
+    assert flushed_trend(_history("f", [1.0], [0.03, 0.02, 0.01, 0.005, 0.001])) == \
+        "fell from 3 % (step 1) to 0.1 % (step 5)"
+    assert flushed_trend(_history("z", [1.0], [0.0] * 5)).startswith("stayed at 0 %")
+    assert flushed_trend(_history("l", [1.0], [0.01, 0.011, 0.01])).startswith("stayed about level")
+    with pytest.raises(ValueError, match="flushed"):
+        flushed_trend(_history("e", [1.0], []))
+
+
+def test_lesson_tells_the_flushed_trend_from_its_run(lesson):
+    assert "flushed_trend(plain[" in _cell(lesson, "train-table").source
+    read = _cell(lesson, "train-read").source
+    assert "usually grows" not in read and "line printed above table (A)" in read
 
 
 def test_loss_curves_chart_with_the_flushed_share():
