@@ -129,6 +129,18 @@ def test_each_rule_holds_and_fails(claim):
     assert verdict(claim, **busted).status == "busted", verdict(claim, **busted)
 
 
+def test_c1_depends_on_the_baseline_when_tf32_closes_the_gap():
+    """An H100 printed bf16 8.34x faster than full fp32 and a bf16 matmul only 1.34x faster than
+    a TF32 one: by the lesson's own framing that is "depends" (on the baseline), not "held"."""
+    fast = ratio(0.12, spread=0.001)
+    v = verdict("C1", hw=H100, bf16_time=fast, bf16_vs_tf32=0.039 / 0.053)
+    assert v.status == "depends" and "TF32" in v.evidence and "0.74x" in v.evidence
+    assert "one probe each" in v.evidence and v.evidence.count("faster") == 1  # said once
+    assert verdict("C1", hw=H100, bf16_time=fast, bf16_vs_tf32=0.4).status == "held"
+    assert verdict("C1", hw=H100, bf16_time=fast).status == "held"  # no TF32 probe: full fp32 only
+    assert verdict("C1", hw=H100, bf16_time=ratio(0.9), bf16_vs_tf32=0.4).status == "busted"
+
+
 def test_c8_is_busted_when_only_block_inputs_are_kept():
     assert verdict("C8", kept_bytes=10, expected_bytes=10).status == "busted"
     assert verdict("C8", batch_ratio=2.0).status == "busted"
