@@ -160,7 +160,10 @@ def test_autocast_policy_reads_this_devices_lists():
     assert list(t.index) == list(POLICY_PROBES)
     assert list(t.columns) == ["fp32 input", "bf16 input", "autocast here"]
     assert t.loc["linear (matmul)", "autocast here"] == "runs in bf16"
-    assert t.loc["cross_entropy", "autocast here"] == "runs in fp32"
+    assert t.loc["cross_entropy (the loss)", "autocast here"] == "runs in fp32"
+    # the step inside it: CPU autocast casts cross_entropy's input up, so its log-softmax (saved
+    # for backward) is fp32 here; on CUDA only nll_loss is listed and it follows its input
+    assert t.loc["log_softmax inside cross_entropy", "bf16 input"] == "fp32"
     # CPU autocast (unlike CUDA's list) leaves layer_norm and softmax of a bf16 input in bf16
     assert t.loc["layer_norm", "autocast here"] == "follows its input"
     assert t.loc["softmax", "bf16 input"] == "bf16"
@@ -188,6 +191,16 @@ def test_ops_by_dtype_groups_a_recording():
     outside = rec.ops_by_dtype(exclude="layers")
     assert "nll_loss_forward" in outside["fp32"] and "embedding" in outside["fp32"]
     assert "gelu" not in [op for ops in outside.values() for op in ops]
+
+
+def test_what_is_saved_in_fp32_is_read_from_the_recording(lesson):
+    """On CUDA cross_entropy's log-softmax ran in bf16 (an H100 recorded `_log_softmax` with a bf16
+    output) while the markdown said it was saved in fp32: the lesson prints the fp32 ops from
+    its recording and says where the log-softmax is fp32 only with its condition."""
+    assert 'ops.ops_by_dtype(exclude="layers").get("fp32"' in _cell(lesson, "cache").source
+    for cell_id in ("cache-read", "why-not-half"):
+        text = _cell(lesson, cell_id).source
+        assert "log-softmax" not in text or "on a CPU" in text, cell_id
 
 
 # ------------------------------------------------------------------ GradScaler, C12 and C18
