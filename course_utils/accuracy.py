@@ -33,6 +33,7 @@ __all__ = [
     "HARM",
     "Arm",
     "ArmHistory",
+    "feasible_arms",
     "flushed_trend",
     "relative_gap",
     "results_table",
@@ -156,6 +157,26 @@ def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_bat
             h.remove()
     hist.seconds = time.perf_counter() - t0
     return hist
+
+
+def feasible_arms(config: RunConfig, arms, hw=None) -> tuple[list[Arm], list[tuple[Arm, str]]]:
+    """Split ``arms`` into those `course_utils.guard.check_feasible` accepts for ``config`` on
+    ``hw`` (default: detected) and those it refuses, with its reason: bf16 on a GPU that only
+    emulates it (a T4), fp16 above a tiny size on a CPU without fp16 instructions. A lesson
+    trains the first list and prints the second, instead of stopping on the refusal.
+
+    Returns:
+        ``(accepted arms, [(refused arm, the guard's reason), ...])``, each in the arms' order.
+    """
+    accepted, refused = [], []
+    for a in arms:
+        try:
+            check_feasible(config.replace(precision=a.precision), hw)
+        except ValueError as e:
+            refused.append((a, str(e)))
+        else:
+            accepted.append(a)
+    return accepted, refused
 
 
 def train_arms(config: RunConfig, arms, steps: int, eval_every: int | None = None,

@@ -17,6 +17,7 @@ from course_utils.accuracy import (
     HARM,
     Arm,
     ArmHistory,
+    feasible_arms,
     flushed_trend,
     relative_gap,
     results_table,
@@ -26,6 +27,8 @@ from course_utils.accuracy import (
 )
 from course_utils.claims import verdict
 from course_utils.config import config_for
+from course_utils.guard import check_feasible
+from course_utils.hardware import HardwareInfo, detect
 from course_utils.loss_scaling import read_scaler_trace, snapshot, update_norm
 from course_utils.models import build_model
 from course_utils.recorder import POLICY_PROBES, OpDtypeRecorder, autocast_policy
@@ -368,7 +371,6 @@ def test_train_arms_refuses_before_running(tiny):
     with pytest.raises(ValueError, match="differ"):
         train_arms(tiny, [Arm("a", "fp32"), Arm("a", "bf16")], 2)
     big = config_for("cpu", device="cpu")     # fp16 at the cpu profile: emulated and refused
-    from course_utils.hardware import detect
     if not detect("cpu").fp16_fast:
         with pytest.raises(ValueError, match="emulated"):
             train_arms(big, [Arm("fp16", "fp16")], 2, progress=False)
@@ -424,6 +426,49 @@ def test_lesson_tells_the_flushed_trend_from_its_run(lesson):
     assert "flushed_trend(plain[" in _cell(lesson, "train-table").source
     read = _cell(lesson, "train-read").source
     assert "usually grows" not in read and "line printed above table (A)" in read
+
+
+T4 = HardwareInfo(device="cuda", name="Tesla T4", compute_capability=(7, 5), native_bf16=False,
+                  fp16_fast=True, bf16_emulated=True)
+
+
+def test_feasible_arms_leaves_out_what_the_guard_refuses(tiny):
+    arms = [Arm("fp32", "fp32"), Arm("bf16", "bf16"), Arm("fp16", "fp16", scaler=False)]
+    kept, left_out = feasible_arms(tiny, arms, T4)
+    assert [a.label for a in kept] == ["fp32", "fp16"]
+    assert [(a.label, "bf16 on Tesla T4 is emulated" in why) for a, why in left_out] == [("bf16", True)]
+    assert feasible_arms(tiny, arms, detect("cpu")) == (arms, [])   # the smoke sizes run on any CPU
+
+
+def test_section7_runs_on_a_t4_with_arms_the_guard_accepts(lesson, capsys):
+    """On a Colab T4, the GPU "Try next" recommends, the guard refuses bf16 (emulated): §7 once
+    stopped there, and its table and C13 failed after it. The lesson's own cells of §7, run with
+    a T4's HardwareInfo, hand train_arms only arms the guard accepts on a T4, say what they left
+    out, and judge C13 without a bf16 training run."""
+    from course_utils.formats import format_table
+    calls = []
+
+    def train_arms_on_t4(config, arms, steps, **kwargs):
+        for a in arms:  # what train_arms asks first, here on the T4
+            check_feasible(config.replace(precision=a.precision), T4)
+        calls.append([a.label for a in arms])
+        return {a.label: _history(a.label, [5.0, 4.0], [0.0] * steps) for a in arms}
+
+    import math
+    ns = {"math": math, "hw": T4, "DEVICE": "cpu", "size": "cpu", "config_for": config_for,
+          "Arm": Arm, "feasible_arms": feasible_arms, "train_arms": train_arms_on_t4,
+          "loss_curves_chart": lambda *a, **k: None, "results_table": results_table,
+          "relative_gap": relative_gap, "shows_harm": shows_harm, "flushed_trend": flushed_trend,
+          "verdict": verdict, "verdicts": [], "bf16_plain": {"flushed": 0.0},
+          "table": format_table()}
+    for cell_id in ("train", "train-table", "c13", "train-scaled", "train-scaled-table"):
+        exec(compile(_python(_cell(lesson, cell_id).source), cell_id, "exec"), ns)  # noqa: S102
+    out = capsys.readouterr().out
+    assert calls[0] == ["fp32", "fp16, no scaler"]                 # (A) without bf16
+    assert calls[1] == ["fp32", "fp16 + GradScaler", "fp16, no scaler"]   # (B) as everywhere
+    assert "(A) leaves out bf16: bf16 on Tesla T4 is emulated" in out and "(A) 2 runs" in out
+    c13 = ns["verdicts"][-1]
+    assert c13.claim == "C13" and "validation loss" not in c13.evidence
 
 
 def test_loss_curves_chart_with_the_flushed_share():
