@@ -411,6 +411,17 @@ def matmul_probe(device: str = "cpu", n: int = 256, budget_s: float = 0.2) -> di
     return out
 
 
+def _fp16_words(hw: HardwareInfo) -> str:
+    """Whether ``hw`` has fp16 arithmetic in hardware, and which feature says so: not a claim
+    that fp16 is fast here (`matmul_probe` measures that)."""
+    if hw.device == "cpu":
+        isa = [f for f in ("avx512_fp16", "amx_fp16") if hw.cpu_features.get(f)]
+        return f"yes ({', '.join(isa)})" if isa else "no (emulated)"
+    if hw.device == "cuda":
+        return "yes (fp16 tensor cores)" if hw.fp16_fast else "no (no fp16 tensor cores)"
+    return "yes" if hw.fp16_fast else "no"
+
+
 def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     """A few lines describing ``hw``, its recipe and the threads in use (for notebooks and the
     CLI). With ``probe`` (`matmul_probe`'s result) it adds the measured matmul ratios."""
@@ -423,7 +434,7 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
         lines.append(f"memory        : {hw.total_memory_bytes / 2**30:.1f} GiB")
     lines.append(f"native bf16   : {hw.native_bf16}" + ("  (bf16 accepted but emulated)"
                                                          if hw.bf16_emulated else ""))
-    lines.append(f"fast fp16     : {hw.fp16_fast}")
+    lines.append(f"native fp16   : {_fp16_words(hw)}")
     flags = [k for k, v in hw.cpu_features.items() if v]
     lines.append(f"CPU ISA flags : {', '.join(flags) or 'none of ' + ', '.join(_CPU_FLAGS)}"
                  + (f"  (capped by {hw.isa_cap})" if hw.isa_cap else ""))

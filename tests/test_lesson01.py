@@ -28,7 +28,7 @@ from course_utils.accuracy import (
 from course_utils.claims import verdict
 from course_utils.config import config_for
 from course_utils.guard import check_feasible
-from course_utils.hardware import HardwareInfo, detect
+from course_utils.hardware import HardwareInfo, detect, is_emulated
 from course_utils.loss_scaling import read_scaler_trace, snapshot, update_norm
 from course_utils.models import build_model
 from course_utils.recorder import POLICY_PROBES, OpDtypeRecorder, autocast_policy
@@ -455,7 +455,8 @@ def test_section7_runs_on_a_t4_with_arms_the_guard_accepts(lesson, capsys):
         return {a.label: _history(a.label, [5.0, 4.0], [0.0] * steps) for a in arms}
 
     import math
-    ns = {"math": math, "hw": T4, "DEVICE": "cpu", "size": "cpu", "config_for": config_for,
+    ns = {"math": math, "hw": T4, "is_emulated": is_emulated, "DEVICE": "cpu", "size": "cpu",
+          "config_for": config_for,
           "Arm": Arm, "feasible_arms": feasible_arms, "train_arms": train_arms_on_t4,
           "loss_curves_chart": lambda *a, **k: None, "results_table": results_table,
           "relative_gap": relative_gap, "shows_harm": shows_harm, "flushed_trend": flushed_trend,
