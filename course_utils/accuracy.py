@@ -267,7 +267,9 @@ def flushed_trend(history: ArmHistory) -> str:
 
 def results_table(histories: dict, reference: str) -> pd.DataFrame:
     """One row per arm: final validation loss, its gap to ``reference`` (%), the flushed share
-    (mean over steps and last step, %), GradScaler's skipped steps, seconds.
+    (mean over steps and last step, %), GradScaler's skipped steps. No time: an arm's wall time
+    (``ArmHistory.seconds``) includes building the model and the validation passes, and on a
+    device that emulates the arm's precision it is no hardware speed.
 
     Raises:
         ValueError: ``reference`` is not one of the arms.
@@ -282,7 +284,6 @@ def results_table(histories: dict, reference: str) -> pd.DataFrame:
             "flushed % (mean)": 100 * sum(h.flushed) / max(1, len(h.flushed)),
             "flushed % (last step)": 100 * (h.flushed[-1] if h.flushed else 0.0),
             "skipped steps": len(h.skipped),
-            "seconds": h.seconds,
         }
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "run"

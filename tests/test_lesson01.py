@@ -395,6 +395,7 @@ def test_harm_rule_and_results_table():
     assert t.loc["far", "flushed % (mean)"] == pytest.approx(40.0)
     assert t.loc["far", "flushed % (last step)"] == pytest.approx(60.0)
     assert t.loc["ref", "vs ref %"] == 0
+    assert "seconds" not in t.columns   # a run's wall time (model, evaluation, maybe emulated) is no speed
     with pytest.raises(ValueError, match="reference"):
         results_table(hs, "nope")
     # C13's threshold and the lesson's harm threshold agree
