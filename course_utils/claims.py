@@ -250,10 +250,11 @@ def _c10(n_params=7e9):
             "training does not have)")
 
 
-def _c11(flushed_unscaled, flushed_scaled, scale, overflow_scaled=0.0):
+def _c11(flushed_unscaled, flushed_scaled, scale, overflow_scaled=0.0, which="gradients"):
     """Fractions of nonzero gradients flushed to 0 in fp16, unscaled and at loss scale
-    ``scale``; ``overflow_scaled``: fraction that overflowed at that scale."""
-    text = (f"fp16 flushed {flushed_unscaled:.3%} of the gradients unscaled, {flushed_scaled:.3%} "
+    ``scale``; ``overflow_scaled``: fraction that overflowed at that scale. ``which``: the
+    gradients counted, in words (``"activation gradients"``)."""
+    text = (f"fp16 flushed {flushed_unscaled:.3%} of the {which} unscaled, {flushed_scaled:.3%} "
             f"at scale {scale:g}" + (f" (overflow {overflow_scaled:.3%})" if overflow_scaled else ""))
     if flushed_unscaled == 0:
         return "depends", text + ": no underflow at this size; smaller gradients show it"
@@ -271,13 +272,20 @@ def _c12(backoffs_ok, growth_after, growth_interval, clean_taken=True):
             f"growth after {growth_after} clean steps (growth_interval {growth_interval})")
 
 
-def _c13(same_range, flushed_bf16, val_loss_gap=None):
+def _signed_pct(x: float) -> str:
+    """``+0.82%``, ``-0.41%``; ``0.00%`` for what rounds to zero (never ``-0.00%``)."""
+    return "0.00%" if abs(x) < 5e-5 else f"{x:+.2%}"
+
+
+def _c13(same_range, flushed_bf16, val_loss_gap=None, which="gradients"):
     """bf16's exponent range equals fp32's (``same_range``), the fraction of gradients bf16
-    flushes, and (optional) bf16's relative gap to fp32's validation loss without a scaler."""
-    text = f"bf16 range = fp32's: {same_range}; bf16 flushed {flushed_bf16:.3%} of the gradients"
+    flushes (``which``: those gradients, in words), and (optional) bf16's relative gap to fp32's
+    validation loss without a scaler."""
+    text = f"bf16 range = fp32's: {same_range}; bf16 flushed {flushed_bf16:.3%} of the {which}"
     ok = same_range and flushed_bf16 == 0
     if val_loss_gap is not None:
-        text += f"; without a scaler it ended {val_loss_gap:.2%} from fp32's validation loss"
+        text += (f"; without a scaler it ended {_signed_pct(val_loss_gap)} from fp32's "
+                 "validation loss")
         ok = ok and abs(val_loss_gap) < 0.02
     return ("held" if ok else "busted"), text
 

@@ -141,6 +141,18 @@ def test_c1_depends_on_the_baseline_when_tf32_closes_the_gap():
     assert verdict("C1", hw=H100, bf16_time=ratio(0.9), bf16_vs_tf32=0.4).status == "busted"
 
 
+def test_c11_c13_name_the_gradients_they_count_and_print_no_signed_zero():
+    v = verdict("C11", flushed_unscaled=0.01332, flushed_scaled=0.00026, scale=65536.0,
+                which="activation gradients")
+    assert "1.332% of the activation gradients unscaled" in v.evidence
+    v = verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=-2e-7,
+                which="activation gradients")
+    assert "of the activation gradients" in v.evidence and "-0.00%" not in v.evidence
+    assert "ended 0.00% from" in v.evidence
+    assert "ended +0.82% from" in verdict("C13", same_range=True, flushed_bf16=0.0,
+                                          val_loss_gap=0.0082).evidence
+
+
 def test_c8_is_busted_when_only_block_inputs_are_kept():
     assert verdict("C8", kept_bytes=10, expected_bytes=10).status == "busted"
     assert verdict("C8", batch_ratio=2.0).status == "busted"

@@ -48,7 +48,7 @@ def results_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-C11_LESSON = dict(flushed_unscaled=0.01331, flushed_scaled=0.0, scale=65536.0)
+C11_LESSON = dict(flushed_unscaled=0.01331, flushed_scaled=0.0, scale=65536.0, which="activation gradients")
 C11_TINY = dict(flushed_unscaled=0.00113, flushed_scaled=0.0, scale=65536.0)
 
 
