@@ -175,14 +175,16 @@ def _c4(peak_ratio, saved_ratio):
 
 
 def _c5(full_time, flops_ratio=None):
-    """``full_time``: TimeRatio full / none, same precision. Held for +15% to +40%."""
+    """``full_time``: TimeRatio full / none, same precision. Held for +15% to +40%. The published
+    time measurements lesson 02 cites span 20-40% (Hugging Face 20%, Bekman 20-25%, NeMo 30%,
+    the Ultra-Scale Playbook 30-40%); the claim's 33% is the FLOPs of one extra forward."""
     u = _unsettled(full_time, "full / none step time")
     if u:
         return u
     cost = full_time.ratio - 1
     flops = f"; FLOPs {_pct(flops_ratio - 1)}" if flops_ratio is not None else ""
     return ("held" if 0.15 <= cost <= 0.40 else "busted",
-            f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-33%; held from "
+            f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-40%; held from "
             f"+15% to +40%){flops}")
 
 

@@ -153,6 +153,11 @@ def test_c11_c13_name_the_gradients_they_count_and_print_no_signed_zero():
                                           val_loss_gap=0.0082).evidence
 
 
+def test_c5_prints_the_published_range_exercise_02_and_lesson_02_cite():
+    v = verdict("C5", full_time=ratio(1.25))
+    assert "published: 20-40%" in v.evidence and "held from +15% to +40%" in v.evidence
+
+
 def test_c8_is_busted_when_only_block_inputs_are_kept():
     assert verdict("C8", kept_bytes=10, expected_bytes=10).status == "busted"
     assert verdict("C8", batch_ratio=2.0).status == "busted"
