@@ -223,8 +223,8 @@ def shows_harm(histories: dict, label: str, reference: str) -> bool:
 def _pct(x: float) -> str:
     """A share (0 to 1) as a percentage with two significant figures."""
     if x == 0:
-        return "0 %"
-    return f"{100 * x:.2g} %" if 100 * x >= 1e-3 else "under 0.001 %"
+        return "0%"
+    return f"{100 * x:.2g}%" if 100 * x >= 1e-3 else "under 0.001%"
 
 
 def flushed_trend(history: ArmHistory) -> str:
@@ -232,8 +232,8 @@ def flushed_trend(history: ArmHistory) -> str:
     per-step values: the mean of the first fifth of the steps against the mean of the last
     fifth, and the peak where it stands well above both (a rise and a fall within the run).
 
-    Examples: ``"rose from 0.1 % (mean of steps 1-4) to 2.7 % (mean of steps 17-20)"``,
-    ``"rose to 2.7 % at step 21 and fell back: 1 % (mean of steps 1-20), 0.005 % (mean of
+    Examples: ``"rose from 0.1% (mean of steps 1-4) to 2.7% (mean of steps 17-20)"``,
+    ``"rose to 2.7% at step 21 and fell back: 1% (mean of steps 1-20), 0.005% (mean of
     steps 81-100)"``.
 
     Raises:
@@ -251,7 +251,7 @@ def flushed_trend(history: ArmHistory) -> str:
     mean = "" if k == 1 else "mean of "
     top = max(range(n), key=lambda i: f[i])
     if f[top] == 0:
-        return f"stayed at 0 % at every one of the {n} steps"
+        return f"stayed at 0% at every one of the {n} steps"
     if 0 < top < n - 1 and f[top] > 1.5 * max(first, last):
         return (f"rose to {_pct(f[top])} at step {steps[top]} and fell back: {_pct(first)} "
                 f"({mean}{head}), {_pct(last)} ({mean}{tail})")

@@ -411,13 +411,13 @@ def test_flushed_trend_says_how_the_share_moved():
     hump = [0.0] * 10 + [0.01 * i for i in range(1, 11)] + [0.1 - 0.01 * i for i in range(1, 11)] \
         + [0.0001] * 70
     text = flushed_trend(_history("h", [1.0], hump))
-    assert text.startswith("rose to 10 % at step 20 and fell back") and "steps 81-100" in text
-    assert "0.01 %" in text                      # the last fifth's mean, 0.0001 as a percentage
+    assert text.startswith("rose to 10% at step 20 and fell back") and "steps 81-100" in text
+    assert "0.01%" in text                      # the last fifth's mean, 0.0001 as a percentage
     assert flushed_trend(_history("r", [1.0], [0.001 * i for i in range(1, 21)])).startswith(
-        "rose from 0.25 % (mean of steps 1-4) to 1.9 % (mean of steps 17-20)")
+        "rose from 0.25% (mean of steps 1-4) to 1.9% (mean of steps 17-20)")
     assert flushed_trend(_history("f", [1.0], [0.03, 0.02, 0.01, 0.005, 0.001])) == \
-        "fell from 3 % (step 1) to 0.1 % (step 5)"
-    assert flushed_trend(_history("z", [1.0], [0.0] * 5)).startswith("stayed at 0 %")
+        "fell from 3% (step 1) to 0.1% (step 5)"
+    assert flushed_trend(_history("z", [1.0], [0.0] * 5)).startswith("stayed at 0%")
     assert flushed_trend(_history("l", [1.0], [0.01, 0.011, 0.01])).startswith("stayed about level")
     with pytest.raises(ValueError, match="flushed"):
         flushed_trend(_history("e", [1.0], []))
