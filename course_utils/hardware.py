@@ -411,6 +411,11 @@ def matmul_probe(device: str = "cpu", n: int = 256, budget_s: float = 0.2) -> di
     return out
 
 
+def _ratio_text(r: float) -> str:
+    """``1.18x``, ``0.44x``; two significant figures below 0.1 (``0.0041x``, never ``0.00x``)."""
+    return f"{r:.2f}x" if r >= 0.1 else f"{r:.2g}x"
+
+
 def _fp16_words(hw: HardwareInfo) -> str:
     """Whether ``hw`` has fp16 arithmetic in hardware, and which feature says so: not a claim
     that fp16 is fast here (`matmul_probe` measures that)."""
@@ -447,7 +452,7 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     lines.append(f"torch         : {hw.torch_version}")
     if probe:
         lines.append("matmul here   : " + ", ".join(
-            f"{p} {probe[p] / probe['fp32']:.2f}x fp32's time" for p in ("bf16", "fp16")
+            f"{p} {_ratio_text(probe[p] / probe['fp32'])} fp32's time" for p in ("bf16", "fp16")
             if p in probe) + " (measured now)")
     lines.append(f"recipe        : {rec.precision}" + (" + GradScaler" if rec.grad_scaler else ""))
     lines.append(f"why           : {rec.reason}")
