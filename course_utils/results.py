@@ -10,7 +10,8 @@ import pandas as pd
 
 from .config import MiB
 
-__all__ = ["committed_results", "find_results", "bench_rows", "check_out_dir", "write_bench"]
+__all__ = ["committed_results", "committed_memory_tools", "find_results", "bench_rows",
+           "check_out_dir", "write_bench"]
 
 _RESULT_COLUMNS = ["run", "device", "size", "config", "step ms", "time x", "peak MiB", "peak x",
                    "saved MiB"]
@@ -77,6 +78,55 @@ def committed_results(folder: str | Path | None = None,
         except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"{path} is not course-bench output ({e!r}).") from e
     return pd.DataFrame(rows, columns=_RESULT_COLUMNS)
+
+
+#: The rows of lesson 04's ``cuda-memory-tools`` table that `committed_memory_tools` reads, by
+#: the start of their label (pandas cuts long labels short in a transcript).
+_MEMORY_TOOLS_ROWS = {"peak allocated in the step": "peak_allocated",
+                      "reserved now": "reserved",
+                      "of which split blocks": "split_blocks",
+                      "used outside PyTorch's allocator": "outside_allocator"}
+
+
+def _section(text: str, cell_id: str) -> str:
+    """The output of cell ``cell_id`` in a lesson transcript (``--- [cell-id]`` headers, as
+    ``tools/bench_lessons.py`` writes them); "" if absent."""
+    head = f"--- [{cell_id}]\n"
+    if head not in text:
+        return ""
+    body = text.split(head, 1)[1]
+    return body.split("\n--- [", 1)[0]
+
+
+def committed_memory_tools(folder: str | Path | None = None) -> dict | None:
+    """What lesson 04's ``cuda-memory-tools`` cell measured on the newest GPU run committed
+    under ``results/lesson-timings-*/transcripts/04_scaling_out.txt``, for a machine without a
+    GPU to show in one line.
+
+    Returns:
+        ``{"run", "device", "torch", "peak_allocated", "reserved", "split_blocks",
+        "outside_allocator"}`` (the four values in MiB), or None when no committed transcript
+        holds the cell's table.
+    """
+    import re
+    root = Path(folder) if folder is not None else find_results()
+    paths = sorted(root.glob("lesson-timings-*/transcripts/04_scaling_out.txt")) if root else []
+    for path in reversed(paths):
+        text = path.read_text(errors="replace")
+        found = {}
+        for line in _section(text, "cuda-memory-tools").splitlines():
+            m = re.match(r"^(.+?)\s{2,}(-?[\d,]*\.?\d+)\s*$", line)
+            for start, key in _MEMORY_TOOLS_ROWS.items():
+                if m and m.group(1).startswith(start):
+                    found[key] = float(m.group(2).replace(",", ""))
+        if len(found) < len(_MEMORY_TOOLS_ROWS):
+            continue
+        setup = _section(text, "setup")
+        device = re.search(r"^device\s*:\s*cuda \((.+)\)\s*$", setup, re.MULTILINE)
+        torch_v = re.search(r"^torch\s*:\s*(\S+)", setup, re.MULTILINE)
+        return {"run": path.parents[1].name, "device": device.group(1) if device else "a GPU",
+                "torch": torch_v.group(1) if torch_v else None, **found}
+    return None
 
 
 def bench_rows(df: pd.DataFrame) -> list[dict]:

@@ -90,8 +90,8 @@ class BatchSearch:
     def as_row(self) -> dict:
         """A readable flat dict for a table: ``config`` (in words), ``largest batch``,
         ``tokens/step``, ``peak MiB`` (its measured peak, three significant figures) and
-        ``measurements`` (steps the search ran). The one step the search timed per batch is
-        for the chart only (`course_utils.plots.budget_chart`): `race` times them properly."""
+        ``measurements`` (steps the search ran). The one step the search times per batch is
+        not shown anywhere: `race` times the configurations in alternation."""
         from .experiments import plain_label, round_sig
         m = self.measurement
         return {"config": plain_label(self.label), "largest batch": self.batch_size,
@@ -276,11 +276,31 @@ class Race:
     budget_bytes: int
 
     def describe(self) -> str:
-        """One sentence from the numbers: who won, at which batches, and how sure."""
+        """One sentence from the numbers: who won, at which batches, and how sure, the
+        configurations named in words (`course_utils.experiments.plain_label`)."""
+        from .experiments import plain_label
         p, c = self.plain, self.checkpointed
-        return (f"{c.label} at batch {c.batch_size} vs {p.label} at batch {p.batch_size} under "
+        return (f"{plain_label(c.label)} at micro-batch {c.batch_size} against "
+                f"{plain_label(p.label)} at micro-batch {p.batch_size}, both under "
                 f"{self.budget_bytes / 2**20:,.1f} MiB: "
                 + self.per_token.describe("time per token"))
+
+    def reading(self) -> str:
+        """What the race says about checkpointing's larger batch, from the per-token verdict:
+        it repaid the recompute (faster), did not (slower), or the race cannot tell."""
+        v = self.per_token.verdict
+        c, p = self.checkpointed.batch_size, self.plain.batch_size
+        if c <= p:
+            return (f"Here checkpointing fit no larger micro-batch than the plain configuration "
+                    f"({c} against {p}): the race compares the recompute alone.")
+        if v == "faster":
+            return ("Here the larger batch that checkpointing let fit repaid its recompute: "
+                    "more tokens per second under the same memory budget.")
+        if v == "slower":
+            return ("Here the larger batch did not repay the recompute: the plain configuration "
+                    "trains more tokens per second under the same memory budget.")
+        return (f"Here the race cannot tell whether the larger batch repaid the recompute "
+                f"({v}).")
 
 
 def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int | None = None,

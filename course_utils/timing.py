@@ -5,10 +5,14 @@
   profile.
 * **Interleaved repeats.** `interleaved` times several training states one step each in turn,
   round after round, so that a change in the machine's load hits all of them alike
-  (`time_step`: one call, the accelerator synchronised).
+  (`time_step`: one call, the accelerator synchronised). Each round starts one state later
+  than the last, so no state always runs first or last in a round: with a fixed order, a load
+  that came and went within rounds made lesson 03 time full checkpointing "1.75x faster" than
+  none on a busy 2-core machine, against its own medians' 1.11x slower.
 * **Noise.** `time_ratio` compares two series of step times taken in the same rounds: the
   per-round ratios' median, and a noise band that covers both their interquartile range and the
-  spread between consecutive blocks of rounds (the drift a second run of the lesson would see).
+  spread between consecutive blocks of rounds (the drift a second run of the lesson would see),
+  and always the ratio of the two median step times (what a table beside it prints).
   A difference whose band, *as printed* (two decimals), contains 1 is "within noise", never
   faster or slower; fewer than `MIN_ROUNDS` paired rounds decide nothing ("too few rounds");
   at the ``smoke`` size every time comparison is "inconclusive at this size" (fixed per-step
@@ -91,8 +95,10 @@ def interleaved(steps: Sequence[Callable[[], object]], budget_s: float | None = 
     """Time each function of ``steps`` once per round, in turn: ``times[i][r]`` is step ``i``
     in round ``r`` (seconds).
 
-    Either ``rounds`` rounds exactly, or as many as fit in ``budget_s`` seconds (the first
-    round calibrates; clamped to ``min_rounds``..``max_rounds``). ``progress`` is a tqdm bar
+    Round ``r`` runs the steps in turn starting from step ``r mod len(steps)`` (so each step
+    takes each place in the round equally often). Either ``rounds`` rounds exactly, or as many
+    as fit in ``budget_s`` seconds (the first round calibrates; clamped to
+    ``min_rounds``..``max_rounds``). ``progress`` is a tqdm bar
     (or None): its total is set once the number of rounds is known, and it advances by one per
     timed step, so it shows an ETA.
 
@@ -110,9 +116,10 @@ def interleaved(steps: Sequence[Callable[[], object]], budget_s: float | None = 
         progress.total = rounds * len(steps)
     t0 = time.perf_counter()
     r = 0
+    n = len(steps)
     while rounds is None or r < rounds:
-        for i, step in enumerate(steps):
-            times[i].append(time_step(step, device))
+        for i in [(r + k) % n for k in range(n)]:  # this round's order: rotated by one
+            times[i].append(time_step(steps[i], device))
             if progress is not None:
                 progress.update(1)
         r += 1
@@ -201,9 +208,10 @@ class TimeRatio:
         return f"{what} {self.ratio:.2f}x ({band}): {self.verdict}"
 
 
-def _band(ratios: list[float]) -> tuple[float, float]:
+def _band(ratios: list[float], of_medians: float) -> tuple[float, float]:
     q = statistics.quantiles(ratios, n=4, method="inclusive")
-    low, high = q[0], q[2]
+    # the ratio of the two medians too: a table beside the ratio prints those medians
+    low, high = min(q[0], of_medians), max(q[2], of_medians)
     n = len(ratios)
     if n >= BLOCKS:  # the medians of consecutive blocks (sizes differ by at most one): how far
         # a re-run of the comparison could land
@@ -224,7 +232,10 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     (measured run-to-run noise on a busy 2-core machine stays within 1-7 %); otherwise
     "within noise" when the noise band as printed (`printed_band`) contains 1, else "faster"
     (< 1) or "slower" (> 1). The band: the per-round ratios' interquartile range, widened to
-    the medians of `BLOCKS` consecutive blocks of rounds (as equal as the count allows).
+    the medians of `BLOCKS` consecutive blocks of rounds (as equal as the count allows) and to
+    the ratio of the two series' medians (the step times a table prints beside the ratio: a
+    band that excluded them contradicted the table, as in lesson 05's "1.22x slower" beside
+    1934 ms against 931 ms).
     """
     # paired only when taken in the same rounds: as many steps each (an emulated precision's one
     # profiled step is not paired with the reference's first round, but set against its median)
@@ -241,7 +252,8 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     ratio = statistics.median(ratios)
     low = high = None
     if len(ratios) >= 3:
-        low, high = _band(ratios)
+        low, high = _band(ratios, statistics.median(t for t, _ in pairs)
+                          / statistics.median(r for _, r in pairs))
     if emulated:
         verdict = "emulated"
     elif size == "smoke":

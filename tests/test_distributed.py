@@ -272,3 +272,80 @@ def test_zero_stages_measured_with_two_gloo_ranks_match_the_estimate(tmp_path):
     assert len(table) == 8 and (table["worst part / estimate"] - 1).abs().max() < 0.05
     fig = distributed.sharding_chart(table, cfg)
     assert len(fig.axes[0].lines) == 4 and len(fig.axes[0].collections) == 4   # 4 stages: line + dots
+
+
+# --------------------------------------------------------------------------- the lesson's telling
+
+def lesson_cell(cell_id: str) -> str:
+    import nbformat
+    return next(c.source for c in nbformat.read(LESSON, 4).cells if c.get("id") == cell_id)
+
+
+def run_lesson_cell(cell_id: str, namespace: dict):
+    """Run one code cell of lesson 04 in ``namespace``; returns (printed text, last value)."""
+    import ast
+    import contextlib
+    import io
+    tree = ast.parse(lesson_cell(cell_id))
+    last = tree.body.pop() if isinstance(tree.body[-1], ast.Expr) else None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(tree, cell_id, "exec"), namespace)
+        value = eval(compile(ast.Expression(last.value), cell_id, "eval"), namespace) if last else None
+    return out.getvalue(), value
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the cell's CPU branch")
+def test_the_gpu_only_memory_cell_says_so_in_one_line_on_a_cpu():
+    """Audit C, finding 8: no 9-column table of committed runs; one line, the committed run's
+    numbers in MiB, no long floats."""
+    import re
+
+    from course_utils.hardware import detect
+    from course_utils.results import committed_memory_tools
+    printed, value = run_lesson_cell("cuda-memory-tools", {
+        "torch": torch, "hw": detect("cpu"), "committed_memory_tools": committed_memory_tools})
+    assert value is None and len(printed.strip().splitlines()) == 1, printed
+    assert printed.startswith("needs a CUDA GPU (this is cpu")
+    if committed_memory_tools() is not None:
+        assert "MiB reserved" in printed and "outside PyTorch's allocator" in printed
+    assert not re.search(r"\d\.\d{3,}", printed), "long floats"
+
+
+def test_the_fp8_tables_print_short_numbers_and_say_which_tensor_needed_a_scale():
+    """Audit C, findings 7 and 17: powers of two and plain maxima in the formats table, two
+    significant figures in the matmul table, one generated line per tensor."""
+    import math
+
+    import pandas as pd
+
+    from course_utils.config import config_for
+    from course_utils.data import get_batch
+    from course_utils.models import build_model
+    ns = {"torch": torch, "math": math, "pd": pd, "SIZE": "smoke", "config_for": config_for,
+          "build_model": build_model, "get_batch": get_batch}
+    _, formats = run_lesson_cell("fp8-formats", ns)
+    assert list(formats["max"]) == ["3.4e+38", "448", "57,344"]
+    assert list(formats["smallest normal"]) == ["2^-126", "2^-6", "2^-14"]
+    assert list(formats["eps"]) == ["2^-7", "2^-3", "2^-2"]
+    printed, _ = run_lesson_cell("fp8-scaling", ns)
+    lines = printed.strip().splitlines()
+    assert [line.split(":")[0] for line in lines[:3]] == list(ns["real"])
+    table = ns["fp8_table"].set_index(["tensor", "format", "scaling"])
+    for line, name in zip(lines, ns["real"]):
+        flushed = table.loc[(name, "float8_e4m3fn", "none"), "nonzeros flushed to 0"]
+        assert f"{flushed:.2%} of its nonzero values became 0" in line
+    _, matmul = run_lesson_cell("fp8-matmul", ns)
+    assert matmul.shape[1] == 2 and all(len(v) <= 7 for v in matmul.stack())
+
+
+def test_the_lesson_says_a_skipped_measurement_once():
+    """Audit C, finding 18: C19's line points at the reason printed above instead of repeating
+    it; the ranks not run print as a number, not a list."""
+    from course_utils.hardware import detect
+    printed, _ = run_lesson_cell("c19-verdict", {"hw": detect("cpu"), "fp8_time": None,
+                                                 "fp8_why_not": "no CUDA GPU here"})
+    assert printed.strip() == "C19: not measured here (see above)"
+    assert "join(map(str, not_run))" in lesson_cell("fsdp-launch")
+    assert "ranks differ by a few percent" not in lesson_cell("fsdp-read")
+    assert "stage 2 they still hold every gradient" in lesson_cell("fsdp-table-md")

@@ -107,6 +107,26 @@ def test_the_wrong_facts_are_gone(lesson):
         assert word in prose
     # every sentence with a measured result is printed by code: no measured-looking figure in prose
     assert not re.search(r"\d+\.\d+ ?(GiB|MiB)|\d+\.\d+x", prose)
+    # measured results once stated as facts of every run (audit C, findings 5, 6, 14)
+    assert "its gain from a larger batch is small" not in prose   # a CPU's batch gain: measured, §4
+    assert "Selective checkpointing sits in between." not in prose  # in memory yes; in time, measured
+    assert "print(result.reading())" in cell(lesson, "race").source
+    assert "sel_time.describe(" in cell(lesson, "ladder-read").source
+    assert "fp16 beside it on a GPU whose recipe is bf16" in cell(lesson, "s2").source
+
+
+def test_sentences_name_configurations_in_words(lesson):
+    """A learner reads "bf16 + full checkpointing, 2 micro-batches", never the short label
+    "bf16+full+accum2": no f-string of the lesson prints a RunConfig's ``.label`` as it is."""
+    for c in code_cells(lesson):
+        for node in ast.walk(ast.parse(c.source)):
+            if isinstance(node, ast.FormattedValue):
+                v = node.value
+                assert not (isinstance(v, ast.Attribute) and v.attr == "label"), \
+                    f"{c.id}: {ast.unparse(v)} printed as it is: use plain_label()"
+    assert "plain_label(" in cell(lesson, "ladder-read").source
+    for cell_id in ("budget", "step-once"):
+        assert "plain_label(" in cell(lesson, cell_id).source, cell_id
 
 
 def test_no_emulated_precision_is_searched_or_raced(lesson):

@@ -109,6 +109,17 @@ def searches() -> list:
                        probe(16, 108, False, None)])]
 
 
+def race() -> NS:
+    """`search.race`'s result: plain bf16 at batch 3, full checkpointing at 8 (faster per token
+    outside the noise), selective at 5 (within noise); per-step ratios to the first row."""
+    return NS(table=pd.DataFrame({
+        "label": ["bf16", "bf16+full", "bf16+selective"], "batch_size": [3, 8, 5],
+        "grad_accum_steps": [1, 1, 1], "step_time_s": [0.0608, 0.127, 0.102],
+        "tokens_per_s": [6316.0, 8063.0, 6275.0], "time_ratio": [1.0, 2.17, 1.68],
+        "time_ratio_low": [1.0, 2.02, 1.55], "time_ratio_high": [1.0, 2.32, 1.80],
+        "time_verdict": ["reference", "slower", "slower"], "emulated": [False] * 3}))
+
+
 def scale_table() -> pd.DataFrame:
     """`memory_model.scale_table(detail=True)`'s columns (GiB) for 1B, 7B and 70B, made up."""
     rows = []
@@ -178,6 +189,7 @@ def charts():
         ("adoption_chart", lambda: plots.adoption_chart(story())),
         ("pareto_chart", lambda: figure("pareto")),
         ("budget_chart", lambda: plots.budget_chart(searches())),
+        ("race_chart", lambda: plots.race_chart(race())),
         ("format_range_chart", lambda: plots.format_range_chart(fmt)),
         ("log2_histogram_chart", lambda: plots.log2_histogram_chart({"grads": hist}, "fp16",
                                                                     scale=2.0**16)),
@@ -323,6 +335,7 @@ def test_all_lists_every_public_chart():
     lambda: plots.adoption_chart(story().iloc[:0]),
     lambda: plots.pareto_chart(policy_table().iloc[:0]),
     lambda: plots.budget_chart([]),
+    lambda: plots.race_chart(NS(table=race().table.iloc[:0])),
     lambda: plots.memory_breakdown_chart(compare_table().iloc[:0]),
     lambda: plots.memory_growth_chart(growth().iloc[:0]),
     lambda: plots.scale_chart(scale_table().iloc[:0]),
@@ -473,3 +486,28 @@ def test_pareto_front_treats_times_within_the_noise_as_ties():
     ax = plots.pareto_chart(table).axes[0]
     front = [line for line in ax.lines if line.get_label() == "Pareto front"][0]
     assert list(front.get_xdata()) == [700.0, 1020.0]   # a (1000 ms, 100 MiB) is out: b ties it
+
+
+def test_the_budget_chart_draws_no_throughput_the_search_did_not_time():
+    """The search times one step per batch, not in alternation: its chart draws memory only,
+    and names the configurations in words."""
+    fig = plots.budget_chart(searches())
+    assert len(fig.axes) == 1
+    axis_words = " ".join(ax.get_ylabel() + ax.get_xlabel() + ax.get_title() for ax in fig.axes)
+    assert "tokens" not in axis_words
+    names = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "bf16 + full checkpointing: largest batch 14" in names
+    assert not any("bf16+full" in n for n in names)
+
+
+def test_the_race_chart_prints_a_per_token_ratio_only_outside_the_noise():
+    """Per token, full checkpointing at batch 8 is 2.17 x 3/8 = 0.81 of bf16's time (band
+    0.76-0.87: 1.23x faster); selective at batch 5 is 1.68 x 3/5 = 1.01 (band 0.93-1.08:
+    within noise, so no number)."""
+    fig = plots.race_chart(race(), size="cpu")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts == ["reference", "1.23x faster", "≈1x\n(within noise)"]
+    assert [round(b.get_height()) for b in _bars(fig.axes[0])] == [6316, 8063, 6275]
+    assert any(c.has_yerr for c in fig.axes[0].containers if hasattr(c, "has_yerr"))
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks[1].replace("\n", " ") == "bf16 + full checkpointing micro-batch 8"

@@ -169,6 +169,41 @@ def test_committed_results_reads_course_bench_output(tmp_path):
     assert isinstance(df, pd.DataFrame)
 
 
+TRANSCRIPT = """--- [setup]
+device        : cuda (Some GPU 80GB)
+torch         : 2.11.0+cu130
+
+--- [cuda-memory-tools]
+| Allocated memory      |   3997 MiB |  15524 MiB |  86928 MiB |  82931 MiB |
+                                                        MiB
+peak allocated in the step (max_memory_allocated)   15524.6
+estimated peak (memory_model.estimate)              15580.5
+reserved now (memory_reserved)                      16180.0
+of which split blocks (fragmentation)                1082.7
+used outside PyTorch's allocator: CUDA context,...    766.8
+memory snapshot: /tmp/x/memory_snapshot.pickle (0.7 MiB).
+--- [phase-timeline]
+peak allocated in the step (max_memory_allocated)   1.0
+"""
+
+
+def test_committed_memory_tools_reads_lesson_04s_gpu_transcript(tmp_path):
+    """Lesson 04's memory-tools cell, on a machine without a GPU, quotes the committed GPU run
+    in one line: the four numbers of that cell's table, read from its section alone."""
+    assert results.committed_memory_tools(tmp_path) is None
+    folder = tmp_path / "lesson-timings-Some-GPU-2026-01-01" / "transcripts"
+    folder.mkdir(parents=True)
+    (folder / "04_scaling_out.txt").write_text(TRANSCRIPT.replace("--- [cuda-memory-tools]", "--- [other]"))
+    assert results.committed_memory_tools(tmp_path) is None     # no table: nothing to quote
+    (folder / "04_scaling_out.txt").write_text(TRANSCRIPT)
+    got = results.committed_memory_tools(tmp_path)
+    assert got == {"run": "lesson-timings-Some-GPU-2026-01-01", "device": "Some GPU 80GB",
+                   "torch": "2.11.0+cu130", "peak_allocated": 15524.6, "reserved": 16180.0,
+                   "split_blocks": 1082.7, "outside_allocator": 766.8}
+    committed = results.committed_memory_tools()               # the run committed with the course
+    assert committed is None or committed["reserved"] >= committed["peak_allocated"] > 0
+
+
 def test_results_are_found_beside_the_imported_course_not_from_the_working_folder(tmp_path,
                                                                                  monkeypatch):
     """On Colab the working folder is /content and the course is a clone inside it: the results
@@ -192,10 +227,10 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
 
     budget, s = fp32_search
     fig = plots.budget_chart([s])
-    left, right = fig.axes
-    assert [line.get_ydata()[0] for line in left.lines if line.get_color() == "#B71C1C"] == \
+    (ax,) = fig.axes                    # memory only: the search's single steps are not a throughput
+    assert [line.get_ydata()[0] for line in ax.lines if line.get_color() == "#B71C1C"] == \
         [pytest.approx(budget / MiB)]
-    assert len(right.collections) >= 1  # the star at the largest batch
+    assert len(ax.collections) == len([p for p in s.probes if p.peak_allocated is not None])
     with pytest.raises(ValueError):
         plots.budget_chart([])
 
@@ -248,6 +283,28 @@ def test_race_times_each_at_its_largest_batch_per_token(race_inputs):
     assert result.budget_bytes == budget
     described = result.describe()
     assert "time per token" in described and f"batch {result.checkpointed.batch_size}" in described
+    assert described.startswith(f"fp32 + full checkpointing at micro-batch {result.checkpointed.batch_size} "
+                                f"against fp32 at micro-batch {result.plain.batch_size}")
+    assert "fp32+full" not in described          # the configurations in words, never the short label
+    assert "cannot tell" in result.reading()     # no verdict at the smoke size, so no reading either
+    from course_utils import plots
+    fig = plots.race_chart(result, size="smoke")
+    assert [t.get_text() for t in fig.axes[0].texts] == ["reference", "inconclusive"]
+
+
+def test_the_race_reading_follows_the_per_token_verdict():
+    """The sentence under the race says what the per-token verdict says, nothing more: the
+    larger batch repaid the recompute only when the time per token is faster outside the
+    noise."""
+    from course_utils.timing import TimeRatio
+    plain, ckpt = SMOKE.replace(batch_size=3), SMOKE.replace(checkpoint="full", batch_size=8)
+
+    def reading(verdict, c=ckpt):
+        return search.Race(None, plain, c, TimeRatio(0.8, 0.7, 0.9, 9, verdict), 2**20).reading()
+    assert "repaid its recompute" in reading("faster")
+    assert "did not repay" in reading("slower")
+    assert "cannot tell" in reading("within noise") and "(within noise)" in reading("within noise")
+    assert "no larger micro-batch" in reading("faster", c=ckpt.replace(batch_size=3))
 
 
 def test_race_needs_a_plain_and_a_checkpointed_configuration(race_inputs):

@@ -5,7 +5,8 @@ behind the caller's back) and returns it; the figure shows itself as a PNG when 
 expression of a notebook cell, and ``fig.savefig(...)`` writes it anywhere.
 
 Modules: `ladder` (a `compare` table: the ladder, the dashboard, the order of adoption),
-`tradeoffs` (the Pareto front, the largest batch under a budget), `formats` (lesson 01: number
+`tradeoffs` (the Pareto front, the largest batch under a budget, the race at those
+batches), `formats` (lesson 01: number
 formats, gradient histograms, GradScaler, loss curves), `memory` (where the bytes are:
 breakdowns, saved tensors, growth, timeline, estimates at scale), `checkpointing` (segments,
 attention), `claims` (the ledger as a table).
@@ -22,7 +23,7 @@ from .memory import (
                      saved_tensors_chart,
                      scale_chart,
 )
-from .tradeoffs import budget_chart, pareto_chart, routes_chart
+from .tradeoffs import budget_chart, pareto_chart, race_chart, routes_chart
 
 __all__ = [
     "MiB",
@@ -38,6 +39,7 @@ __all__ = [
     "memory_growth_chart",
     "memory_timeline_chart",
     "pareto_chart",
+    "race_chart",
     "saved_tensors_chart",
     "scale_chart",
     "scaler_trace_chart",

@@ -6,6 +6,8 @@ Step-time ratios are printed only where the measured noise allows (`._timing`): 
 """
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -84,6 +86,8 @@ def _put_caption(fig, text: str, width: int = 150) -> None:
 def comparison_chart(df, title: str = "", size: str | None = None):
     """Three panels for a `course_utils.experiments.compare` table, one bar per configuration.
 
+    Each configuration is named in words (`course_utils.experiments.plain_label`).
+
     1. step time (ms, median), annotated with the ratio to the first row only where the
        difference is outside the noise (else "≈1x (within noise)", "inconclusive"); emulated
        precisions hatched and labelled "emulated here"; error bars: the ratio's spread
@@ -108,7 +112,8 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     """
     if len(df) == 0:
         raise ValueError("comparison_chart() needs at least one row (a compare() table).")
-    labels, n = list(df["label"]), len(df)
+    from ..experiments import plain_label
+    labels, n = [plain_label(v) for v in df["label"]], len(df)
     x = np.arange(n)
     fig = new_figure((max(10, 2.2 * n + 6), 4.9))
     ax_t, ax_p, ax_s = fig.subplots(1, 3)
@@ -136,7 +141,8 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     ax_s.set_title("saved tensors (for backward)", fontsize=10)
     for ax in (ax_t, ax_p, ax_s):
         ax.set_xticks(x)
-        ax.set_xticklabels(labels, rotation=30, ha="right")
+        ax.set_xticklabels([textwrap.fill(lab, 20) for lab in labels], rotation=30, ha="right",
+                           fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     ax_p.margins(y=0.1)
     ax_s.margins(y=0.1)

@@ -1,6 +1,6 @@
 """What memory buys and what it costs: the Pareto front of step time against peak memory, the
-largest micro-batch under a memory budget with its throughput, and the routes that fit a model's
-fine-tuning on one GPU.
+largest micro-batch under a memory budget, the race of the configurations at those batches, and
+the routes that fit a model's fine-tuning on one GPU.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ._style import (
     ALERT_COLOR,
     COLORS,
     HATCH,
+    MUTED_COLOR,
     SERIES,
     TIME_COLOR,
     mib,
@@ -130,29 +131,39 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     return fig
 
 
-def budget_chart(searches, title: str = "", size: str | None = None):
-    """Two panels for a list of `course_utils.scaling.BatchSearch` (one per configuration).
+def _wrap(label: str, width: int = 18) -> str:
+    """A configuration's label in words (`course_utils.experiments.plain_label`), wrapped for an
+    axis."""
+    import textwrap
 
-    1. peak allocated memory (MiB = 2^20 bytes) against micro-batch: each measured batch as a
-       dot (filled: fits the budget; x: over it), the estimate as a dashed line, the budget as a
-       red line;
-    2. tokens/s against micro-batch at the measured batches, the largest fitting batch starred
-       and labelled.
-    One legend below both panels names each configuration and its largest batch.
+    from ..experiments import plain_label
+    return textwrap.fill(plain_label(label), width)
+
+
+def budget_chart(searches, title: str = "", size: str | None = None):
+    """Peak allocated memory (MiB = 2^20 bytes) against micro-batch for a list of
+    `course_utils.search.BatchSearch` (one per configuration): each measured batch as a dot
+    (filled: fits the budget; x: over it), the estimate as a dashed line, the budget as a red
+    line. One legend below the panel names each configuration (in words) and its largest batch.
+
+    Memory only: the search times no step worth comparing (one step per batch, not in
+    alternation), so the chart draws no throughput; `race_chart` draws the race that times the
+    configurations at their largest batches.
 
     Args:
-        searches: objects with ``label``, ``budget_bytes``, ``batch_size``, ``tokens_per_s``,
-            ``estimated`` (``[(batch, bytes)]``) and ``probes`` (each with ``batch_size``,
-            ``peak_allocated``, ``fits``, ``tokens_per_s``).
+        searches: objects with ``label``, ``budget_bytes``, ``batch_size``, ``estimated``
+            (``[(batch, bytes)]``) and ``probes`` (each with ``batch_size``,
+            ``peak_allocated``, ``fits``).
         title: the figure's title; size: the size profile, appended as "size '...'".
 
     Raises:
         ValueError: no searches.
     """
+    from ..experiments import plain_label
     if not searches:
         raise ValueError("budget_chart() needs at least one BatchSearch.")
-    fig = new_figure((12, 4.8))
-    ax_m, ax_t = fig.subplots(1, 2)
+    fig = new_figure((8, 5.0))
+    ax_m = fig.subplots()
     budget = searches[0].budget_bytes / MiB
     handles = []
     for i, s in enumerate(searches):
@@ -160,21 +171,12 @@ def budget_chart(searches, title: str = "", size: str | None = None):
         if s.estimated:
             eb, ev = zip(*s.estimated)
             ax_m.plot(eb, mib(ev), "--", color=c, alpha=0.6, lw=1)
-        probes = sorted(s.probes, key=lambda p: p.batch_size)
-        for p in probes:
+        for p in sorted(s.probes, key=lambda p: p.batch_size):
             if p.peak_allocated is not None:
                 ax_m.scatter(p.batch_size, p.peak_allocated / MiB, color=c, zorder=3, s=40,
                              marker="o" if p.fits else "x")
-        handles.append(Line2D([], [], color=c, marker="o", label=f"{s.label}: largest batch {s.batch_size}"))
-        timed = [p for p in probes if p.tokens_per_s]
-        if timed:
-            ax_t.plot([p.batch_size for p in timed], [p.tokens_per_s for p in timed], "-o",
-                      color=c, ms=4, alpha=0.8)
-        if s.tokens_per_s:
-            ax_t.scatter(s.batch_size, s.tokens_per_s, marker="*", s=220, color=c, zorder=4,
-                         edgecolor="black")
-            ax_t.annotate(f"b={s.batch_size}", (s.batch_size, s.tokens_per_s), xytext=(7, -4),
-                          textcoords="offset points", fontsize=8)
+        handles.append(Line2D([], [], color=c, marker="o",
+                              label=f"{plain_label(s.label)}: largest batch {s.batch_size}"))
     ax_m.axhline(budget, color=ALERT_COLOR, lw=1.5)
     handles += [Line2D([], [], color=ALERT_COLOR, lw=1.5, label=f"budget {budget:,.1f} MiB"),
                 Line2D([], [], color="grey", ls="--", lw=1, label="estimate"),
@@ -183,18 +185,83 @@ def budget_chart(searches, title: str = "", size: str | None = None):
     ax_m.set_ylabel("peak allocated (MiB)")
     ax_m.set_title("measured peak (o fits, x over budget); dashed: estimate", fontsize=10)
     ax_m.set_ylim(0, max(budget, ax_m.get_ylim()[1]) * 1.08)
-    ax_t.set_xlabel("micro-batch (sequences)")
-    ax_t.set_ylabel("tokens/s")
-    ax_t.set_title("tokens/s at the measured batches; * = largest that fits", fontsize=10)
-    ax_t.set_ylim(0, ax_t.get_ylim()[1] * 1.1)
-    ax_t.margins(x=0.12)
-    for ax in (ax_m, ax_t):
-        ax.grid(alpha=0.3)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4), fontsize=8,
-               frameon=False)
+    ax_m.grid(alpha=0.3)
+    ax_m.xaxis.get_major_locator().set_params(integer=True)
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     if with_size(title, size):
         fig.suptitle(with_size(title, size))
+    return fig
+
+
+def race_chart(race, title: str = "", size: str | None = None):
+    """Tokens per second of each configuration of a `course_utils.search.race`, at its largest
+    micro-batch under the budget, timed step by step in alternation.
+
+    One bar per configuration: tokens per optimizer step / its median step time. Each bar after
+    the first is annotated with its time per token against the first row (the best plain
+    configuration comes first) only where the difference lies outside the noise ("1.23x
+    faster", "≈1x (within noise)", "inconclusive"); the error bars are that ratio's noise band.
+    A configuration whose precision is emulated here is not drawn (the caption names it).
+
+    Args:
+        race: a `course_utils.search.Race` (its ``table``: a `compare` table with
+            ``label``, ``batch_size``, ``grad_accum_steps``, ``tokens_per_s``, ``time_ratio``,
+            ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``emulated``).
+        title: the figure's title; size: the size profile, appended as "size '...'".
+
+    Raises:
+        ValueError: a race without rows.
+    """
+    from ..experiments import _per_token
+    from ._timing import NOT_DRAWN, time_note
+    df = race.table
+    if len(df) == 0:
+        raise ValueError("race_chart() needs a race with at least one configuration.")
+    n = len(df)
+    tokens = [int(b) * int(a) for b, a in zip(df["batch_size"], df["grad_accum_steps"])]
+    ratio, low, high, verdicts = _per_token(*(list(df[c]) if c in df else [None] * n for c in (
+        "time_ratio", "time_ratio_low", "time_ratio_high", "time_verdict")), tokens)
+    emulated = [bool(v) for v in df["emulated"]] if "emulated" in df else [False] * n
+    notes = [time_note(r, v, e, lo, hi, reference=i == 0)
+             for i, (r, v, e, lo, hi) in enumerate(zip(ratio, verdicts, emulated, low, high))]
+    tps = np.array([nan(v) for v in df["tokens_per_s"]], dtype=float)
+    labels = [f"{_wrap(lab)}\nmicro-batch {b}" for lab, b in zip(df["label"], df["batch_size"])]
+    fig = new_figure((max(7.0, 2.4 * n + 2.5), 4.8))
+    ax = fig.subplots()
+    x = np.arange(n)
+    top = 0.0
+    for i, (xi, h, note) in enumerate(zip(x, tps, notes)):
+        if not np.isfinite(h):
+            continue
+        if note.emulated:
+            ax.annotate(NOT_DRAWN, (xi, 0), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
+            continue
+        err = None
+        if note.band:   # a time-per-token band (b0, b1) is a tokens/s band (1/b1, 1/b0)
+            err = [[max(0.0, h - h / note.band[1])], [max(0.0, h / note.band[0] - h)]]
+        ax.bar(xi, h, color=TIME_COLOR, yerr=err, capsize=3,
+               error_kw={"ecolor": "black", "elinewidth": 1})
+        end = h + (err[1][0] if err else 0)
+        top = max(top, end)
+        text = "reference" if i == 0 else note.text
+        if text:
+            ax.annotate(text.replace(" (", "\n("), (xi, end), xytext=(0, 3),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                        color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("tokens/s (median)")
+    ax.set_ylim(0, top * 1.3 if top > 0 else 1)
+    ax.set_title("time per token against the first bar, where outside the noise; "
+                 "bars: its noise band", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    caption = emulated_caption([lab.replace("\n", " ") for lab in labels],
+                               [1e3 * t for t in df["step_time_s"]], notes)
+    if caption:
+        from .ladder import _put_caption
+        _put_caption(fig, caption, width=110)
+    set_title(fig, title, size)
     return fig
 
 
