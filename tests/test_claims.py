@@ -156,6 +156,35 @@ def test_each_rule_holds_and_fails(claim):
     assert verdict(claim, **busted).status == "busted", verdict(claim, **busted)
 
 
+def test_c1_depends_on_the_baseline_when_tf32_closes_the_gap():
+    """An H100 printed bf16 8.34x faster than full fp32 and a bf16 matmul only 1.34x faster than
+    a TF32 one: by the lesson's own framing that is "depends" (on the baseline), not "held"."""
+    fast = ratio(0.12, spread=0.001)
+    v = verdict("C1", hw=H100, bf16_time=fast, bf16_vs_tf32=0.039 / 0.053)
+    assert v.status == "depends" and "TF32" in v.evidence and "0.74x" in v.evidence
+    assert "one probe each" in v.evidence and v.evidence.count("faster") == 1  # said once
+    assert verdict("C1", hw=H100, bf16_time=fast, bf16_vs_tf32=0.4).status == "held"
+    assert verdict("C1", hw=H100, bf16_time=fast).status == "held"  # no TF32 probe: full fp32 only
+    assert verdict("C1", hw=H100, bf16_time=ratio(0.9), bf16_vs_tf32=0.4).status == "busted"
+
+
+def test_c11_c13_name_the_gradients_they_count_and_print_no_signed_zero():
+    v = verdict("C11", flushed_unscaled=0.01332, flushed_scaled=0.00026, scale=65536.0,
+                which="activation gradients")
+    assert "1.332% of the activation gradients unscaled" in v.evidence
+    v = verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=-2e-7,
+                which="activation gradients")
+    assert "of the activation gradients" in v.evidence and "-0.00%" not in v.evidence
+    assert "within 0.01% of fp32's validation loss" in v.evidence
+    assert "ended +0.82% from" in verdict("C13", same_range=True, flushed_bf16=0.0,
+                                          val_loss_gap=0.0082).evidence
+
+
+def test_c5_prints_the_published_range_exercise_02_and_lesson_02_cite():
+    v = verdict("C5", full_time=ratio(1.25))
+    assert "published: 20-40%" in v.evidence and "held from +15% to +40%" in v.evidence
+
+
 def test_c7_never_holds_on_a_step_that_recomputes():
     """A checkpointed step is the plain step plus a recomputed forward: "faster" per step means
     the load changed while it was timed (lesson 03 printed "1.75x faster" on a busy laptop), so

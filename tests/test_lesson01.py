@@ -17,6 +17,8 @@ from course_utils.accuracy import (
     HARM,
     Arm,
     ArmHistory,
+    feasible_arms,
+    flushed_trend,
     relative_gap,
     results_table,
     shows_harm,
@@ -25,6 +27,8 @@ from course_utils.accuracy import (
 )
 from course_utils.claims import verdict
 from course_utils.config import config_for
+from course_utils.guard import check_feasible
+from course_utils.hardware import HardwareInfo, detect, is_emulated
 from course_utils.loss_scaling import read_scaler_trace, snapshot, update_norm
 from course_utils.models import build_model
 from course_utils.recorder import POLICY_PROBES, OpDtypeRecorder, autocast_policy
@@ -93,6 +97,13 @@ def test_lesson_recipes_do_what_train_step_does(lesson, precision):
     assert not all(torch.equal(p, q) for p, q in zip(m1.parameters(), build_model(cfg).parameters()))
 
 
+def test_the_recipes_markdown_promises_no_bitwise_equality(lesson):
+    """An H100 printed 'same parameters: False' under "it does exactly what bf16_step does": the
+    markdown says what the check prints, not which answer to expect."""
+    text = _cell(lesson, "recipe-accum-md").source
+    assert "exactly what" not in text and "bitwise equal" in text and "GPU" in text
+
+
 def get_batch_pair(cfg, i):
     from course_utils.data import get_batch
     return get_batch(cfg.batch_size, cfg.seq_len, step=i)
@@ -159,7 +170,10 @@ def test_autocast_policy_reads_this_devices_lists():
     assert list(t.index) == list(POLICY_PROBES)
     assert list(t.columns) == ["fp32 input", "bf16 input", "autocast here"]
     assert t.loc["linear (matmul)", "autocast here"] == "runs in bf16"
-    assert t.loc["cross_entropy", "autocast here"] == "runs in fp32"
+    assert t.loc["cross_entropy (the loss)", "autocast here"] == "runs in fp32"
+    # the step inside it: CPU autocast casts cross_entropy's input up, so its log-softmax (saved
+    # for backward) is fp32 here; on CUDA only nll_loss is listed and it follows its input
+    assert t.loc["log_softmax inside cross_entropy", "bf16 input"] == "fp32"
     # CPU autocast (unlike CUDA's list) leaves layer_norm and softmax of a bf16 input in bf16
     assert t.loc["layer_norm", "autocast here"] == "follows its input"
     assert t.loc["softmax", "bf16 input"] == "bf16"
@@ -187,6 +201,16 @@ def test_ops_by_dtype_groups_a_recording():
     outside = rec.ops_by_dtype(exclude="layers")
     assert "nll_loss_forward" in outside["fp32"] and "embedding" in outside["fp32"]
     assert "gelu" not in [op for ops in outside.values() for op in ops]
+
+
+def test_what_is_saved_in_fp32_is_read_from_the_recording(lesson):
+    """On CUDA cross_entropy's log-softmax ran in bf16 (an H100 recorded `_log_softmax` with a bf16
+    output) while the markdown said it was saved in fp32: the lesson prints the fp32 ops from
+    its recording and says where the log-softmax is fp32 only with its condition."""
+    assert 'ops.ops_by_dtype(exclude="layers").get("fp32"' in _cell(lesson, "cache").source
+    for cell_id in ("cache-read", "why-not-half"):
+        text = _cell(lesson, cell_id).source
+        assert "log-softmax" not in text or "on a CPU" in text, cell_id
 
 
 # ------------------------------------------------------------------ GradScaler, C12 and C18
@@ -347,7 +371,6 @@ def test_train_arms_refuses_before_running(tiny):
     with pytest.raises(ValueError, match="differ"):
         train_arms(tiny, [Arm("a", "fp32"), Arm("a", "bf16")], 2)
     big = config_for("cpu", device="cpu")     # fp16 at the cpu profile: emulated and refused
-    from course_utils.hardware import detect
     if not detect("cpu").fp16_fast:
         with pytest.raises(ValueError, match="emulated"):
             train_arms(big, [Arm("fp16", "fp16")], 2, progress=False)
@@ -372,6 +395,7 @@ def test_harm_rule_and_results_table():
     assert t.loc["far", "flushed % (mean)"] == pytest.approx(40.0)
     assert t.loc["far", "flushed % (last step)"] == pytest.approx(60.0)
     assert t.loc["ref", "vs ref %"] == 0
+    assert "seconds" not in t.columns   # a run's wall time (model, evaluation, maybe emulated) is no speed
     with pytest.raises(ValueError, match="reference"):
         results_table(hs, "nope")
     # C13's threshold and the lesson's harm threshold agree
@@ -379,6 +403,74 @@ def test_harm_rule_and_results_table():
     assert verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=gap).status == "held"
     gap = relative_gap(hs, "far", "ref")
     assert verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=gap).status == "busted"
+
+
+def test_flushed_trend_says_how_the_share_moved():
+    """The sentence under table (A) is generated from the per-step shares: a hump (the 100-step
+    runs), a rise (a 20-step run that stops on the rising side), a fall, and none at all."""
+    hump = [0.0] * 10 + [0.01 * i for i in range(1, 11)] + [0.1 - 0.01 * i for i in range(1, 11)] \
+        + [0.0001] * 70
+    text = flushed_trend(_history("h", [1.0], hump))
+    assert text.startswith("rose to 10% at step 20 and fell back") and "steps 81-100" in text
+    assert "0.01%" in text                      # the last fifth's mean, 0.0001 as a percentage
+    assert flushed_trend(_history("r", [1.0], [0.001 * i for i in range(1, 21)])).startswith(
+        "rose from 0.25% (mean of steps 1-4) to 1.9% (mean of steps 17-20)")
+    assert flushed_trend(_history("f", [1.0], [0.03, 0.02, 0.01, 0.005, 0.001])) == \
+        "fell from 3% (step 1) to 0.1% (step 5)"
+    assert flushed_trend(_history("z", [1.0], [0.0] * 5)).startswith("stayed at 0%")
+    assert flushed_trend(_history("l", [1.0], [0.01, 0.011, 0.01])).startswith("stayed about level")
+    with pytest.raises(ValueError, match="flushed"):
+        flushed_trend(_history("e", [1.0], []))
+
+
+def test_lesson_tells_the_flushed_trend_from_its_run(lesson):
+    assert "flushed_trend(plain[" in _cell(lesson, "train-table").source
+    read = _cell(lesson, "train-read").source
+    assert "usually grows" not in read and "line printed above table (A)" in read
+
+
+T4 = HardwareInfo(device="cuda", name="Tesla T4", compute_capability=(7, 5), native_bf16=False,
+                  fp16_fast=True, bf16_emulated=True)
+
+
+def test_feasible_arms_leaves_out_what_the_guard_refuses(tiny):
+    arms = [Arm("fp32", "fp32"), Arm("bf16", "bf16"), Arm("fp16", "fp16", scaler=False)]
+    kept, left_out = feasible_arms(tiny, arms, T4)
+    assert [a.label for a in kept] == ["fp32", "fp16"]
+    assert [(a.label, "bf16 on Tesla T4 is emulated" in why) for a, why in left_out] == [("bf16", True)]
+    assert feasible_arms(tiny, arms, detect("cpu")) == (arms, [])   # the smoke sizes run on any CPU
+
+
+def test_section7_runs_on_a_t4_with_arms_the_guard_accepts(lesson, capsys):
+    """On a Colab T4, the GPU "Try next" recommends, the guard refuses bf16 (emulated): §7 once
+    stopped there, and its table and C13 failed after it. The lesson's own cells of §7, run with
+    a T4's HardwareInfo, hand train_arms only arms the guard accepts on a T4, say what they left
+    out, and judge C13 without a bf16 training run."""
+    from course_utils.formats import format_table
+    calls = []
+
+    def train_arms_on_t4(config, arms, steps, **kwargs):
+        for a in arms:  # what train_arms asks first, here on the T4
+            check_feasible(config.replace(precision=a.precision), T4)
+        calls.append([a.label for a in arms])
+        return {a.label: _history(a.label, [5.0, 4.0], [0.0] * steps) for a in arms}
+
+    import math
+    ns = {"math": math, "hw": T4, "is_emulated": is_emulated, "DEVICE": "cpu", "size": "cpu",
+          "config_for": config_for,
+          "Arm": Arm, "feasible_arms": feasible_arms, "train_arms": train_arms_on_t4,
+          "loss_curves_chart": lambda *a, **k: None, "results_table": results_table,
+          "relative_gap": relative_gap, "shows_harm": shows_harm, "flushed_trend": flushed_trend,
+          "verdict": verdict, "verdicts": [], "bf16_plain": {"flushed": 0.0},
+          "table": format_table()}
+    for cell_id in ("train", "train-table", "c13", "train-scaled", "train-scaled-table"):
+        exec(compile(_python(_cell(lesson, cell_id).source), cell_id, "exec"), ns)  # noqa: S102
+    out = capsys.readouterr().out
+    assert calls[0] == ["fp32", "fp16, no scaler"]                 # (A) without bf16
+    assert calls[1] == ["fp32", "fp16 + GradScaler", "fp16, no scaler"]   # (B) as everywhere
+    assert "(A) leaves out bf16: bf16 on Tesla T4 is emulated" in out and "(A) 2 runs" in out
+    c13 = ns["verdicts"][-1]
+    assert c13.claim == "C13" and "validation loss" not in c13.evidence
 
 
 def test_loss_curves_chart_with_the_flushed_share():

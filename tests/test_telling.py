@@ -48,7 +48,7 @@ def results_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-C11_LESSON = dict(flushed_unscaled=0.01331, flushed_scaled=0.0, scale=65536.0)
+C11_LESSON = dict(flushed_unscaled=0.01331, flushed_scaled=0.0, scale=65536.0, which="activation gradients")
 C11_TINY = dict(flushed_unscaled=0.00113, flushed_scaled=0.0, scale=65536.0)
 
 
@@ -163,7 +163,8 @@ def check_readable(df: pd.DataFrame) -> None:
     n = df.shape[1] + (df.index.nlevels if not isinstance(df.index, pd.RangeIndex) else 0)
     assert n <= 7, f"{n} columns: {list(df.columns)}"
     for col in df.columns:
-        vals = pd.to_numeric(df[col], errors="coerce").dropna()
+        cells = df[col].map(lambda v: v.replace(",", "") if isinstance(v, str) else v)  # "23,000"
+        vals = pd.to_numeric(cells, errors="coerce").dropna()
         if len(vals) and not re.search(r"/s|tokens|batch|param", str(col)):
             assert not ((vals >= 1e6) & (vals == vals.round())).any(), f"raw bytes in {col!r}"
 
@@ -196,6 +197,26 @@ def test_default_tables_are_readable():
     check_readable(lora.routes_table(lora.routes("7B")))
     ledger = claims.claims_table([claims.verdict("C10")])
     check_readable(ledger.drop(columns="says"))
+
+
+def test_summary_prints_numbers_at_their_significant_figures():
+    """'109.0' claimed a digit the rounding did not keep, beside 'peak allocated 109.43' two cells
+    later; on an H100 '23000.0' beside '23030.55' read as two measurements. Three significant
+    figures, written as a reader writes them, and read back by float(cell.replace(',', ''))."""
+    from course_utils.experiments import round_sig
+    df = compare_like()
+    df["peak_allocated"] = [109.43 * MiB, 23030.55 * MiB, 67.14 * MiB, 0.5 * MiB]
+    df["step_time_s"] = [4.5912, 0.1261, 0.0835, 0.2]
+    s = summary(df)
+    assert s["peak MiB"].tolist() == ["109", "23,000", "67.1", "0.5"]
+    assert s["step ms"].tolist() == ["4,590", "126", "83.5", "200"]
+    for col in ("step ms", "peak MiB", "est peak MiB", "saved MiB", "est saved MiB"):
+        assert not any(cell.endswith(".0") for cell in s[col]), (col, s[col].tolist())
+    # the browser test's reading gives the rounded value back
+    assert [float(c.replace(",", "")) for c in s["peak MiB"]] == [
+        round_sig(v / MiB) for v in df["peak_allocated"]]
+    with pytest.raises(AssertionError, match="raw bytes"):   # a raw count written with commas
+        check_readable(pd.DataFrame({"peak": ["68,776,156"]}))
 
 
 def test_the_table_checker_rejects_a_wide_raw_table():
