@@ -179,13 +179,40 @@ def _probe_calls(d: int, device) -> dict:
         "softmax": lambda x: x.softmax(-1),
         "gelu": F.gelu,
         "sum": lambda x: x.sum(),
-        "cross_entropy": lambda x: F.cross_entropy(x.reshape(-1, d), target),
+        "cross_entropy (the loss)": lambda x: F.cross_entropy(x.reshape(-1, d), target),
+        "log_softmax inside cross_entropy": lambda x: _inner_output(
+            "_log_softmax", F.cross_entropy, x.reshape(-1, d), target),
     }
+
+
+class _Outputs(TorchDispatchMode):
+    """The first output of each ATen op run inside it, by op name (first call kept)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first: dict = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+        outs = [a for a in tree_leaves(out) if isinstance(a, torch.Tensor)]
+        if outs:
+            self.first.setdefault(name, outs[0])
+        return out
+
+
+def _inner_output(op: str, fn, *args):
+    """The output of the ATen op ``op`` that ``fn(*args)`` runs inside itself: what autocast did
+    to a step of a composite op (``cross_entropy`` is ``log_softmax`` then ``nll_loss``; CPU
+    autocast casts its input up to fp32, CUDA's only ``nll_loss``)."""
+    with _Outputs() as seen:
+        fn(*args)
+    return seen.first[op]
 
 
 #: The calls `autocast_policy` probes, in its table's order.
 POLICY_PROBES = ("linear (matmul)", "scaled_dot_product_attention", "layer_norm", "softmax",
-                 "gelu", "sum", "cross_entropy")
+                 "gelu", "sum", "cross_entropy (the loss)", "log_softmax inside cross_entropy")
 
 
 def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> pd.DataFrame:
@@ -196,7 +223,10 @@ def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) ->
     CPU and CUDA autocast follow different op lists (``torch.amp`` docs, "CUDA Ops that can
     autocast to float32" vs the CPU lists): on CUDA ``layer_norm`` and ``softmax`` run in fp32
     whatever their input; on a CPU a low-precision input stays low precision. This table says
-    which holds here, instead of stating one device's list for another.
+    which holds here, instead of stating one device's list for another. A composite op is read
+    twice: ``cross_entropy``'s output (the loss), and the ``log_softmax`` it runs inside, whose
+    output backward saves (fp32 on a CPU, whose list casts ``cross_entropy``'s input up; on
+    CUDA it follows its input, as only ``nll_loss`` is on the fp32 list).
 
     Returns:
         One row per call: ``fp32 input`` and ``<dtype> input`` (output dtypes, short names) and

@@ -12,12 +12,14 @@ The rule, in order:
    recommended for speed; its memory is reported.
 2. **Policy**: the largest micro-batch each policy fits under the budget comes from the
    extrapolation (``largest_batch``). Policies whose micro-batch reaches ``min(target, measured
-   batch)`` qualify (at the measured batch the throughput is known); among them the one that
-   adds the least work wins, in the order `PREFERENCE` (no checkpointing first: recomputation
-   and copies only add work; the measured step-time ratios, with their noise band, are on the
-   card). When none qualifies, the policy with the largest micro-batch wins. Off CUDA the
-   offloading policies are not candidates: device and host are the same memory there, so they
-   save nothing (the card gives the bytes they would move instead).
+   batch)`` qualify (at the measured batch the throughput is known); among them the one whose
+   step time measured fastest wins (`course_utils.profiling.Profile.ratio`, the per-round ratio
+   to no checkpointing). Policies whose step times are within noise of the fastest's (compared
+   round by round with it), or not told apart at all (not timed, too few rounds, the ``smoke``
+   size), are ranked by the work they add, in the order `PREFERENCE`. When none qualifies, the
+   policy with the largest micro-batch wins. Off CUDA the offloading policies are not
+   candidates: device and host are the same memory there, so they save nothing (the card gives
+   the bytes they would move instead).
 3. **Micro-batch and accumulation**: ``accumulation = ceil(target / min(largest batch,
    target))``, ``micro = ceil(target / accumulation)``; effective batch ``micro x
    accumulation``. Without a target, the target is the largest micro-batch of the first policy in
@@ -33,6 +35,10 @@ the extrapolation predicts (freed blocks stay cached and split). The micro-batch
 planned against `CUDA_PLANNING_SHARE` of the budget: on an H100 the plan at 99.9% of a 70.8 GiB
 budget ran out of memory with 0.45 GiB reserved but unallocated
 (``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.txt``).
+
+Over 400 lines because the card is one rule in four steps, each a function here, and its record
+(`Card`) whose every sentence and table is generated from the same numbers; split, the rule's
+steps and the sentences that state them would drift apart.
 """
 from __future__ import annotations
 
@@ -42,11 +48,13 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from .experiments import plain_label
 from .extrapolate import check_prediction, extrapolate
 from .hardware import detect, recommend_precision
 from .offload import PCIE_GBPS, transfer_time_estimate
 from .profiling import profile
 from .search import memory_budget
+from .step_timing import time_ratio
 from .terms import GiB, MiB, check_positive_int, default_device
 
 __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "recommend",
@@ -54,7 +62,9 @@ __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "r
 
 #: Policies from the least added work to the most: none; selective (recomputes pointwise ops);
 #: offload (copies every saved tensor to the host and back); every-K; full and HF's own (recompute
-#: whole blocks); offload+checkpoint (both).
+#: whole blocks); offload+checkpoint (both). It ranks only policies whose step times the
+#: measurement cannot tell apart: every run of lessons 02 and 05 measured ``selective`` slower
+#: than ``full`` on a CPU and an H100 (its save list costs more than the matmuls it spares).
 PREFERENCE = ("none", "selective", "offload", "every-", "full", "hf", "offload+checkpoint")
 
 #: On CUDA, the share of the budget that the predicted (allocated) peak may fill: the rest is
@@ -155,8 +165,13 @@ class Card:
         return "\n".join(lines)
 
     def options_table(self) -> pd.DataFrame:
-        """The options considered, one row each."""
-        return pd.DataFrame(self.options).set_index("config")
+        """The options considered, one row each, labelled in words: the largest micro-batch under
+        the budget, the predicted peak at it, the step time (as `Profile.step_s`) and the time
+        against no checkpointing with its noise band; ``emulated`` only where a row is."""
+        df = pd.DataFrame(self.options)
+        df["config"] = [plain_label(c) for c in df["config"]]
+        drop = ["precision", "policy", "m"] + ([] if df["emulated"].any() else ["emulated"])
+        return df.drop(columns=[c for c in drop if c in df]).set_index("config")
 
     def as_dict(self) -> dict:
         """All fields as JSON-ready values (``course-profile --out``)."""
@@ -169,15 +184,44 @@ def _size(n: int) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
 
 
-def _ratio_words(r) -> str:
+def _ratio_words(r, of: str = "no checkpointing") -> str:
+    """A step-time comparison in words: the ratio only where it is outside the noise (a
+    speed-up as ``"1.43x faster"``), always with its noise band (`TimeRatio.band_text`)."""
     if r.ratio is None:
-        return "not timed"
-    if r.verdict in ("faster", "slower"):
-        band = f" (IQR {r.low:.2f}-{r.high:.2f}x)" if r.low is not None else ""
-        return f"{r.ratio:.2f}x the step time of no checkpointing{band}"
+        return "a step time that was not measured"
+    band = r.band_text()
+    if r.verdict == "faster":
+        return f"a step time {1 / r.ratio:.2f}x faster than {of} ({band})"
+    if r.verdict == "slower":
+        return f"a step time {r.ratio:.2f}x slower than {of} ({band})"
     if r.verdict == "within noise":
-        return f"a step time within the noise of no checkpointing ({r.ratio:.2f}x)"
-    return f"a step time {r.ratio:.2f}x that of no checkpointing ({r.verdict})"
+        return f"a step time within the noise of {of} ({band})"
+    if r.verdict == "emulated":
+        return (f"a step time {r.ratio:.2f}x that of {of} ({band}; emulated here, not the speed "
+                "of real hardware)")
+    return f"a step time not told apart from {of} ({r.verdict}; {band})"
+
+
+def _pick(cands: list, profile) -> tuple[dict, dict]:
+    """The fastest measured of ``cands`` (option dicts); policies whose time is within noise of
+    its, or not told apart, are ranked by `PREFERENCE`. Returns the choice and, per other
+    candidate, the `TimeRatio` of its step time to the choice's (paired by round), or None
+    where no candidate's time was told apart from no checkpointing's."""
+    def against(o, ref):
+        return time_ratio(o["m"].step_times_s, ref["m"].step_times_s, size=profile.size,
+                          emulated=o["m"].emulated or ref["m"].emulated)
+
+    def measured(o):
+        r = profile.ratio(o["m"])
+        return r.ratio if r.settled or r.verdict == "within noise" else None
+    timed = [o for o in cands if measured(o) is not None]
+    if not timed:
+        chosen = min(cands, key=lambda o: _rank(o["policy"]))
+        return chosen, {o["policy"]: None for o in cands if o is not chosen}
+    fastest = min(timed, key=lambda o: (measured(o), _rank(o["policy"])))
+    ties = [o for o in cands if o is fastest or against(o, fastest).verdict != "slower"]
+    chosen = min(ties, key=lambda o: _rank(o["policy"]))
+    return chosen, {o["policy"]: against(o, chosen) for o in cands if o is not chosen}
 
 
 def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch: int | None = None,
@@ -220,14 +264,13 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
             except KeyError:
                 continue
             b = e.largest_batch(plan_bytes, policy)
-            r = profile.ratio(m)
+            step = profile.step_s(m)
             options.append({"config": m.config.label, "precision": pr, "policy": policy,
                             "largest batch": b,
                             "peak at it (MiB)": round(e.peak(b, policy) / MiB, 1) if b else None,
-                            "step ms": None if m.step_time_s is None else round(m.step_time_s * 1e3, 1),
-                            "time vs none": "reference" if m.config.checkpoint == "none" else
-                            r.verdict if r.ratio is None else f"{r.ratio:.2f}x {r.verdict}",
-                            "emulated": m.emulated})
+                            "step ms": None if step is None else round(step * 1e3, 1),
+                            "time vs none": profile.time_text(m),
+                            "emulated": m.emulated, "m": m})
     mine = [o for o in options if o["precision"] == precision and o["largest batch"] > 0
             and (on_cuda or not o["policy"].startswith("offload"))]
     if not mine:
@@ -240,9 +283,9 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
     need = min(want, measured_batch)
     qualified = [o for o in mine if o["largest batch"] >= need]
     if qualified:
-        chosen = min(qualified, key=lambda o: _rank(o["policy"]))
+        chosen, versus = _pick(qualified, profile)
     else:
-        chosen = max(mine, key=lambda o: o["largest batch"])
+        chosen, versus = max(mine, key=lambda o: o["largest batch"]), {}
     policy = chosen["policy"]
     accum = math.ceil(want / min(chosen["largest batch"], want))
     micro = math.ceil(want / accum)  # the smallest micro-batch that reaches the target in accum steps
@@ -268,12 +311,29 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
         elif none_b < need:
             reasons.append(f"Without checkpointing only {none_b} samples fit, fewer than the "
                            f"{need} at which throughput was measured.")
-        better = [o["policy"] for o in mine if _rank(o["policy"]) < _rank(policy)]
-        if better:
-            reasons.append(f"{', '.join(better)} add less work but do not reach a micro-batch "
-                           f"of {need} under the budget.")
+        short = [o["policy"] for o in mine if o["largest batch"] < need
+                 and o["policy"] not in ("none", policy)]
+        if short:
+            reasons.append(f"{', '.join(short)} do{'es' * (len(short) == 1)} not reach a "
+                           f"micro-batch of {need} under the budget.")
         reasons.append(f"With {policy} a micro-batch of {chosen['largest batch']} fits, at "
                        f"{_ratio_words(r)}.")
+    name = "no checkpointing" if policy == "none" else policy
+    untold = []
+    for other, tr in versus.items():
+        if tr is not None and tr.verdict == "slower":
+            who = "No checkpointing fits too, but measured" if other == "none" else \
+                f"{other} fits too, with"
+            reasons.append(f"{who} {_ratio_words(tr, name)}.")
+        else:
+            untold.append((other, tr))
+    if untold:
+        told = all(tr is not None and tr.verdict == "within noise" for _, tr in untold)
+        order = ", ".join(p + "K" if p.endswith("-") else p for p in PREFERENCE)
+        reasons.append(
+            f"{', '.join(o for o, _ in untold)} fit{'s' * (len(untold) == 1)} too, with a step "
+            f"time {'within the noise of' if told else 'not told apart from'} {name}'s: among "
+            f"those the card takes the policy that adds the least work, in the order {order}.")
     others = sorted((o for o in mine if o is not chosen), key=lambda o: -o["largest batch"])
     if others:
         reasons.append("Largest micro-batch under the budget by policy: " + ", ".join(
@@ -320,9 +380,13 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
         if measured_peak is None and on_cuda and c.oom:
             note = (f"{note} No micro-batch checked fits: give a smaller budget or a policy that "
                     "saves more.")
+    step = profile.step_s(m)
+    for o in options:  # the measurement itself stays in the profile
+        o.pop("m", None)
     return Card(profile.name, first.device_name, profile.unit, int(budget_bytes), budget_source,
                 precision, policy, micro, accum, want, micro * accum, predicted, measured_peak,
-                note, r.ratio, r.low, r.high, r.verdict, m.tokens_per_s, measured_batch,
+                note, r.ratio, r.low, r.high, r.verdict,
+                m.config.tokens_per_step / step if step else None, measured_batch,
                 options, reasons)
 
 

@@ -150,9 +150,12 @@ def _unsettled(t, what: str) -> tuple[str, str] | None:
 
 # --- the rules: one per claim ------------------------------------------------------------
 
-def _c1(hw, bf16_time=None):
-    """``bf16_time``: TimeRatio of the bf16 step / the fp32 step (same model and policy).
-    Held from 1.5x faster, on an Ampere+ GPU only."""
+def _c1(hw, bf16_time=None, bf16_vs_tf32=None):
+    """``bf16_time``: TimeRatio of the bf16 step / the fp32 step (same model and policy, fp32
+    matmuls in full fp32). ``bf16_vs_tf32``: a bf16 matmul's time / an fp32 matmul's with TF32
+    (one probe each, no noise band). Held from 1.5x faster, on an Ampere+ GPU only; depends when
+    bf16 is 1.5x faster than full fp32 but a bf16 matmul is less than 1.5x faster than a TF32
+    one: the speed-up is then one of the baseline."""
     here = (f" Here: {bf16_time.describe('the bf16 step')}" if bf16_time and bf16_time.ratio
             else "")
     if not (hw.device == "cuda" and hw.native_bf16):
@@ -161,8 +164,16 @@ def _c1(hw, bf16_time=None):
     if u:
         return u
     speedup = 1 / bf16_time.ratio
-    status = "held" if speedup >= 1.5 else "busted"
-    return status, f"{_gpu(hw)}: bf16 {speedup:.2f}x fp32's speed ({bf16_time.describe()})"
+    text = f"{_gpu(hw)}: {bf16_time.describe('the bf16 step, against full fp32:')}"
+    if speedup < 1.5:
+        return "busted", text
+    if bf16_vs_tf32 is None:
+        return "held", text
+    text += (f"; a bf16 matmul takes {bf16_vs_tf32:.2f}x the time of an fp32 one with TF32 "
+             "(one probe each, no noise band)")
+    if bf16_vs_tf32 > 1 / 1.5:
+        return "depends", text + ": a speed-up of 1.5x or more against full fp32, below 1.5x against TF32"
+    return "held", text
 
 
 def _c2(peak_ratio, activations_ratio=None, low="bf16"):
@@ -201,15 +212,29 @@ def _c4(peak_ratio, saved_ratio):
 
 
 def _c5(full_time, flops_ratio=None):
-    """``full_time``: TimeRatio full / none, same precision. Held for +15% to +40%."""
+    """``full_time``: TimeRatio full / none, same precision. Held when the whole noise band, as
+    printed, lies from 1.15 to 1.40 (+15% to +40%); busted when it lies wholly outside;
+    inconclusive when it straddles an edge (the run cannot tell). The published time
+    measurements lesson 02 cites span 20-40% (Hugging Face 20%, Bekman 20-25%, NeMo 30%, the
+    Ultra-Scale Playbook 30-40%); the claim's 33% is the FLOPs of one extra forward."""
     u = _unsettled(full_time, "full / none step time")
     if u:
         return u
     cost = full_time.ratio - 1
     flops = f"; FLOPs {_pct(flops_ratio - 1)}" if flops_ratio is not None else ""
-    return ("held" if 0.15 <= cost <= 0.40 else "busted",
-            f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-33%; held from "
+    text = (f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-40%; held from "
             f"+15% to +40%){flops}")
+    if full_time.low is None:  # too few rounds, but beyond 2x: the ratio alone decides
+        return ("held" if 1.15 <= full_time.ratio <= 1.40 else "busted"), text
+    lo, hi = round(full_time.low, 2), round(full_time.high, 2)
+    if 1.15 <= lo and hi <= 1.40:
+        return "held", text
+    if hi < 1.15 or lo > 1.40:
+        return "busted", text
+    edges = [e for e in (1.15, 1.40) if lo < e <= hi or lo <= e < hi]
+    edge = " and ".join(f"{_pct(e - 1)}" for e in edges)
+    return "inconclusive", (f"{text}; that band straddles the {edge} edge"
+                            f"{'s' * (len(edges) > 1)} of the held range")
 
 
 def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=4):
@@ -286,10 +311,11 @@ def _c10(n_params=7e9):
     return ("held" if w_ok and adam_ok else "depends" if w_ok or adam_ok else "busted"), text
 
 
-def _c11(flushed_unscaled, flushed_scaled, scale, overflow_scaled=0.0):
+def _c11(flushed_unscaled, flushed_scaled, scale, overflow_scaled=0.0, which="gradients"):
     """Fractions of nonzero gradients flushed to 0 in fp16, unscaled and at loss scale
-    ``scale``; ``overflow_scaled``: fraction that overflowed at that scale."""
-    text = (f"fp16 flushed {flushed_unscaled:.3%} of the gradients unscaled, {flushed_scaled:.3%} "
+    ``scale``; ``overflow_scaled``: fraction that overflowed at that scale. ``which``: the
+    gradients counted, in words (``"activation gradients"``)."""
+    text = (f"fp16 flushed {flushed_unscaled:.3%} of the {which} unscaled, {flushed_scaled:.3%} "
             f"at scale {scale:g}" + (f" (overflow {overflow_scaled:.3%})" if overflow_scaled else ""))
     if flushed_unscaled == 0:
         return "depends", text + ": no underflow at this size; smaller gradients show it"
@@ -307,10 +333,11 @@ def _c12(backoffs_ok, growth_after, growth_interval, clean_taken=True):
             f"growth after {growth_after} clean steps (growth_interval {growth_interval})")
 
 
-def _c13(same_range, flushed_bf16, val_loss_gap=None):
+def _c13(same_range, flushed_bf16, val_loss_gap=None, which="gradients"):
     """bf16's exponent range equals fp32's (``same_range``), the fraction of gradients bf16
-    flushes, and (optional) bf16's relative gap to fp32's validation loss without a scaler."""
-    text = f"bf16 range = fp32's: {same_range}; bf16 flushed {flushed_bf16:.3%} of the gradients"
+    flushes (``which``: those gradients, in words), and (optional) bf16's relative gap to fp32's
+    validation loss without a scaler."""
+    text = f"bf16 range = fp32's: {same_range}; bf16 flushed {flushed_bf16:.3%} of the {which}"
     ok = same_range and flushed_bf16 == 0
     if val_loss_gap is not None:
         text += ("; without a scaler it ended within 0.01% of fp32's validation loss"

@@ -227,7 +227,7 @@ def fp16_underflow(config: RunConfig | None = None, loss_scale: float = 1.0) -> 
 
     Returns:
         the inputs of ``verdict("C11", ...)``: ``flushed_unscaled``, ``flushed_scaled``,
-        ``scale``, ``overflow_scaled``.
+        ``scale``, ``overflow_scaled``, ``which`` (``"parameter gradients"``).
     """
     cfg = config or small_config()
     g = _gradients(cfg, loss_scale)
@@ -235,7 +235,8 @@ def fp16_underflow(config: RunConfig | None = None, loss_scale: float = 1.0) -> 
     scaled = (g * scale).half()
     return {"flushed_unscaled": _flushed(g, torch.float16),
             "flushed_scaled": _flushed(g * scale, torch.float16), "scale": scale,
-            "overflow_scaled": torch.isinf(scaled).float().mean().item()}
+            "overflow_scaled": torch.isinf(scaled).float().mean().item(),
+            "which": "parameter gradients"}
 
 
 def bf16_range(config: RunConfig | None = None, loss_scale: float = 1.0) -> dict:
@@ -243,13 +244,14 @@ def bf16_range(config: RunConfig | None = None, loss_scale: float = 1.0) -> dict
     and the fraction of the same gradients as `fp16_underflow` that bf16 flushes to 0 unscaled.
 
     Returns:
-        the inputs of ``verdict("C13", ...)``: ``same_range``, ``flushed_bf16``.
+        the inputs of ``verdict("C13", ...)``: ``same_range``, ``flushed_bf16``, ``which``.
     """
     cfg = config or small_config()
     b, f = torch.finfo(torch.bfloat16), torch.finfo(torch.float32)
     same = b.tiny == f.tiny and b.max / f.max > 0.99
     return {"same_range": bool(same),
-            "flushed_bf16": _flushed(_gradients(cfg, loss_scale), torch.bfloat16)}
+            "flushed_bf16": _flushed(_gradients(cfg, loss_scale), torch.bfloat16),
+            "which": "parameter gradients"}
 
 
 def scaler_trace(growth_interval: int = 2, clean_steps: int = 4) -> dict:

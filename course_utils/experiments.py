@@ -33,7 +33,8 @@ from .step_timing import default_budget_s, printed_band, time_ratio
 from .terms import MiB, check_positive_int
 from .training import train_step
 
-__all__ = ["ladder", "compare", "summary", "size_of", "time_cell", "plain_label", "round_sig"]
+__all__ = ["ladder", "compare", "summary", "size_of", "time_cell", "plain_label", "round_sig",
+           "sig_text"]
 
 
 def size_of(config: RunConfig) -> str:
@@ -211,6 +212,21 @@ def round_sig(v, digits: int = 3):
     return round(v, digits - 1 - int(math.floor(math.log10(abs(v)))))
 
 
+def sig_text(v, digits: int = 3) -> str | None:
+    """``v`` at ``digits`` significant figures as a reader writes it, with no digit the rounding
+    did not keep (None / NaN stay None): 109.43 -> ``"109"`` (not ``"109.0"``), 23030.55 ->
+    ``"23,000"``, 67.14 -> ``"67.1"``, 0.06371 -> ``"0.0637"``. ``float(text.replace(",", ""))``
+    reads it back."""
+    r = round_sig(v, digits)
+    if r is None:
+        return None
+    if not math.isfinite(r):
+        return str(r)
+    if abs(r) >= 10 ** (digits - 1):
+        return f"{r:,.0f}"
+    return f"{r:.{digits}g}"
+
+
 def time_cell(ratio, verdict) -> str:
     """How a table shows a time ratio: the number only when it says faster or slower
     (``"1.31x slower"``, ``"1.43x faster"``: a speed-up, never ``"0.70x faster"``), labelled when
@@ -257,12 +273,14 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     ``time vs first`` (`time_cell`: a ratio only outside the noise; ``time per token vs
     first`` where the rows process different numbers of tokens per step), ``peak MiB`` and
     ``est peak MiB`` (peak allocated memory, measured and estimated), ``saved MiB`` and
-    ``est saved MiB`` (saved tensors); three significant figures. ``detail=True`` adds the
+    ``est saved MiB`` (saved tensors); three significant figures, as text (`sig_text`:
+    ``"109"``, ``"23,000"``, ``"67.1"``; ``float(cell.replace(",", ""))`` reads a cell back).
+    ``detail=True`` adds the
     noise band, tokens/s, the ratios to the first row, the saved activations and the
     autocast weight copies.
     """
     def mib(col):
-        return [round_sig(None if v is None or pd.isna(v) else v / MiB) for v in df[col]]
+        return [sig_text(None if v is None or pd.isna(v) else v / MiB) for v in df[col]]
 
     labels = [plain_label(v) for v in df["label"]]
     batch = list(df["batch_size"]) if "batch_size" in df else [None] * len(df)
@@ -275,7 +293,7 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     elif len(set(batch)) > 1:  # accumulation at the same tokens per step: say the split
         labels = [f"{lab} of {b}" if a > 1 else lab for lab, b, a in zip(labels, batch, accum)]
     out = pd.DataFrame({"config": labels})
-    out["step ms"] = [round_sig(None if v is None or pd.isna(v) else v * 1e3)
+    out["step ms"] = [sig_text(None if v is None or pd.isna(v) else v * 1e3)
                       for v in df["step_time_s"]]
     ratio, low, high, verdicts = (list(df[c]) if c in df else [None] * len(df)
                                   for c in ("time_ratio", "time_ratio_low", "time_ratio_high",
@@ -290,15 +308,15 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
         out["noise band"] = [
             None if lo is None or pd.isna(lo) else f"{lo:.2f}-{hi:.2f}x"
             for lo, hi in zip(low, high)]
-        out["tokens/s"] = [round_sig(v) for v in df.get("tokens_per_s", [None] * len(df))]
+        out["tokens/s"] = [sig_text(v) for v in df.get("tokens_per_s", [None] * len(df))]
     out["peak MiB"] = mib("peak_allocated")
     out["est peak MiB"] = mib("est_peak_allocated")
     if detail:
-        out["peak vs first"] = [round_sig(v) for v in df["peak_ratio"]]
+        out["peak vs first"] = [sig_text(v) for v in df["peak_ratio"]]
     out["saved MiB"] = mib("saved_total")
     out["est saved MiB"] = mib("est_saved_total")
     if detail:
-        out["saved vs first"] = [round_sig(v) for v in df["saved_ratio"]]
+        out["saved vs first"] = [sig_text(v) for v in df["saved_ratio"]]
         out["activations MiB"] = mib("activations")
         out["autocast weight copies MiB"] = mib("autocast_weight_copies")
     return out.set_index("config")

@@ -12,13 +12,15 @@ For any other model, `extrapolate` measures instead:
 
        peak(b) = max(P0 + s b, O)
 
-2. **One block's saved tensors**, per sample, from the meter's by-module records of the
-   ``none`` run (`course_utils.profiling.Profile.saved_by_block`): ``S`` bytes per sample saved
-   inside one block, ``I`` bytes per sample of a block's input, and what is saved outside the
-   blocks (a line in the batch, like the peak). With ``L`` blocks the saved tensors of a policy
-   are predicted without running it: ``none`` ``out + L S b``; ``full`` ``out + L I b``;
-   ``every-K`` ``out + (c I + (L - c) S) b`` with ``c = ceil(L / K)`` checkpointed blocks;
-   ``offload`` and ``offload+checkpoint`` ``out`` on the device.
+2. **One block's saved tensors**, from the meter's by-module records of the ``none`` run at
+   both batches (`course_utils.profiling.Profile.saved_by_block`): a line in the batch,
+   ``C + S b``, with ``S`` bytes per sample and ``C`` bytes that do not grow with it (autocast's
+   low-precision weight copies, buffers such as rotary tables); ``I`` bytes per sample of a
+   block's input; and what is saved outside the blocks (a line in the batch, like the peak).
+   With ``L`` blocks the saved tensors of a policy are predicted without running it: ``none``
+   ``out + L (C + S b)``; ``full`` ``out + L I b``; ``every-K`` ``out + c I b + (L - c)(C + S b)``
+   with ``c = ceil(L / K)`` checkpointed blocks; ``offload`` and ``offload+checkpoint`` ``out``
+   on the device.
 
 3. **A check**: `check_prediction` runs one real step at the largest batch the prediction fits
    under a budget and reports the predicted and measured peak and the error. On CUDA the budget
@@ -105,7 +107,9 @@ class Extrapolation:
             ``samples`` and 1).
         n_blocks: ``L``; ``block_saved``: ``S``, saved bytes per sample of one plain block;
             ``block_input``: ``I``, bytes per sample of a block's input; ``outside``:
-            ``(intercept, per sample)`` of the bytes saved outside the blocks.
+            ``(intercept, per sample)`` of the bytes saved outside the blocks;
+            ``block_const``: ``C``, the bytes one plain block saves whatever the batch
+            (autocast's weight copies, for one).
         fits: `PolicyFit` per measured policy.
         measurements: every `course_utils.profiling.ProfileMeasurement` taken.
     """
@@ -119,6 +123,7 @@ class Extrapolation:
     block_saved: float
     block_input: float
     outside: tuple
+    block_const: float = 0.0
     fits: dict = field(default_factory=dict)
     measurements: list = field(default_factory=list)
     spec: Any = field(default=None, repr=False)
@@ -148,20 +153,20 @@ class Extrapolation:
             ValueError: an unknown policy.
         """
         mode, k = parse_model_policy(policy, self.n_blocks)
-        L, S, In = self.n_blocks, self.block_saved, self.block_input
+        L, S, In, C = self.n_blocks, self.block_saved, self.block_input, self.block_const
         out = self.outside[0] + self.outside[1] * batch
         if mode == "none":
-            per = L * S
+            plain, ckpt = L, 0
         elif mode == "full":
-            per = L * In
+            plain, ckpt = 0, L
         elif mode == "every-k":
-            c = math.ceil(L / k)
-            per = c * In + (L - c) * S
+            ckpt = math.ceil(L / k)
+            plain = L - ckpt
         elif mode in ("offload", "offload+checkpoint"):
-            per = 0.0
+            plain = ckpt = 0
         else:
             return None
-        return int(out + per * batch)
+        return int(round(out + plain * (C + S * batch) + ckpt * In * batch))
 
     def table(self, batches) -> pd.DataFrame:
         """Predicted peak (MiB) per batch (rows) and measured policy (columns)."""
@@ -284,12 +289,13 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
                                     ms[1].peak_allocated)
         if policy == "none":
             per_block, outside = [], []
-            for n, m in zip(b, ms):
+            for m in ms:
                 df = m.saved_modules
                 inside = df["module"].map(lambda name: block_of(name, blocks_path) is not None)
-                per_block.append(df.loc[inside, "nbytes"].sum() / L / n)
+                per_block.append(df.loc[inside, "nbytes"].sum() / L)
                 outside.append(df.loc[~inside, "nbytes"].sum())
-            ex.block_saved = per_block[1]
+            ex.block_saved = (per_block[1] - per_block[0]) / (b[1] - b[0])
+            ex.block_const = max(0.0, per_block[0] - ex.block_saved * b[0])
             slope = (outside[1] - outside[0]) / (b[1] - b[0])
             ex.outside = (outside[0] - slope * b[0], slope)
     ex.block_input = block_input_bytes(spec, b[1], precision) / b[1]

@@ -426,6 +426,22 @@ def matmul_probe(device: str = "cpu", n: int = 256, budget_s: float = 0.2) -> di
     return out
 
 
+def _ratio_text(r: float) -> str:
+    """``1.18x``, ``0.44x``; two significant figures below 0.1 (``0.0041x``, never ``0.00x``)."""
+    return f"{r:.2f}x" if r >= 0.1 else f"{r:.2g}x"
+
+
+def _fp16_words(hw: HardwareInfo) -> str:
+    """Whether ``hw`` has fp16 arithmetic in hardware, and which feature says so: not a claim
+    that fp16 is fast here (`matmul_probe` measures that)."""
+    if hw.device == "cpu":
+        isa = [f for f in ("avx512_fp16", "amx_fp16") if hw.cpu_features.get(f)]
+        return f"yes ({', '.join(isa)})" if isa else "no (emulated)"
+    if hw.device == "cuda":
+        return "yes (fp16 tensor cores)" if hw.fp16_fast else "no (no fp16 tensor cores)"
+    return "yes" if hw.fp16_fast else "no"
+
+
 def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     """A few lines describing ``hw``, its recipe and the threads in use (for notebooks and the
     CLI). With ``probe`` (`matmul_probe`'s result) it adds the measured matmul ratios."""
@@ -438,7 +454,7 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
         lines.append(f"memory        : {hw.total_memory_bytes / GiB:.1f} GiB")
     lines.append(f"native bf16   : {hw.native_bf16}" + ("  (bf16 accepted but emulated)"
                                                          if hw.bf16_emulated else ""))
-    lines.append(f"fast fp16     : {hw.fp16_fast}")
+    lines.append(f"native fp16   : {_fp16_words(hw)}")
     flags = [k for k, v in hw.cpu_features.items() if v]
     lines.append(f"CPU ISA flags : {', '.join(flags) or 'none of ' + ', '.join(_CPU_FLAGS)}"
                  + (f"  (capped by {hw.isa_cap})" if hw.isa_cap else ""))
@@ -451,7 +467,7 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     lines.append(f"torch         : {hw.torch_version}")
     if probe:
         lines.append("matmul here   : " + ", ".join(
-            f"{p} {probe[p] / probe['fp32']:.2f}x fp32's time" for p in ("bf16", "fp16")
+            f"{p} {_ratio_text(probe[p] / probe['fp32'])} fp32's time" for p in ("bf16", "fp16")
             if p in probe) + " (measured now)")
     lines.append(f"recipe        : {rec.precision}" + (" + GradScaler" if rec.grad_scaler else ""))
     lines.append(f"why           : {rec.reason}")

@@ -40,7 +40,9 @@ How each number is taken (as `course_utils.measure.measure` takes them for the c
   (`course_utils.step_timing.interleaved`); ratios to ``none`` in the same precision by round
   (`course_utils.step_timing.time_ratio`), so a difference inside the noise is called so.
 * **gradients**: the first step's gradients of every configuration are compared with those of
-  ``none`` in the same precision (``grad_max_diff``): a policy must not change them.
+  ``none`` in the same precision (``grad_max_diff``, next to the largest gradient,
+  ``grad_scale``): a policy must not change them beyond rounding (bit for bit where the kernels
+  are deterministic, as on a CPU).
 
 Over 400 lines because `profile` is one pipeline over any model, with its own record types:
 find the blocks, wrap them per policy, build the training state, measure its memory step, time
@@ -63,14 +65,14 @@ from tqdm.auto import tqdm
 
 from .checkpointing import SelectiveContexts, save_matmuls_and_attention
 from .config import size_profile
-from .experiments import time_cell
+from .experiments import plain_label, time_cell
 from .guard import available_memory_bytes
 from .hardware import detect, is_emulated, require_device
 from .measure import EMULATED_TIMING, Measurement, noting_out_of_memory, time_in_alternation
 from .memory_timeline import memory_timeline, phase
 from .offload import OffloadedBlock, offloaded_bytes
 from .saved_tensors import SavedTensorMeter, storage_bytes
-from .step_timing import default_budget_s, time_ratio
+from .step_timing import default_budget_s, printed_band, time_ratio
 from .terms import (
     GiB,
     MiB,
@@ -404,7 +406,8 @@ class ProfileMeasurement(Measurement):
             (backward copies them back); 0 for other policies. ``weight_bytes_to_host``: the
             part of them that are weights saved by matmuls (``save_on_cpu`` copies those too).
         grad_max_diff: largest absolute difference between this configuration's first-step
-            gradients and those of ``none`` in the same precision (None where not compared).
+            gradients and those of ``none`` in the same precision (None where not compared);
+            ``grad_scale``: the largest absolute gradient of that ``none`` step, to read it by.
         saved_modules: saved bytes by module (DataFrame ``module``, ``module_type``,
             ``nbytes``, ``bucket``), from the meter.
     """
@@ -414,6 +417,7 @@ class ProfileMeasurement(Measurement):
     bytes_to_host: int = 0
     weight_bytes_to_host: int = 0
     grad_max_diff: float | None = None
+    grad_scale: float | None = None
     saved_modules: Any = field(default=None, repr=False)
 
     def as_row(self) -> dict:
@@ -623,6 +627,8 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
                          (math.inf if (a is None or b is None) else (a - b).abs().max().item())
                          for a, b in zip(grads, reference_grads)]
                 m.grad_max_diff = max(diffs) if diffs else 0.0
+                m.grad_scale = max((b.abs().max().item() for b in reference_grads
+                                    if b is not None and b.numel()), default=0.0)
             mem = _memory(state)
             step_s = mem.pop("step_s")
             for k, v in mem.items():
@@ -638,6 +644,15 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
         if device_kind(cfg.device) == "cuda":
             torch.cuda.empty_cache()
     return m, state, grads
+
+
+def _sig_text(v: float, digits: int = 3) -> str:
+    """``v`` at ``digits`` significant figures, with thousands separators: 434853.8 ->
+    ``"435,000"``, 11836.4 -> ``"11,800"``, 13.94 -> ``"13.9"``."""
+    if not v or not math.isfinite(v):
+        return f"{v:g}"
+    places = digits - 1 - int(math.floor(math.log10(abs(v))))
+    return f"{round(v, places):,.{max(0, places)}f}"
 
 
 @dataclass
@@ -677,30 +692,83 @@ class Profile:
         raise KeyError(f"{precision}+{policy} was not profiled: measured "
                        f"{[m.config.label for m in self.measurements]}.")
 
+    def reference(self, m: ProfileMeasurement) -> ProfileMeasurement:
+        """The row ``m`` is compared with: ``none`` in its precision (else the first row)."""
+        try:
+            return self.get(m.config.precision, "none")
+        except KeyError:
+            return self.measurements[0]
+
     def ratio(self, m: ProfileMeasurement):
         """`course_utils.step_timing.TimeRatio` of ``m``'s step time to ``none`` in its precision
         (per round of the alternation)."""
-        try:
-            ref = self.get(m.config.precision, "none")
-        except KeyError:
-            ref = self.measurements[0]
+        ref = self.reference(m)
         return time_ratio(m.step_times_s, ref.step_times_s, size=self.size,
                           emulated=m.emulated or ref.emulated)
+
+    def step_s(self, m: ProfileMeasurement) -> float | None:
+        """``m``'s step time as the tables print it (seconds): the reference's median step
+        times ``m``'s ratio to it (`ratio`, the median of the per-round ratios), so that the
+        milliseconds, the ratio and the throughput of a row agree.
+
+        Each row's own median can come from a different round: under a load that changes during
+        the timing (a shared machine), the ratio of two medians then compares steps taken at
+        different loads, while the per-round ratio compares steps taken seconds apart. On a
+        2-core machine beside other jobs, lesson 05 printed 1934 ms against 931 ms (2.08x) next
+        to a per-round ratio of 1.22x. (The noise band reaches the ratio of the two medians,
+        `course_utils.step_timing.time_ratio`.) A row that is the reference, or that was not timed in
+        the same rounds as it, keeps its own median."""
+        ref = self.reference(m)
+        r = self.ratio(m)
+        if m is ref or r.ratio is None or ref.step_time_s is None or r.low is None:
+            return m.step_time_s
+        return ref.step_time_s * r.ratio
+
+    def gradients_text(self) -> str:
+        """The first step's gradients of every configuration against ``none`` in its precision,
+        in one sentence: bit for bit equal, or equal to within the largest difference (next to
+        the largest gradient)."""
+        diffs = [m for m in self.measurements if m.grad_max_diff is not None]
+        n = f"over all {len(diffs)} configurations" if len(diffs) > 1 else "of the one configuration"
+        if not diffs:
+            return "gradients: not compared"
+        worst = max(diffs, key=lambda m: m.grad_max_diff)
+        if worst.grad_max_diff == 0:
+            return f"gradients of the first step against 'none', {n}: bit-for-bit equal"
+        scale = f" (the largest gradient is {worst.grad_scale:.3g})" if worst.grad_scale else ""
+        gpu = any(m.config.device_type == "cuda" for m in self.measurements)
+        return (f"gradients of the first step against 'none', {n}: equal to within "
+                f"{worst.grad_max_diff:.2g}{scale}, not bit for bit"
+                + (": GPU kernels that add in a varying order differ in the last bits even "
+                   "between two plain runs" if gpu else ""))
+
+    def time_text(self, m: ProfileMeasurement) -> str:
+        """``m``'s time against its reference as a table cell: `course_utils.experiments.time_cell`
+        (a ratio only outside the noise, a speed-up as ``"1.43x faster"``) and its noise band in
+        the same direction: ``"1.31x slower (1.24-1.38x)"``, ``"within noise (0.95-1.07x)"``."""
+        ref = self.reference(m)
+        if m is ref:
+            return "1.00x (reference, emulated)" if m.emulated else "1.00x (reference)"
+        r = self.ratio(m)
+        cell = time_cell(r.ratio, r.verdict)
+        if r.low is None or r.ratio is None:
+            return cell
+        lo, hi = printed_band(r.ratio, r.low, r.high) if r.verdict == "faster" else (r.low, r.high)
+        return f"{cell} ({lo:.2f}-{hi:.2f}x)"
 
     def table(self) -> pd.DataFrame:
         """One row per configuration: `Measurement.as_row`'s fields (bytes, seconds), then
         ``time_ratio`` / ``time_ratio_low`` / ``time_ratio_high`` / ``time_verdict`` against
-        ``none`` of the same precision, ``peak_ratio`` and ``saved_ratio`` against it."""
+        ``none`` of the same precision, ``paired_step_time_s`` (`step_s`), ``peak_ratio`` and
+        ``saved_ratio`` against it."""
         rows = []
         for m in self.measurements:
             row = m.as_row()
             r = self.ratio(m)
-            try:
-                ref = self.get(m.config.precision, "none")
-            except KeyError:
-                ref = self.measurements[0]
+            ref = self.reference(m)
             row.update(time_ratio=r.ratio, time_ratio_low=r.low, time_ratio_high=r.high,
-                       time_verdict="reference" if m is ref else r.verdict)
+                       time_verdict="reference" if m is ref else r.verdict,
+                       paired_step_time_s=self.step_s(m))
             row["peak_ratio"] = (m.peak_allocated / ref.peak_allocated
                                  if m.peak_allocated and ref.peak_allocated else None)
             row["saved_ratio"] = (m.saved_total / ref.saved_total
@@ -708,31 +776,39 @@ class Profile:
             rows.append(row)
         return pd.DataFrame(rows)
 
-    def summary(self) -> pd.DataFrame:
-        """The readable table: MiB, milliseconds, ratios to ``none`` (time ratios shown only
-        outside the noise, `course_utils.experiments.time_cell`), gradients' largest
-        difference from ``none``."""
+    def summary(self, detail: bool = False) -> pd.DataFrame:
+        """The readable table, one row per configuration labelled in words
+        (`course_utils.experiments.plain_label`): ``step ms`` (`step_s`), ``time vs none``
+        (`time_text`: a ratio only outside the noise, with its noise band), throughput (three
+        significant figures), ``peak MiB`` and ``saved MiB``, and ``to host MiB`` where a row
+        moved bytes to the host. ``detail=True`` adds each row's own median step time, the
+        saved bytes as a share of ``none``'s and the gradients' largest difference from
+        ``none``'s."""
         df = self.table()
 
         def mib(col):
             return [None if v is None or pd.isna(v) else round(v / MiB, 2) for v in df[col]]
-        out = pd.DataFrame({"config": df["label"]})
-        out["step ms"] = [None if v is None or pd.isna(v) else round(v * 1e3, 1)
-                          for v in df["step_time_s"]]
-        out["time vs none"] = [time_cell(r, v) for r, v in zip(df["time_ratio"],
-                                                               df["time_verdict"])]
-        out[f"{self.unit}/s"] = [None if v is None or pd.isna(v) else round(v, 1)
-                                 for v in df["tokens_per_s"]]
+        out = pd.DataFrame({"config": [plain_label(v) for v in df["label"]]})
+        steps = [self.step_s(m) for m in self.measurements]
+        out["step ms"] = [None if s is None else round(s * 1e3, 1) for s in steps]
+        out["time vs none"] = [self.time_text(m) for m in self.measurements]
+        out[f"{self.unit}/s"] = [None if not s else _sig_text(m.config.tokens_per_step / s)
+                                 for m, s in zip(self.measurements, steps)]
         out["peak MiB"] = mib("peak_allocated")
         out["saved MiB"] = mib("saved_total")
-        out["to host MiB"] = mib("bytes_to_host")
-        out["saved x"] = df["saved_ratio"].astype(float).round(3)
-        out["max |grad diff|"] = df["grad_max_diff"]
+        if detail or any(m.bytes_to_host for m in self.measurements):  # offloading ran
+            on_gpu = any(m.config.device_type == "cuda" for m in self.measurements)
+            out["to host MiB" if on_gpu else "would go to host MiB"] = mib("bytes_to_host")
+        if detail:
+            out["own median step ms"] = [None if v is None or pd.isna(v) else round(v * 1e3, 1)
+                                         for v in df["step_time_s"]]
+            out["saved x"] = df["saved_ratio"].astype(float).round(3)
+            out["max |grad diff|"] = df["grad_max_diff"]
         return out.set_index("config")
 
     def saved_by_block(self, precision: str, policy: str) -> pd.DataFrame:
-        """Saved bytes of one configuration grouped by where they were saved: each block
-        (``block 0``...) and ``outside the blocks``; columns ``bytes`` and ``MiB``."""
+        """Saved tensors of one configuration grouped by where they were saved: each block
+        (``block 0``...) and ``outside the blocks``; one column, ``MiB``."""
         m = self.get(precision, policy)
         df = m.saved_modules
 
@@ -740,9 +816,7 @@ class Profile:
             i = block_of(name, self.blocks)
             return "outside the blocks" if i is None else f"block {i}"
         g = df.assign(where=df["module"].map(where)).groupby("where", sort=False)["nbytes"].sum()
-        out = g.to_frame("bytes")
-        out["MiB"] = out["bytes"] / MiB
-        return out
+        return (g / MiB).to_frame("MiB")
 
 
 def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = None, *,

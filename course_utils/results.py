@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from .experiments import plain_label, time_cell
 from .measure import MEMORY_FIELDS
+from .step_timing import printed_band
 from .terms import MiB
 
-__all__ = ["committed_results", "committed_memory_tools", "find_results", "bench_rows",
-           "check_out_dir", "write_bench"]
+__all__ = ["committed_results", "committed_runs", "committed_memory_tools", "find_results",
+           "bench_rows", "check_out_dir", "write_bench"]
 
 _RESULT_COLUMNS = ["run", "device", "size", "config", "step ms", "time x", "peak MiB", "peak x",
                    "saved MiB"]
@@ -57,14 +59,9 @@ def committed_results(folder: str | Path | None = None,
     Raises:
         ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
     """
-    root = Path(folder) if folder is not None else find_results()
     rows = []
-    for path in sorted(root.glob("*/bench.json")) if root is not None and root.is_dir() else []:
+    for path, payload, hw in _bench_runs(folder, devices):
         try:
-            payload = json.loads(path.read_text())
-            hw = payload["hardware"]
-            if devices is not None and str(hw["device"]).split(":")[0] not in devices:
-                continue
             for r in payload["rows"]:
                 meas, ratios = r["measured"], r["ratios"]
                 rows.append({
@@ -78,9 +75,93 @@ def committed_results(folder: str | Path | None = None,
                     "peak x": ratios.get("peak_ratio"),
                     "saved MiB": None if meas.get("saved_total") is None
                     else meas["saved_total"] / MiB})
-        except (KeyError, TypeError, json.JSONDecodeError) as e:
+        except (KeyError, TypeError) as e:
             raise ValueError(f"{path} is not course-bench output ({e!r}).") from e
     return pd.DataFrame(rows, columns=_RESULT_COLUMNS)
+
+
+def _bench_runs(folder, devices):
+    """``(path, payload, hardware)`` of each ``*/bench.json`` under ``folder`` (default
+    `find_results`) whose device kind is one of ``devices`` (None: every run), in name order.
+
+    Raises:
+        ValueError: a file that is not JSON or has no ``hardware`` (the file is named).
+    """
+    root = Path(folder) if folder is not None else find_results()
+    for path in sorted(root.glob("*/bench.json")) if root is not None and root.is_dir() else []:
+        try:
+            payload = json.loads(path.read_text())
+            hw = payload["hardware"]
+            kind = str(hw["device"]).split(":")[0]
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path} is not course-bench output ({e!r}).") from e
+        if devices is None or kind in devices:
+            yield path, payload, hw
+
+
+def _ratio_between(row: dict, ref: dict) -> tuple[float | None, str]:
+    """``row``'s step time over ``ref``'s, both stored as ratios to the run's first row, and its
+    verdict: from the two stored noise bands, the quotient lies within ``[low_r / high_ref,
+    high_r / low_ref]`` (a band at least as wide as one measured directly); a ratio is called
+    faster or slower only when that band, as printed, excludes 1.00."""
+    a, b = row["ratios"], ref["ratios"]
+    if a.get("time_ratio") is None or not b.get("time_ratio"):
+        return None, "not timed"
+    ratio = a["time_ratio"] / b["time_ratio"]
+    if row is ref:
+        return ratio, "reference"
+    if row.get("emulated") or ref.get("emulated"):
+        return ratio, "emulated"
+    parts = (a.get("time_ratio_low"), a.get("time_ratio_high"), b.get("time_ratio_low"),
+             b.get("time_ratio_high"))
+    if None in parts or not all(parts):
+        return ratio, "too few rounds"
+    low, high = parts[0] / parts[3], parts[1] / parts[2]
+    lo, hi = printed_band(ratio, low, high)
+    if lo <= 1.0 <= hi or round(low, 2) <= 1.0 <= round(high, 2):
+        return ratio, "within noise"
+    return ratio, "faster" if ratio < 1 else "slower"
+
+
+def committed_runs(folder: str | Path | None = None,
+                   devices: tuple[str, ...] | None = ("cuda",)) -> list[tuple[str, pd.DataFrame]]:
+    """The runs of `committed_results`, one readable table each: ``(title, table)`` with the
+    title naming the device, size profile, torch and date (from the run's folder name), and the
+    table, indexed by the configuration in words (`course_utils.experiments.plain_label`), giving
+    ``step ms``, the time against the run's recommended precision without checkpointing
+    (``time vs bf16``: a ratio only outside the noise, `course_utils.experiments.time_cell`),
+    ``peak MiB`` and ``saved MiB``.
+
+    Raises:
+        ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
+    """
+    out = []
+    for path, payload, hw in _bench_runs(folder, devices):
+        try:
+            rows = payload["rows"]
+            want = (payload.get("recommendation") or {}).get("precision")
+            ref = next((r for r in rows if r["config"].get("precision") == want
+                        and r["config"].get("checkpoint") == "none"), rows[0])
+            table = []
+            for r in rows:
+                ratio, verdict = _ratio_between(r, ref)
+                meas = r["measured"]
+                table.append({
+                    "config": plain_label(r["label"]),
+                    "step ms": None if meas.get("step_time_s") is None
+                    else round(meas["step_time_s"] * 1e3, 1),
+                    f"time vs {ref['label']}": time_cell(ratio, verdict),
+                    "peak MiB": None if meas.get("peak_allocated") is None
+                    else round(meas["peak_allocated"] / MiB),
+                    "saved MiB": None if meas.get("saved_total") is None
+                    else round(meas["saved_total"] / MiB)})
+        except (KeyError, TypeError, IndexError) as e:
+            raise ValueError(f"{path} is not course-bench output ({e!r}).") from e
+        date = re.search(r"\d{4}-\d{2}-\d{2}$", path.parent.name)
+        title = (f"{hw.get('name')}, size '{payload.get('size')}', torch "
+                 f"{hw.get('torch_version', '?')}" + (f", {date.group(0)}" if date else "") + ":")
+        out.append((title, pd.DataFrame(table).set_index("config")))
+    return out
 
 
 #: The rows of lesson 04's ``cuda-memory-tools`` table that `committed_memory_tools` reads, by

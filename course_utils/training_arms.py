@@ -34,6 +34,8 @@ __all__ = [
     "HARM",
     "Arm",
     "ArmHistory",
+    "feasible_arms",
+    "flushed_trend",
     "relative_gap",
     "results_table",
     "shows_harm",
@@ -156,6 +158,26 @@ def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_bat
     return hist
 
 
+def feasible_arms(config: RunConfig, arms, hw=None) -> tuple[list[Arm], list[tuple[Arm, str]]]:
+    """Split ``arms`` into those `course_utils.guard.check_feasible` accepts for ``config`` on
+    ``hw`` (default: detected) and those it refuses, with its reason: bf16 on a GPU that only
+    emulates it (a T4), fp16 above a tiny size on a CPU without fp16 instructions. A lesson
+    trains the first list and prints the second, instead of stopping on the refusal.
+
+    Returns:
+        ``(accepted arms, [(refused arm, the guard's reason), ...])``, each in the arms' order.
+    """
+    accepted, refused = [], []
+    for a in arms:
+        try:
+            check_feasible(config.replace(precision=a.precision), hw)
+        except ValueError as e:
+            refused.append((a, str(e)))
+        else:
+            accepted.append(a)
+    return accepted, refused
+
+
 def train_arms(config: RunConfig, arms, steps: int, eval_every: int | None = None,
                eval_batches: int = 2, progress: bool = True,
                force: bool = False) -> dict[str, ArmHistory]:
@@ -197,9 +219,56 @@ def shows_harm(histories: dict, label: str, reference: str) -> bool:
     return relative_gap(histories, label, reference) > HARM
 
 
+def _pct(x: float) -> str:
+    """A share (0 to 1) as a percentage with two significant figures."""
+    if x == 0:
+        return "0%"
+    return f"{100 * x:.2g}%" if 100 * x >= 1e-3 else "under 0.001%"
+
+
+def flushed_trend(history: ArmHistory) -> str:
+    """How the flushed share of ``history`` moved over its run, in words generated from its
+    per-step values: the mean of the first fifth of the steps against the mean of the last
+    fifth, and the peak where it stands well above both (a rise and a fall within the run).
+
+    Examples: ``"rose from 0.1% (mean of steps 1-4) to 2.7% (mean of steps 17-20)"``,
+    ``"rose to 2.7% at step 21 and fell back: 1% (mean of steps 1-20), 0.005% (mean of
+    steps 81-100)"``.
+
+    Raises:
+        ValueError: a history without flushed shares.
+    """
+    f = list(history.flushed)
+    if not f:
+        raise ValueError("flushed_trend needs a history with a flushed share per step.")
+    n = len(f)
+    k = max(1, n // 5)
+    first, last = sum(f[:k]) / k, sum(f[-k:]) / k
+    steps = history.steps if len(history.steps) == n else list(range(1, n + 1))
+    head = f"step {steps[0]}" if k == 1 else f"steps {steps[0]}-{steps[k - 1]}"
+    tail = f"step {steps[-1]}" if k == 1 else f"steps {steps[-k]}-{steps[-1]}"
+    mean = "" if k == 1 else "mean of "
+    top = max(range(n), key=lambda i: f[i])
+    if f[top] == 0:
+        return f"stayed at 0% at every one of the {n} steps"
+    if 0 < top < n - 1 and f[top] > 1.5 * max(first, last):
+        return (f"rose to {_pct(f[top])} at step {steps[top]} and fell back: {_pct(first)} "
+                f"({mean}{head}), {_pct(last)} ({mean}{tail})")
+    if last > 1.25 * first:
+        verb = "rose"
+    elif first > 1.25 * last:
+        verb = "fell"
+    else:
+        return (f"stayed about level: {_pct(first)} ({mean}{head}), {_pct(last)} "
+                f"({mean}{tail})")
+    return f"{verb} from {_pct(first)} ({mean}{head}) to {_pct(last)} ({mean}{tail})"
+
+
 def results_table(histories: dict, reference: str) -> pd.DataFrame:
     """One row per arm: final validation loss, its gap to ``reference`` (%), the flushed share
-    (mean over steps and last step, %), GradScaler's skipped steps, seconds.
+    (mean over steps and last step, %), GradScaler's skipped steps. No time: an arm's wall time
+    (``ArmHistory.seconds``) includes building the model and the validation passes, and on a
+    device that emulates the arm's precision it is no hardware speed.
 
     Raises:
         ValueError: ``reference`` is not one of the arms.
@@ -214,7 +283,6 @@ def results_table(histories: dict, reference: str) -> pd.DataFrame:
             "flushed % (mean)": 100 * sum(h.flushed) / max(1, len(h.flushed)),
             "flushed % (last step)": 100 * (h.flushed[-1] if h.flushed else 0.0),
             "skipped steps": len(h.skipped),
-            "seconds": h.seconds,
         }
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "run"

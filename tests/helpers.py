@@ -129,3 +129,21 @@ def arm_history(label, losses, flushed):
     h.val_steps, h.val_loss = list(range(len(losses))), list(losses)
     h.steps, h.flushed = list(range(1, len(flushed) + 1)), list(flushed)
     return h
+
+
+def synthetic_profile(times: dict, *, moved: int = 0, device: str = "cpu", size: str = "cpu"):
+    """A `course_utils.profiling.Profile` of a toy model, one fp32 row per policy of ``times``
+    (``{policy: step times}``, seconds), with made-up bytes; ``moved`` bytes to the host for
+    ``offload``."""
+    from course_utils.profiling import Profile, ProfileConfig, ProfileMeasurement
+    from course_utils.terms import MiB
+    prof = Profile("toy", "layers", "Block", 2, 1000, 16000, "tokens", size=size)
+    for i, (policy, t) in enumerate(times.items()):
+        cfg = ProfileConfig("toy", "fp32", policy, 4, device, "tokens", 128)
+        m = ProfileMeasurement(config=cfg, device_name=device, activations=(8 - 2 * i) * MiB,
+                               autocast_weight_copies=0, logits=MiB,
+                               peak_allocated=(40 - 2 * i) * MiB, grad_max_diff=0.0,
+                               bytes_to_host=moved if policy == "offload" else 0)
+        m.add_times(t)
+        prof.measurements.append(m)
+    return prof

@@ -75,7 +75,10 @@ def test_autocast_policy_reads_this_devices_lists():
     assert list(t.index) == list(POLICY_PROBES)
     assert list(t.columns) == ["fp32 input", "bf16 input", "autocast here"]
     assert t.loc["linear (matmul)", "autocast here"] == "runs in bf16"
-    assert t.loc["cross_entropy", "autocast here"] == "runs in fp32"
+    assert t.loc["cross_entropy (the loss)", "autocast here"] == "runs in fp32"
+    # the step inside it: CPU autocast casts cross_entropy's input up, so its log-softmax (saved
+    # for backward) is fp32 here; on CUDA only nll_loss is listed and it follows its input
+    assert t.loc["log_softmax inside cross_entropy", "bf16 input"] == "fp32"
     # CPU autocast (unlike CUDA's list) leaves layer_norm and softmax of a bf16 input in bf16
     assert t.loc["layer_norm", "autocast here"] == "follows its input"
     assert t.loc["softmax", "bf16 input"] == "bf16"

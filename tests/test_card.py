@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import zoo
+from helpers import synthetic_profile, zoo
 
 import course_utils.guard as guard
 from course_utils.card import profile_and_recommend, recommend
@@ -94,3 +94,61 @@ def test_on_cuda_the_card_plans_below_the_budget_and_steps_down_after_an_out_of_
     ran.clear()  # with a target, accumulation reaches it at the smaller micro-batch
     card = recommend(prof, exs, budget, hw=gpu, target_batch=planned)
     assert card.micro_batch <= fits_up_to and card.micro_batch * card.accum_steps >= planned
+
+
+# --- the card ranks qualifying policies by their measured time ------------------------------------
+
+def _card_for(times: dict, budget_between=("full", "none"), size="cpu"):
+    """A card for a synthetic profile, with an extrapolation whose peaks follow the profile's
+    (none the largest): the budget sits between two policies' peaks at the measured batch."""
+    from course_utils.extrapolate import Extrapolation, PolicyFit
+    from course_utils.hardware import HardwareInfo
+    prof = synthetic_profile(times, size=size)
+    ex = Extrapolation("toy", "fp32", "cpu", "tokens", 128, 2, 0.0, 0.0, (0.0, 0.0))
+    per_sample = {"none": 10 * MiB, "selective": 6 * MiB, "full": 4 * MiB, "offload": 9 * MiB}
+    for p in times:
+        s = per_sample[p]
+        ex.fits[p] = PolicyFit(p, (2, 4), (20 * MiB + 2 * s, 20 * MiB + 4 * s), s, 20 * MiB,
+                               21 * MiB, 20 * MiB + 4 * s)
+    hi, lo = (ex.peak(4, p) for p in budget_between[::-1])
+    budget = (hi + lo) // 2
+    cpu = HardwareInfo(device="cpu", name="a CPU", compute_capability=None, native_bf16=False)
+    return recommend(prof, {"fp32": ex}, budget, target_batch=16, check=False, hw=cpu)
+
+
+def test_the_card_picks_the_fastest_measured_policy_that_fits():
+    import re
+    # every run measured selective slower than full: the card must not prefer it for less work
+    slow_sel = {"none": [1.0] * 6, "selective": [1.5, 1.52, 1.49, 1.51, 1.5, 1.48],
+                "full": [1.3, 1.31, 1.29, 1.3, 1.32, 1.28]}
+    card = _card_for(slow_sel, budget_between=("selective", "none"))
+    assert card.policy == "full"
+    text = card.text()
+    assert re.search(r"selective fits too, with a step time 1\.1\dx slower than full \(noise band", text)
+    assert "add less work" not in text
+    assert "Without checkpointing only" in text
+    # within noise of each other: the one that adds less work
+    close = {"none": [1.0] * 6, "selective": [1.30, 1.33, 1.28, 1.31, 1.29, 1.32],
+             "full": [1.31, 1.30, 1.30, 1.32, 1.30, 1.29]}
+    card = _card_for(close, budget_between=("selective", "none"))
+    assert card.policy == "selective"
+    assert "full fits too, with a step time within the noise of selective's" in card.text()
+    assert "none, selective, offload, every-K, full" in card.text()
+    # selective does not fit: full, and the card says why selective was passed over
+    card = _card_for(slow_sel, budget_between=("full", "selective"))
+    assert card.policy == "full" and "selective does not reach a micro-batch of 4" in card.text()
+    # no time told apart (the smoke size): the order of added work decides
+    card = _card_for(slow_sel, budget_between=("selective", "none"), size="smoke")
+    assert card.policy == "selective" and "not told apart from selective's" in card.text()
+
+
+def test_the_cards_options_table_is_readable():
+    import re
+    card = _card_for({"none": [1.0] * 6, "full": [1.3, 1.31, 1.29, 1.3, 1.32, 1.28]})
+    opts = card.options_table()
+    assert list(opts.index) == ["fp32", "fp32 + full checkpointing"]
+    assert "emulated" not in opts.columns and opts.shape[1] + 1 <= 7
+    cell = opts.loc["fp32 + full checkpointing", "time vs none"]
+    assert re.fullmatch(r"1\.30x slower \(\d\.\d\d-\d\.\d\dx\)", cell), cell
+    assert "IQR" not in card.text()
+    assert json.dumps(card.as_dict())

@@ -70,6 +70,35 @@ def test_each_rule_holds_and_fails(claim):
     assert verdict(claim, **busted).status == "busted", verdict(claim, **busted)
 
 
+def test_c1_depends_on_the_baseline_when_tf32_closes_the_gap():
+    """An H100 printed bf16 8.34x faster than full fp32 and a bf16 matmul only 1.34x faster than
+    a TF32 one: by the lesson's own framing that is "depends" (on the baseline), not "held"."""
+    fast = ratio(0.12, spread=0.001)
+    v = verdict("C1", hw=H100, bf16_time=fast, bf16_vs_tf32=0.039 / 0.053)
+    assert v.status == "depends" and "TF32" in v.evidence and "0.74x" in v.evidence
+    assert "one probe each" in v.evidence and v.evidence.count("faster") == 1  # said once
+    assert verdict("C1", hw=H100, bf16_time=fast, bf16_vs_tf32=0.4).status == "held"
+    assert verdict("C1", hw=H100, bf16_time=fast).status == "held"  # no TF32 probe: full fp32 only
+    assert verdict("C1", hw=H100, bf16_time=ratio(0.9), bf16_vs_tf32=0.4).status == "busted"
+
+
+def test_c11_c13_name_the_gradients_they_count_and_print_no_signed_zero():
+    v = verdict("C11", flushed_unscaled=0.01332, flushed_scaled=0.00026, scale=65536.0,
+                which="activation gradients")
+    assert "1.332% of the activation gradients unscaled" in v.evidence
+    v = verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=-2e-7,
+                which="activation gradients")
+    assert "of the activation gradients" in v.evidence and "-0.00%" not in v.evidence
+    assert "within 0.01% of fp32's validation loss" in v.evidence
+    assert "ended +0.82% from" in verdict("C13", same_range=True, flushed_bf16=0.0,
+                                          val_loss_gap=0.0082).evidence
+
+
+def test_c5_prints_the_published_range_exercise_02_and_lesson_02_cite():
+    v = verdict("C5", full_time=ratio(1.25))
+    assert "published: 20-40%" in v.evidence and "held from +15% to +40%" in v.evidence
+
+
 def test_c7_never_holds_on_a_step_that_recomputes():
     """A checkpointed step is the plain step plus a recomputed forward: "faster" per step means
     the load changed while it was timed (lesson 03 printed "1.75x faster" on a busy laptop), so
@@ -122,6 +151,25 @@ def test_time_claims_are_never_decided_inside_the_noise():
         assert verdict(claim, **held).status == "inconclusive", claim
         held[key] = ratio(1.3, size="smoke")
         assert verdict(claim, **held).status == "inconclusive", claim
+
+
+def test_c5_is_inconclusive_when_its_band_straddles_an_edge_of_the_held_range():
+    # lesson 02 on a bf16 CPU: "busted ... 1.14x slower (noise band 1.12-1.21x)": the band
+    # reaches into the held range, so the run cannot tell held from busted
+    straddles = time_ratio([1.12, 1.14, 1.21, 1.13, 1.15, 1.20], [1.0] * 6, size="cpu")
+    assert straddles.verdict == "slower" and straddles.low < 1.15 < straddles.high
+    v = verdict("C5", full_time=straddles, flops_ratio=1.22)
+    assert v.status == "inconclusive" and "straddles the +15% edge of the held range" in v.evidence
+    wide = verdict("C5", full_time=ratio(1.27, spread=0.2))
+    assert wide.status == "inconclusive" and "+15% and +40% edges" in wide.evidence
+    assert verdict("C5", full_time=ratio(1.40, spread=0.03)).status == "inconclusive"
+    # wholly inside: held; wholly outside on either side: busted
+    assert verdict("C5", full_time=ratio(1.25)).status == "held"
+    assert verdict("C5", full_time=ratio(1.08)).status == "busted"
+    assert verdict("C5", full_time=ratio(1.60)).status == "busted"
+    # the band as printed decides: 1.1496 prints as 1.15, inside the range
+    edge = time_ratio([1.1496, 1.16, 1.17] * 3, [1.0] * 9, size="cpu")
+    assert round(edge.low, 2) == 1.15 and verdict("C5", full_time=edge).status == "held"
 
 
 def test_hardware_claims_say_why_not_measured_here():
@@ -186,7 +234,7 @@ def results_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-C11_LESSON = dict(flushed_unscaled=0.01331, flushed_scaled=0.0, scale=65536.0)
+C11_LESSON = dict(flushed_unscaled=0.01331, flushed_scaled=0.0, scale=65536.0, which="activation gradients")
 
 
 C11_TINY = dict(flushed_unscaled=0.00113, flushed_scaled=0.0, scale=65536.0)

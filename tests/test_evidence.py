@@ -49,8 +49,9 @@ def test_fp16_underflow_and_bf16_range_c11_c13():
     assert fp16["overflow_scaled"] == 0
     assert verdict("C11", **fp16).status == "held"
     bf16 = evidence.bf16_range(TINY)
-    assert bf16 == {"same_range": True, "flushed_bf16": 0.0}
+    assert bf16 == {"same_range": True, "flushed_bf16": 0.0, "which": "parameter gradients"}
     assert verdict("C13", **bf16).status == "held"
+    assert "of the parameter gradients" in verdict("C11", **fp16).evidence
 
 
 def test_scaler_trace_c12():

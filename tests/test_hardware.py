@@ -52,6 +52,16 @@ def test_cpu_recommendation(monkeypatch, flags, precision, words):
     assert words in rec.reason
     assert "Test CPU" in hardware.report(hw)
     assert is_emulated(hw, "bf16") == (precision == "fp32")
+    # the fp16 line names the hardware feature, and never calls fp16 "fast" (a probe measures it)
+    assert "native fp16   : no (emulated)" in hardware.report(hw) and "fast" not in hardware.report(hw)
+
+
+def test_report_names_the_fp16_instructions(monkeypatch):
+    fake_cpu(monkeypatch, avx512_f=True, amx_bf16=True, avx512_fp16=True)
+    text = hardware.report(hardware.detect("cpu"), {"fp32": 1.0, "bf16": 0.44, "fp16": 1.18})
+    assert "native fp16   : yes (avx512_fp16)" in text and "fp16 1.18x fp32's time" in text
+    tiny = hardware.report(hardware.detect("cpu"), {"fp32": 1.0, "bf16": 0.0041, "fp16": 0.85})
+    assert "bf16 0.0041x fp32's time" in tiny   # a loaded machine once printed "bf16 0.00x"
 
 
 def test_isa_caps_make_a_bf16_cpu_plan_like_an_avx2_one(monkeypatch):

@@ -23,7 +23,7 @@ from test_telling import machinery_share  # the issue-18 checker of the telling,
 import course_utils.checkpointing as ck
 from course_utils import lora, model_zoo, plots, training
 from course_utils.checkpointing import SAVE
-from course_utils.claims import CLAIMS
+from course_utils.claims import CLAIMS, verdict
 from course_utils.config import config_for
 from course_utils.data import get_batch
 from course_utils.models import build_model
@@ -185,8 +185,7 @@ def test_the_setup_cell_chooses_the_threads_once(path):
     assert "use_threads()" in cell(path, "setup").source
 
 
-@pytest.mark.parametrize("path", [LESSON[n] for n in ("01", "02", "03", "04")],
-                         ids=lesson_ids([LESSON[n] for n in ("01", "02", "03", "04")]))
+@pytest.mark.parametrize("path", LESSONS, ids=lesson_ids(LESSONS))
 def test_machinery_words_stay_in_the_measuring_box(path):
     nb = notebook(path)
     boxes = [c for c in nb.cells if c.get("id") == "how-measured"]
@@ -226,6 +225,76 @@ def test_lesson01_recipes_do_what_train_step_does(precision):
     assert not all(torch.equal(p, q) for p, q in zip(m1.parameters(), build_model(cfg).parameters()))
 
 
+def test_lesson01_the_recipes_markdown_promises_no_bitwise_equality():
+    """An H100 printed 'same parameters: False' under "it does exactly what bf16_step does": the
+    markdown says what the check prints, not which answer to expect."""
+    text = cell(LESSON["01"], "recipe-accum-md").source
+    assert "exactly what" not in text and "bitwise equal" in text and "GPU" in text
+
+
+def test_lesson01_what_is_saved_in_fp32_is_read_from_the_recording():
+    """On CUDA cross_entropy's log-softmax ran in bf16 (an H100 recorded `_log_softmax` with a bf16
+    output) while the markdown said it was saved in fp32: the lesson prints the fp32 ops from
+    its recording and says where the log-softmax is fp32 only with its condition."""
+    assert 'ops.ops_by_dtype(exclude="layers").get("fp32"' in cell(LESSON["01"], "cache").source
+    for cell_id in ("cache-read", "why-not-half"):
+        text = cell(LESSON["01"], cell_id).source
+        assert "log-softmax" not in text or "on a CPU" in text, cell_id
+
+
+def test_lesson01_tells_the_flushed_trend_from_its_run():
+    assert "flushed_trend(plain[" in cell(LESSON["01"], "train-table").source
+    read = cell(LESSON["01"], "train-read").source
+    assert "usually grows" not in read and "line printed above table (A)" in read
+
+
+def test_lesson01_section7_runs_on_a_t4_with_arms_the_guard_accepts(capsys):
+    """On a Colab T4, the GPU "Try next" recommends, the guard refuses bf16 (emulated): §7 once
+    stopped there, and its table and C13 failed after it. The lesson's own cells of §7, run with
+    a T4's HardwareInfo, hand train_arms only arms the guard accepts on a T4, say what they left
+    out, and judge C13 without a bf16 training run."""
+    import math
+
+    from helpers import arm_history
+
+    from course_utils.formats import format_table
+    from course_utils.guard import check_feasible
+    from course_utils.hardware import HardwareInfo, is_emulated
+    from course_utils.training_arms import (
+        Arm,
+        feasible_arms,
+        flushed_trend,
+        relative_gap,
+        results_table,
+        shows_harm,
+    )
+    t4 = HardwareInfo(device="cuda", name="Tesla T4", compute_capability=(7, 5), native_bf16=False,
+                      fp16_fast=True, bf16_emulated=True)
+    calls = []
+
+    def train_arms_on_t4(config, arms, steps, **kwargs):
+        for a in arms:  # what train_arms asks first, here on the T4
+            check_feasible(config.replace(precision=a.precision), t4)
+        calls.append([a.label for a in arms])
+        return {a.label: arm_history(a.label, [5.0, 4.0], [0.0] * steps) for a in arms}
+
+    ns = {"math": math, "hw": t4, "is_emulated": is_emulated, "DEVICE": "cpu", "size": "cpu",
+          "config_for": config_for,
+          "Arm": Arm, "feasible_arms": feasible_arms, "train_arms": train_arms_on_t4,
+          "loss_curves_chart": lambda *a, **k: None, "results_table": results_table,
+          "relative_gap": relative_gap, "shows_harm": shows_harm, "flushed_trend": flushed_trend,
+          "verdict": verdict, "verdicts": [], "bf16_plain": {"flushed": 0.0},
+          "table": format_table()}
+    for cell_id in ("train", "train-table", "c13", "train-scaled", "train-scaled-table"):
+        exec(compile(python(cell(LESSON["01"], cell_id).source), cell_id, "exec"), ns)  # noqa: S102
+    out = capsys.readouterr().out
+    assert calls[0] == ["fp32", "fp16, no scaler"]                 # (A) without bf16
+    assert calls[1] == ["fp32", "fp16 + GradScaler", "fp16, no scaler"]   # (B) as everywhere
+    assert "(A) leaves out bf16: bf16 on Tesla T4 is emulated" in out and "(A) 2 runs" in out
+    c13 = ns["verdicts"][-1]
+    assert c13.claim == "C13" and "validation loss" not in c13.evidence
+
+
 def test_lesson01_prose_types_no_measured_ratio():
     """Markdown states no speed or memory ratio (e.g. "fp16 ~200x slower", "0.03x"): those are
     printed from this run's numbers."""
@@ -254,6 +323,42 @@ def test_lesson02_setup_plans_from_the_recipe_and_teaches_the_segment_rule_as_it
     assert "√(cN)" in prose and "N ≤ c" in prose
     assert "for transformer blocks, checkpoint every block" not in prose.lower()
     assert "cannot fix" not in prose
+    assert "MUST_CPU_OFFLOAD" in prose or "CPU-offload" in prose or "CPU offload" in prose
+
+
+def test_lesson02_the_attention_cell_says_where_its_sequence_lengths_stop():
+    """§7 said the lengths stop where one block's seq x seq matrices pass 1 GiB; at the cpu size
+    they stop at 8T (128 MiB), and only the h100 size is cut by that cap."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+    body = ast.parse(cell(LESSON["02"], "attention").source).body
+    head = ast.Module([n for n in body[:3]], [])  # candidates, lengths, the sentence
+    for size, capped in (("cpu", False), ("h100", True)):
+        c = config_for(size)
+        ns = {"T": c.seq_len, "B": c.batch_size, "cfg": SimpleNamespace(n_heads=c.n_heads)}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(head, "attention", "exec"), ns)
+        lengths = ns["lengths"]
+        assert all(c.batch_size * c.n_heads * L * L * 4 <= 2**30 for L in lengths)
+        assert (len(lengths) < len(ns["candidates"])) == capped, size
+        assert f"{lengths[0]} to {lengths[-1]}" in out.getvalue()
+        assert ("would pass 1 GiB" in out.getvalue()) == capped, out.getvalue()
+    md = cell(LESSON["02"], "s7").source
+    assert "stop where one block's seq × seq matrices would pass 1 GiB" not in md
+
+
+def test_lesson02_the_reentrant_cell_comments_a_will_raise_that_did_not_happen(cfg, capsys):
+    import warnings
+    ns = {"torch": torch, "checkpoint": torch.utils.checkpoint.checkpoint, "warnings": warnings,
+          "build_model": build_model, "cfg": cfg, "B": cfg.batch_size, "T": cfg.seq_len,
+          "d": cfg.d_model, "device": "cpu"}
+    exec(compile(cell(LESSON["02"], "reentrant-default").source, "reentrant-default", "exec"), ns)
+    out = capsys.readouterr().out
+    promised = any("will raise" in str(w.message) for w in ns["caught"])
+    ran = ns["outcome"].startswith("ran")
+    assert ("has not happened in torch" in out) == (promised and ran), out
 
 
 def test_lesson02_hugging_face_cells_run_without_transformers(monkeypatch, capsys):
@@ -424,3 +529,58 @@ def test_exercise05_policy_keeps_the_librarys_save_list():
     ctx = SelectiveCheckpointContext(is_recompute=False)
     for op in SAVE:  # the course's save list (matmuls and every attention kernel)
         assert ns["matmul_policy"](ctx, op) == CheckpointPolicy.MUST_SAVE, op
+
+
+def _run(cell_id: str, namespace: dict) -> str:
+    """Run lesson 05's cell ``cell_id`` in ``namespace``; what it printed."""
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(cell(LESSON["05"], cell_id).source, cell_id, "exec"), namespace)
+    return out.getvalue()
+
+
+def test_lesson05_the_cpu_card_budget_leaves_no_checkpointing_out():
+    # a budget every policy met (full's peak at 4x the batch) made the card pick 'none' on every
+    # CPU run; halfway between full's and none's peaks at the measured batch, none cannot fit
+    from types import SimpleNamespace
+    peaks = {"none": lambda b: 30 + 5 * b, "full": lambda b: 30 + 2 * b}
+    ex = SimpleNamespace(peak=lambda b, policy: peaks[policy](b))
+    seen = {}
+
+    def recommend(prof, exs, budget, **kw):
+        seen.update(budget=budget, **kw)
+        return SimpleNamespace(text=lambda: "card", options_table=lambda: None)
+    ns = {"hw": SimpleNamespace(device="cpu"), "ex": ex, "B": 4, "PRECISION": "fp32",
+          "prof": None, "recommend": recommend, "device": "cpu"}
+    _run("card", ns)
+    assert ex.peak(4, "full") < seen["budget"] < ex.peak(4, "none")
+    assert "halfway" in seen["budget_source"]
+
+
+def test_lesson05_measures_the_course_gpt_in_this_machines_precision():
+    tree = ast.parse(cell(LESSON["05"], "estimate-gpt").source)
+    calls = {n.func.id: n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id in ("extrapolate", "estimate")}
+    assert any(k.arg == "precision" for k in calls["extrapolate"].keywords)
+    replace = next(n for n in ast.walk(calls["estimate"]) if isinstance(n, ast.Call)
+                   and getattr(n.func, "attr", "") == "replace")
+    assert "precision" in {k.arg for k in replace.keywords}
+
+
+def test_lesson05_ladder_read_names_the_method_profile_called():
+    transformers = pytest.importorskip("transformers")
+    import pandas as pd
+    from helpers import synthetic_profile
+    prof = synthetic_profile({"none": [1.0] * 6, "full": [1.3] * 6, "hf": [1.3] * 6})
+    for m in prof.measurements:
+        m.saved_modules = pd.DataFrame({"module": ["layers.0.x", "head"], "nbytes": [2**20, 2**10]})
+    out = _run("ladder-read", {"prof": prof, "PRECISION": "fp32", "MiB": 2**20,
+                               "transformers": transformers, "display": lambda *a: None})
+    called = ("activation_checkpointing_enable()"
+              if hasattr(transformers.PreTrainedModel, "activation_checkpointing_enable")
+              else "gradient_checkpointing_enable()")
+    assert f"Hugging Face's own {called} keeps" in out
+    assert "bit-for-bit equal" in out
+

@@ -399,8 +399,10 @@ def test_time_ratio_is_printed_only_outside_the_noise():
     assert "Not drawn on the time axis" in figure("ladder").legends[-1].get_title().get_text()
 
     texts = _texts(figure("pareto"))
-    assert "fp32+every-2: ≈1x (within noise)" in texts and "fp32+full: 1.26x slower" in texts
-    assert "fp32+selective: inconclusive" in texts and not any("1.69x" in t for t in texts)
+    assert "fp32 + checkpointing every 2 blocks: ≈1x (within noise)" in texts
+    assert "fp32 + full checkpointing: 1.26x slower" in texts
+    assert "fp32 + selective checkpointing: inconclusive" in texts
+    assert not any("1.69x" in t for t in texts)
 
     texts = [t.get_text() for t in figure("dashboard").axes[0].texts]
     assert any("within noise" in t for t in texts) and not any("1.03x" in t for t in texts)
@@ -716,6 +718,17 @@ def test_routes_chart_marks_what_fits():
     with pytest.raises(ValueError, match="gpu_gib"):
         plots.routes_chart(routes, gpu_gib=0)
     assert np.isfinite(ax.get_xlim()[1])
+
+
+def test_the_pareto_chart_labels_policies_in_words():
+    """Lesson 02's chart read 'bf16+segments:2: 1.19x slower' and 'bf16: reference' under a
+    markdown that speaks of `none`: the points are labelled as the tables label them."""
+    table = policy_table().assign(checkpoint=["none", "full", "every-2", "segments:2", "selective"])
+    texts = [t.get_text() for t in plots.pareto_chart(table).axes[0].texts]
+    assert any(t.startswith("fp32 (no checkpointing)") for t in texts), texts
+    assert any(t.startswith("fp32 + 2 checkpointed segments") for t in texts), texts
+    assert any(t.startswith("fp32 + checkpointing every 2 blocks") for t in texts), texts
+    assert not any("+segments:" in t or "+every-" in t for t in texts), texts
 
 
 def test_the_budget_chart_draws_no_throughput_the_search_did_not_time():

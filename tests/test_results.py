@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from course_utils import results
+from course_utils.terms import MiB
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,3 +79,32 @@ def test_results_are_found_beside_the_imported_course_not_from_the_working_folde
     assert results.find_results(stray) is None
     (stray / "course_utils").mkdir()
     assert results.find_results(stray / "notebooks") == stray / "results"
+
+
+def test_committed_runs_give_each_run_a_title_and_a_readable_table(tmp_path):
+    """Lesson 02 showed a GPU run as nine columns of bare ratios to fp32 (0.12, 0.15): each run
+    now has a title line and its times against the recommended precision, told as verdicts."""
+    def row(label, prec, ckpt, t, r, lo, hi):
+        return {"label": label, "config": {"precision": prec, "checkpoint": ckpt},
+                "measured": {"step_time_s": t, "peak_allocated": 100 * MiB, "saved_total": 50 * MiB},
+                "ratios": {"time_ratio": r, "time_ratio_low": lo, "time_ratio_high": hi},
+                "time_verdict": "faster", "emulated": False}
+    run = tmp_path / "Some-GPU-2026-01-02"
+    run.mkdir()
+    (run / "bench.json").write_text(json.dumps({
+        "size": "h100", "recommendation": {"precision": "bf16"},
+        "hardware": {"device": "cuda", "name": "Some GPU", "torch_version": "2.11"},
+        "rows": [row("fp32", "fp32", "none", 0.7734, 1.0, 1.0, 1.0),
+                 row("bf16", "bf16", "none", 0.0931, 0.1202, 0.1198, 0.1237),
+                 row("fp16", "fp16", "none", 0.0980, 0.1269, 0.1199, 0.1269),
+                 row("bf16+full", "bf16", "full", 0.1136, 0.1470, 0.1459, 0.1472)]}))
+    [(title, table)] = results.committed_runs(tmp_path)
+    assert title == "Some GPU, size 'h100', torch 2.11, 2026-01-02:"
+    assert list(table.index) == ["fp32", "bf16", "fp16", "bf16 + full checkpointing"]
+    col = table["time vs bf16"]
+    assert col["bf16"] == "1.00x (reference)" and col["fp16"] == "within noise"
+    # full / bf16 = 0.1470 / 0.1202; its band [0.1459 / 0.1237, 0.1472 / 0.1198] excludes 1
+    assert col["bf16 + full checkpointing"] == "1.22x slower"
+    assert col["fp32"].endswith("x slower") and not any("0." in c for c in col)
+    assert table.shape[1] + 1 <= 7 and "saved MiB" in table.columns
+    assert results.committed_runs(tmp_path, devices=("cpu",)) == []

@@ -11,7 +11,7 @@ which it must reject: a checker that accepted the broken case could not fail.
 4. a default table has at most 7 columns (index included) and no raw byte counts;
 5. no emulated time is drawn on a time axis;
 6. machinery words are at most 5 % of a lesson's markdown outside its "How this lesson
-   measures" box.
+   measures" box (the checker here; test_notebooks.py applies it to every lesson).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from nbcells import cell
 from course_utils import claims, memory_model, plots
 from course_utils.experiments import summary
 from course_utils.step_timing import time_ratio
-from course_utils.terms import GiB
+from course_utils.terms import GiB, MiB
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +125,8 @@ def check_readable(df: pd.DataFrame) -> None:
     n = df.shape[1] + (df.index.nlevels if not isinstance(df.index, pd.RangeIndex) else 0)
     assert n <= 7, f"{n} columns: {list(df.columns)}"
     for col in df.columns:
-        vals = pd.to_numeric(df[col], errors="coerce").dropna()
+        cells = df[col].map(lambda v: v.replace(",", "") if isinstance(v, str) else v)  # "23,000"
+        vals = pd.to_numeric(cells, errors="coerce").dropna()
         if len(vals) and not re.search(r"/s|tokens|batch|param", str(col)):
             assert not ((vals >= 1e6) & (vals == vals.round())).any(), f"raw bytes in {col!r}"
 
@@ -158,6 +159,26 @@ def test_default_tables_are_readable():
     check_readable(lora.routes_table(lora.routes("7B")))
     ledger = claims.claims_table([claims.verdict("C10")])
     check_readable(ledger.drop(columns="says"))
+
+
+def test_summary_prints_numbers_at_their_significant_figures():
+    """'109.0' claimed a digit the rounding did not keep, beside 'peak allocated 109.43' two cells
+    later; on an H100 '23000.0' beside '23030.55' read as two measurements. Three significant
+    figures, written as a reader writes them, and read back by float(cell.replace(',', ''))."""
+    from course_utils.experiments import round_sig
+    df = compare_like()
+    df["peak_allocated"] = [109.43 * MiB, 23030.55 * MiB, 67.14 * MiB, 0.5 * MiB]
+    df["step_time_s"] = [4.5912, 0.1261, 0.0835, 0.2]
+    s = summary(df)
+    assert s["peak MiB"].tolist() == ["109", "23,000", "67.1", "0.5"]
+    assert s["step ms"].tolist() == ["4,590", "126", "83.5", "200"]
+    for col in ("step ms", "peak MiB", "est peak MiB", "saved MiB", "est saved MiB"):
+        assert not any(cell.endswith(".0") for cell in s[col]), (col, s[col].tolist())
+    # the browser test's reading gives the rounded value back
+    assert [float(c.replace(",", "")) for c in s["peak MiB"]] == [
+        round_sig(v / MiB) for v in df["peak_allocated"]]
+    with pytest.raises(AssertionError, match="raw bytes"):   # a raw count written with commas
+        check_readable(pd.DataFrame({"peak": ["68,776,156"]}))
 
 
 def test_the_table_checker_rejects_a_wide_raw_table():
@@ -255,14 +276,6 @@ def machinery_share(nb) -> float:
         words += len(re.findall(r"\w+", c.source))
         hits += len(MACHINERY.findall(c.source))
     return hits / max(words, 1)
-
-
-@pytest.mark.parametrize("name", ["03_combined_stack", "04_scaling_out"])
-def test_machinery_words_stay_in_the_box(name):
-    nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", 4)
-    boxes = [c for c in nb.cells if c.get("id") == "how-measured"]
-    assert len(boxes) == 1 and "How this lesson measures" in boxes[0].source
-    assert machinery_share(nb) <= 0.05, f"{machinery_share(nb):.1%} machinery words"
 
 
 def test_the_machinery_checker_rejects_a_body_about_the_engine():

@@ -5,10 +5,13 @@ from helpers import arm_history
 
 from course_utils.claims import verdict
 from course_utils.config import config_for
+from course_utils.hardware import HardwareInfo, detect
 from course_utils.training_arms import (
     HARM,
     Arm,
     ArmHistory,
+    feasible_arms,
+    flushed_trend,
     relative_gap,
     results_table,
     shows_harm,
@@ -70,7 +73,6 @@ def test_train_arms_refuses_before_running(tiny):
     with pytest.raises(ValueError, match="differ"):
         train_arms(tiny, [Arm("a", "fp32"), Arm("a", "bf16")], 2)
     big = config_for("cpu", device="cpu")     # fp16 at the cpu profile: emulated and refused
-    from course_utils.hardware import detect
     if not detect("cpu").fp16_fast:
         with pytest.raises(ValueError, match="emulated"):
             train_arms(big, [Arm("fp16", "fp16")], 2, progress=False)
@@ -88,6 +90,7 @@ def test_harm_rule_and_results_table():
     assert t.loc["far", "flushed % (mean)"] == pytest.approx(40.0)
     assert t.loc["far", "flushed % (last step)"] == pytest.approx(60.0)
     assert t.loc["ref", "vs ref %"] == 0
+    assert "seconds" not in t.columns   # a run's wall time (model, evaluation, maybe emulated) is no speed
     with pytest.raises(ValueError, match="reference"):
         results_table(hs, "nope")
     # C13's threshold and the lesson's harm threshold agree
@@ -95,3 +98,34 @@ def test_harm_rule_and_results_table():
     assert verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=gap).status == "held"
     gap = relative_gap(hs, "far", "ref")
     assert verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=gap).status == "busted"
+
+
+def test_flushed_trend_says_how_the_share_moved():
+    """The sentence under table (A) is generated from the per-step shares: a hump (the 100-step
+    runs), a rise (a 20-step run that stops on the rising side), a fall, and none at all."""
+    hump = [0.0] * 10 + [0.01 * i for i in range(1, 11)] + [0.1 - 0.01 * i for i in range(1, 11)] \
+        + [0.0001] * 70
+    text = flushed_trend(arm_history("h", [1.0], hump))
+    assert text.startswith("rose to 10% at step 20 and fell back") and "steps 81-100" in text
+    assert "0.01%" in text                      # the last fifth's mean, 0.0001 as a percentage
+    assert flushed_trend(arm_history("r", [1.0], [0.001 * i for i in range(1, 21)])).startswith(
+        "rose from 0.25% (mean of steps 1-4) to 1.9% (mean of steps 17-20)")
+    assert flushed_trend(arm_history("f", [1.0], [0.03, 0.02, 0.01, 0.005, 0.001])) == \
+        "fell from 3% (step 1) to 0.1% (step 5)"
+    assert flushed_trend(arm_history("z", [1.0], [0.0] * 5)).startswith("stayed at 0%")
+    assert flushed_trend(arm_history("l", [1.0], [0.01, 0.011, 0.01])).startswith("stayed about level")
+    with pytest.raises(ValueError, match="flushed"):
+        flushed_trend(arm_history("e", [1.0], []))
+
+
+T4 = HardwareInfo(device="cuda", name="Tesla T4", compute_capability=(7, 5), native_bf16=False,
+                  fp16_fast=True, bf16_emulated=True)
+
+
+def test_feasible_arms_leaves_out_what_the_guard_refuses(tiny):
+    arms = [Arm("fp32", "fp32"), Arm("bf16", "bf16"), Arm("fp16", "fp16", scaler=False)]
+    kept, left_out = feasible_arms(tiny, arms, T4)
+    assert [a.label for a in kept] == ["fp32", "fp16"]
+    assert [(a.label, "bf16 on Tesla T4 is emulated" in why) for a, why in left_out] == [("bf16", True)]
+    assert feasible_arms(tiny, arms, detect("cpu")) == (arms, [])   # the smoke sizes run on any CPU
+

@@ -49,7 +49,8 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     line. Emulated configurations are not drawn (their time is not this hardware's speed): a
     caption under the chart names them.
 
-    Each point is labelled with its configuration and, against the first row, its time ratio
+    Each point is labelled with its configuration in words (`course_utils.experiments.plain_label`;
+    "(no checkpointing)" where the policy is ``none``) and, against the first row, its time ratio
     only where the difference is outside the noise ("≈1x (within noise)", "inconclusive"
     otherwise). Horizontal error bars show the ratio's spread
     (``time_ratio_low``/``time_ratio_high``) where given, else the interquartile range
@@ -67,7 +68,9 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
     iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
     peak = mib(df["peak_allocated"])
-    labels = list(df["label"])
+    plain = df["checkpoint"] if "checkpoint" in df.columns else [None] * len(df)
+    labels = [plain_label(lab) + (" (no checkpointing)" if ck == "none" else "")
+              for lab, ck in zip(df["label"], plain)]
     notes = time_notes(df, [0] * len(df)) if "time_ratio" in df.columns else [None] * len(df)
     emulated = np.array([bool(n and n.emulated) for n in notes], dtype=bool)
     ok = ~(np.isnan(t) | np.isnan(peak)) & ~emulated
