@@ -266,6 +266,16 @@ def _bars(ax):
     return [p for p in ax.patches if isinstance(p, Rectangle) and p.get_width() and p.get_height()]
 
 
+def _whiskers(ax) -> list[tuple[float, float]]:
+    """(bottom, top) of each drawn error bar of ``ax``, left to right."""
+    out = []
+    for c in ax.containers:
+        if getattr(c, "has_yerr", False):
+            for seg in c.lines[2][0].get_segments():
+                out.append((seg[0][0], min(seg[0][1], seg[1][1]), max(seg[0][1], seg[1][1])))
+    return [(lo, hi) for _, lo, hi in sorted(out)]
+
+
 def _legends(fig):
     return list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
 
@@ -427,6 +437,39 @@ def test_spread_is_drawn_as_error_bars():
     ax = figure("ladder").axes[0]
     assert "spread" in ax.get_title()
     assert any(c.has_yerr for c in ax.containers if hasattr(c, "has_yerr"))
+
+
+def test_a_time_bar_and_its_whisker_say_what_its_label_says():
+    """The audit's AVX2 ladder: fp32 164 ms, full checkpointing 168 ms, but a per-round ratio
+    of 1.16x (band 1.03-1.16x, "slower"). The bar stood at 168 ms with a whisker reaching down
+    over the 164 ms reference, which looked "within noise". Now it stands at 164 x 1.16 and
+    its whisker at 164 x (1.03, 1.16), clear of the reference; a row within noise reaches it."""
+    df = pd.DataFrame({"label": ["fp32", "fp32+full", "fp32+selective"],
+                       "step_time_s": [0.164, 0.168, 0.170], "step_time_iqr_s": [0.002] * 3,
+                       "time_ratio": [1.0, 1.16, 1.02], "time_ratio_low": [1.0, 1.03, 0.97],
+                       "time_ratio_high": [1.0, 1.16, 1.08],
+                       "time_verdict": ["reference", "slower", "within noise"],
+                       "emulated": [False] * 3, "peak_allocated": [109 * MiB, 70 * MiB, 80 * MiB],
+                       "est_peak_allocated": [109 * MiB, 70 * MiB, 80 * MiB],
+                       "activations": [60 * MiB, 4 * MiB, 20 * MiB],
+                       "autocast_weight_copies": [0.0] * 3, "logits": [3 * MiB] * 3,
+                       "est_saved_total": [63 * MiB, 7 * MiB, 23 * MiB]})
+    ax = plots.comparison_chart(df).axes[0]
+    assert [round(b.get_height(), 2) for b in _bars(ax)] == [164.0, 190.24, 167.28]
+    (_, _), (lo, hi), (lo_s, hi_s) = _whiskers(ax)
+    assert (lo, hi) == (pytest.approx(164 * 1.03), pytest.approx(164 * 1.16))
+    assert lo > 164 and lo_s < 164 < hi_s
+    texts = [t.get_text() for t in ax.texts]
+    assert "1.16x slower" in texts and any("within noise" in t for t in texts)
+
+    story = adoption_story(measured_table([
+        ("fp32", "fp32", [1.0, 1.0, 1.0, 1.0, 1.0], 1000, False),
+        ("fp32+full", "fp32", [1.3, 1.35, 1.25, 1.3, 1.3], 600, False)]),
+        [("fp32", "fp32"), ("+ full", "fp32+full")])
+    ax = plots.adoption_chart(story.assign(step_time_s=[1.0, 1.1])).axes[0]  # own median 1.1 s
+    assert [round(b.get_height()) for b in _bars(ax)] == [1000, 1300]        # 1.0 s x 1.30
+    (_, _), (lo, hi) = _whiskers(ax)
+    assert lo > 1000 and lo <= 1300 <= hi
 
 
 def test_pareto_draws_the_bars_its_axis_label_names():
@@ -750,7 +793,13 @@ def test_the_race_chart_prints_a_per_token_ratio_only_outside_the_noise():
     fig = plots.race_chart(race(), size="cpu")
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts == ["reference", "1.23x faster", "≈1x\n(within noise)"]
-    assert [round(b.get_height()) for b in _bars(fig.axes[0])] == [6316, 8063, 6275]
+    # each bar is the first's tokens/s / its per-token ratio (6316 / 0.814, 6316 / 1.008), not
+    # its own median: the bar says what its label says
+    assert [round(b.get_height()) for b in _bars(fig.axes[0])] == [6316, 7762, 6266]
     assert any(c.has_yerr for c in fig.axes[0].containers if hasattr(c, "has_yerr"))
+    (_, _), (lo_full, hi_full), (lo_sel, hi_sel) = _whiskers(fig.axes[0])
+    assert lo_full > 6316                       # "1.23x faster": the band stays above the reference
+    assert lo_sel < 6316 < hi_sel               # "within noise": the band reaches the reference
+    assert lo_sel == pytest.approx(6316 / (1.80 * 3 / 5), rel=1e-3)   # reference / high
     ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert ticks[1].replace("\n", " ") == "bf16 + full checkpointing micro-batch 8"

@@ -6,6 +6,12 @@ reference row), its spread ``time_ratio_low`` / ``time_ratio_high``, a ``time_ve
 speed of real hardware). Older tables lack these columns; then the verdict is read from the
 interquartile ranges (``step_time_iqr_s``) when both rows have one, else the ratio is printed
 with "(noise unknown)".
+
+A bar and its whisker say what its label says: a row whose ratio is to a drawn reference bar
+stands at the reference's height × the ratio, and its whisker spans the reference's height ×
+(low, high), so the whisker reaches the reference bar exactly when the label says "within
+noise" (`drawn_heights`, `error_bars`). The ratio is the median of per-round ratios, which can
+differ from the ratio of two median step times; the noise band always reaches the latter.
 """
 from __future__ import annotations
 
@@ -35,12 +41,14 @@ class TimeNote:
         emulated: draw the bar hatched and say "emulated here".
         band: ``(low, high)`` of the ratio's spread relative to the ratio itself (multiply the
             bar by them for its error bar), or None.
+        ratio: the ratio to the reference row (``time_ratio``), or None where not finite.
     """
 
     text: str
     verdict: str
     emulated: bool = False
     band: tuple[float, float] | None = None
+    ratio: float | None = None
 
 
 def _is_true(v) -> bool:
@@ -75,6 +83,13 @@ def time_note(ratio, verdict=None, emulated=False, low=np.nan, high=np.nan,
         iqr_verdict: the verdict from interquartile ranges, for tables without ``time_verdict``.
     """
     ratio, low, high = nan(ratio), nan(low), nan(high)
+    note = _time_note(ratio, verdict, emulated, low, high, reference, iqr_verdict)
+    if np.isfinite(ratio) and ratio > 0:
+        note = TimeNote(note.text, note.verdict, note.emulated, note.band, float(ratio))
+    return note
+
+
+def _time_note(ratio, verdict, emulated, low, high, reference, iqr_verdict) -> TimeNote:
     verdict = verdict if isinstance(verdict, str) else None
     band = None
     if np.isfinite([ratio, low, high]).all() and ratio > 0:
@@ -122,9 +137,34 @@ def time_notes(df, reference_rows) -> list[TimeNote]:
     return notes
 
 
+def drawn_heights(heights, notes, reference_rows) -> np.ndarray:
+    """The heights to draw: a row whose note has a ratio to a drawn row of ``heights`` stands
+    at that row's drawn height × the ratio (so bar, label and table's ``ref × ratio`` agree);
+    the reference rows, rows without a ratio and rows whose reference is not drawn keep their
+    own height. Rows are taken in order, so a chain (each step against the previous) multiplies.
+
+    Args:
+        heights: per row, its own value (a median step time, ms), NaN where none.
+        notes: per row, its `TimeNote` (or None).
+        reference_rows: per row, the position of the row its ratio is to, or None.
+    """
+    h = np.array([nan(v) for v in heights], dtype=float)
+    out = h.copy()
+    for i, (n, ref) in enumerate(zip(notes, reference_rows)):
+        if (n is None or n.ratio is None or n.emulated or ref is None or ref == i
+                or not np.isfinite(h[i])):
+            continue
+        base = out[ref] if ref < i else h[ref]
+        ref_note = notes[ref]
+        if np.isfinite(base) and base > 0 and not (ref_note is not None and ref_note.emulated):
+            out[i] = base * n.ratio
+    return out
+
+
 def error_bars(heights, notes) -> np.ndarray | None:
     """``(2, n)`` below/above error bars for bars of ``heights`` from each note's ratio spread,
-    or None when no row has one."""
+    or None when no row has one. With heights from `drawn_heights`, a row's whisker spans its
+    reference's height × (low, high)."""
     if not any(n.band for n in notes):
         return None
     err = np.zeros((2, len(notes)))

@@ -29,7 +29,15 @@ from ._style import (
     new_figure,
     set_title,
 )
-from ._timing import NOT_DRAWN, NOT_TIMED, TimeNote, emulated_caption, error_bars, time_notes
+from ._timing import (
+    NOT_DRAWN,
+    NOT_TIMED,
+    TimeNote,
+    drawn_heights,
+    emulated_caption,
+    error_bars,
+    time_notes,
+)
 
 _SAVED = (("activations", "activations"), ("autocast_weight_copies", "autocast weight copies"),
           ("logits", "logits + loss"))
@@ -37,8 +45,15 @@ _BREAKDOWN = (("parameters", "parameters"), ("gradients", "gradients"),
               ("optimizer_state", "AdamW state")) + _SAVED
 
 
-def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None) -> str:
-    """Step-time bars (ms) annotated by ``notes``; returns what the error bars show."""
+def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None,
+               refs=None) -> str:
+    """Step-time bars (ms) annotated by ``notes``; returns what the error bars show.
+
+    ``refs``: per row, the position of the row its ratio is to (None: not drawn here). A row
+    with a ratio to a drawn row stands at that row's height × the ratio, its whisker at that
+    height × (low, high) (`._timing.drawn_heights`); the others at their own median."""
+    if refs is not None:
+        t_ms = drawn_heights(t_ms, notes, refs)
     err, shows = error_bars(t_ms, notes), "spread of the ratio"
     if err is None and fallback_err is not None and np.nansum(fallback_err) > 0:
         err, shows = np.nan_to_num(fallback_err), "IQR"
@@ -90,10 +105,12 @@ def comparison_chart(df, title: str = "", size: str | None = None):
 
     Each configuration is named in words (`course_utils.experiments.plain_label`).
 
-    1. step time (ms, median), annotated with the ratio to the first row only where the
-       difference is outside the noise (else "≈1x (within noise)", "inconclusive"); emulated
-       precisions hatched and labelled "emulated here"; error bars: the ratio's spread
-       (``time_ratio_low``/``time_ratio_high``) where given, else the interquartile range;
+    1. step time (ms): the first row's median, and each other row at that median × its
+       ``time_ratio`` (the median of per-round ratios, as the table prints it), annotated with
+       the ratio only where the difference is outside the noise (else "≈1x (within noise)",
+       "inconclusive"); emulated precisions labelled "not drawn"; error bars: the first row's
+       median × (``time_ratio_low``, ``time_ratio_high``), so a whisker reaches the first bar
+       exactly when the ratio is within noise; tables without a ratio: own medians and IQRs;
     2. peak allocated memory (MiB = 2^20 bytes), measured bars with the estimate as a black tick;
     3. saved tensors (MiB) stacked by kind (activations, autocast weight copies, logits + loss),
        with the estimated total as a tick.
@@ -121,9 +138,10 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     notes = time_notes(df, [0] * n)
     t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
     iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
-    shows = _time_bars(ax_t, x, t, notes, [TIME_COLOR] * n, np.vstack([iqr, iqr]))
+    shows = _time_bars(ax_t, x, t, notes, [TIME_COLOR] * n, np.vstack([iqr, iqr]), refs=[0] * n)
     ax_t.set_ylabel("step time (ms)")
-    ax_t.set_title(f"step time (median{'; bars: ' + shows if shows else ''})", fontsize=10)
+    what = "first row's median × ratio" if notes[0].ratio is not None else "median"
+    ax_t.set_title(f"step time ({what}{'; bars: ' + shows if shows else ''})", fontsize=10)
 
     ax_p.bar(x, mib(df["peak_allocated"]), color=COLORS["parameters"])
     ax_p.scatter(x, mib(df["est_peak_allocated"]), marker="_", s=600, color="black",
@@ -212,8 +230,9 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
     ok = [s == "ok" for s in df["status"]]
     t = np.array([nan(v) * 1e3 if good else np.nan for v, good in zip(df["step_time_s"], ok)])
     colors = [BASELINE_COLOR if b else TIME_COLOR for b in df["baseline"]]
+    shown_refs = [None if r is None or r < keep else r - keep for r in refs[keep:]]
     _time_bars(ax_t, x, t, [nt if good else TimeNote("", "failed") for nt, good in zip(notes, ok)],
-               colors)
+               colors, refs=shown_refs)
     for xi, status in zip(x, df["status"]):
         if status != "ok":
             for ax in (ax_t, ax_m):
@@ -258,7 +277,10 @@ def adoption_chart(story, title: str = "", size: str | None = None):
     the previous step's); ``adopted`` (default True): False for a step shown but not adopted on
     this hardware (an emulated precision), which later steps are not compared with.
     Measured bars are solid, estimates hatched ``//``, emulated ones ``xx`` and labelled
-    "emulated here", missing values marked "not measured here". Each memory value is annotated
+    "emulated here", missing values marked "not measured here". A step time with a ratio to the
+    previous adopted step stands at that step's bar × the ratio, with the ratio's noise band as
+    its whisker (so the whisker reaches the previous bar exactly when the label says "within
+    noise"); the first at its own median. Each memory value is annotated
     with its ratio to the previous adopted step that has one; each time the same, but only
     outside the noise (a story without a verdict or spread says "(noise unknown)").
 
@@ -280,12 +302,18 @@ def adoption_chart(story, title: str = "", size: str | None = None):
     if "time_ratio" in story.columns:
         ratios = [nan(r) for r in story["time_ratio"]]
     notes = time_notes(story.assign(time_ratio=ratios), refs)
+    t_drawn = drawn_heights(t * 1e3, notes, refs)   # each bar: the previous adopted one × ratio
+    t_err = error_bars(t_drawn, notes)
     for ax, col, scale, ylabel, color in (
             (axes[0], "step_time_s", 1e3, "step time (ms)", TIME_COLOR),
             (axes[1], "peak_allocated", 1 / MiB, "peak allocated (MiB)", COLORS["parameters"])):
         vals = np.array([nan(v) for v in story[col]], dtype=float) * scale
+        if col == "step_time_s":
+            vals = t_drawn
         shown = np.array([np.nan if col == "step_time_s" and n.emulated else v
                           for v, n in zip(vals, notes)], dtype=float)
+        if col == "step_time_s" and t_err is not None:
+            shown = shown + t_err[1]
         top = np.nanmax(shown) if np.isfinite(shown).any() else 1.0
         prev = None
         for i, (xi, v, src) in enumerate(zip(x, vals, story["source"])):
@@ -304,10 +332,12 @@ def adoption_chart(story, title: str = "", size: str | None = None):
                 note = f"{v / vals[prev]:.2f}x" if prev is not None else ""
             note += "\n(estimate)" if est else ""
             hatch = EMULATED_HATCH if emulated else (HATCH if est else None)
-            ax.bar(xi, v, color="white" if hatch else color, edgecolor=color, hatch=hatch, lw=1.2)
+            err = t_err[:, i:i + 1] if col == "step_time_s" and t_err is not None else None
+            ax.bar(xi, v, color="white" if hatch else color, edgecolor=color, hatch=hatch, lw=1.2,
+                   yerr=err, capsize=3, error_kw={"ecolor": "black", "elinewidth": 1})
             if note.strip():
-                ax.annotate(note.strip(), (xi, v), xytext=(0, 3), textcoords="offset points",
-                            ha="center", fontsize=8)
+                ax.annotate(note.strip(), (xi, v + (0 if err is None else err[1, 0])),
+                            xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
             prev = i if adopted[i] else prev
         ax.set_ylabel(ylabel)
         ax.set_ylim(0, top * 1.3)
@@ -315,7 +345,9 @@ def adoption_chart(story, title: str = "", size: str | None = None):
         ax.set_xticklabels(story["step"], rotation=20, ha="right", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     previous = "previous step" if all(adopted) else "previous adopted step"
-    axes[0].set_title(f"step time; ratio to the {previous}", fontsize=10)
+    bars = ("\n(each bar: the previous bar × the ratio; whisker: its noise band)"
+            if t_err is not None else "")
+    axes[0].set_title(f"step time; ratio to the {previous}{bars}", fontsize=10)
     axes[1].set_title(f"peak memory; ratio to the {previous}", fontsize=10)
     _caption(fig, list(story["step"]), t * 1e3, notes, 0 if not notes[0].emulated else None)
     set_title(fig, title, size)

@@ -199,10 +199,13 @@ def race_chart(race, title: str = "", size: str | None = None):
     """Tokens per second of each configuration of a `course_utils.search.race`, at its largest
     micro-batch under the budget, timed step by step in alternation.
 
-    One bar per configuration: tokens per optimizer step / its median step time. Each bar after
-    the first is annotated with its time per token against the first row (the best plain
-    configuration comes first) only where the difference lies outside the noise ("1.23x
-    faster", "≈1x (within noise)", "inconclusive"); the error bars are that ratio's noise band.
+    The first bar: its tokens per optimizer step / its median step time. Each bar after it
+    stands at the first bar's tokens/s / its time per token against the first row (the median
+    of the per-round ratios, as the table's tokens/s), with whiskers at the first bar /
+    (high, low) of that ratio's noise band, so a whisker reaches the first bar exactly when the
+    ratio is within noise. A bar is annotated with that ratio (the best plain configuration
+    comes first) only where the difference lies outside the noise ("1.23x faster", "≈1x
+    (within noise)", "inconclusive"). Without a ratio a bar stands at its own tokens/s.
     A configuration whose precision is emulated here is not drawn (the caption names it).
 
     Args:
@@ -230,6 +233,10 @@ def race_chart(race, title: str = "", size: str | None = None):
     ax = fig.subplots()
     x = np.arange(n)
     top = 0.0
+    ref = tps[0] if n and np.isfinite(tps[0]) and not notes[0].emulated else np.nan
+    for i, note in enumerate(notes):      # tokens/s = the first bar's / the time-per-token ratio
+        if i and np.isfinite(ref) and note.ratio and not note.emulated and np.isfinite(tps[i]):
+            tps[i] = ref / note.ratio
     for i, (xi, h, note) in enumerate(zip(x, tps, notes)):
         if not np.isfinite(h):
             continue
