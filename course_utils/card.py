@@ -14,10 +14,15 @@ The rule, in order:
    extrapolation (``largest_batch``). Policies whose micro-batch reaches ``min(target, measured
    batch)`` qualify (at the measured batch the throughput is known); among them the one whose
    step time measured fastest wins (`course_utils.profiling.Profile.ratio`, the per-round ratio
-   to no checkpointing). Policies whose step times are within noise of the fastest's (compared
-   round by round with it), or not told apart at all (not timed, too few rounds, the ``smoke``
-   size), are ranked by the work they add, in the order `PREFERENCE`. When none qualifies, the
-   policy with the largest micro-batch wins. Off CUDA the offloading policies are not
+   to no checkpointing). Among the fastest and the policies whose step times are within noise
+   of its (compared round by round with it), or not told apart from it, the card takes the one
+   with the **largest micro-batch under the budget, then the lowest median step-time ratio**
+   to no checkpointing, then the order `PREFERENCE`: a rule a learner can check from the
+   card's options table (its "largest batch" and "time vs none" columns). Only when no
+   qualifying policy's time was told apart from no checkpointing's (not timed, too few rounds,
+   the ``smoke`` size) does `PREFERENCE` alone decide: the policy that recomputes the fewest
+   FLOPs, which is not necessarily the least time. When none qualifies, the policy with the
+   largest micro-batch wins. Off CUDA the offloading policies are not
    candidates: device and host are the same memory there, so they save nothing (the card gives
    the bytes they would move instead).
 3. **Micro-batch and accumulation**: ``accumulation = ceil(target / min(largest batch,
@@ -48,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from .experiments import plain_label
+from .experiments import plain_label, sig_text
 from .extrapolate import check_prediction, extrapolate
 from .hardware import detect, recommend_precision
 from .offload import PCIE_GBPS, transfer_time_estimate
@@ -60,11 +65,12 @@ from .terms import GiB, MiB, check_positive_int, default_device
 __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "recommend",
            "budget_from_device", "profile_and_recommend"]
 
-#: Policies from the least added work to the most: none; selective (recomputes pointwise ops);
-#: offload (copies every saved tensor to the host and back); every-K; full and HF's own (recompute
-#: whole blocks); offload+checkpoint (both). It ranks only policies whose step times the
-#: measurement cannot tell apart: every run of lessons 02 and 05 measured ``selective`` slower
-#: than ``full`` on a CPU and an H100 (its save list costs more than the matmuls it spares).
+#: Policies from the fewest recomputed FLOPs to the most: none; selective (recomputes pointwise
+#: ops); offload (copies every saved tensor to the host and back); every-K; full and HF's own
+#: (recompute whole blocks); offload+checkpoint (both). Fewest FLOPs is not least time: every run
+#: of lessons 02 and 05 measured ``selective`` slower than ``full`` on a CPU and an H100 (its save
+#: list costs more than the matmuls it spares). So it decides alone only where no time was told
+#: apart, and otherwise breaks only ties of micro-batch and median ratio.
 PREFERENCE = ("none", "selective", "offload", "every-", "full", "hf", "offload+checkpoint")
 
 #: On CUDA, the share of the budget that the predicted (allocated) peak may fill: the rest is
@@ -153,7 +159,9 @@ class Card:
     def text(self) -> str:
         """The card as text: a title, the recipe, the numbers, the reasons."""
         lines = [f"Recommendation for {self.model} on {self.device_name}",
-                 f"  recipe      : {self.recipe} (effective batch {self.effective_batch})",
+                 f"  recipe      : {self.recipe} (effective batch {self.effective_batch}"
+                 + (f"; target {self.target_batch})" if self.target_batch != self.effective_batch
+                    else ")"),
                  f"  budget      : {_size(self.budget_bytes)} ({self.budget_source})",
                  f"  peak        : predicted {_size(self.predicted_peak)}"
                  + (f", measured {_size(self.measured_peak)}" if self.measured_peak else "")]
@@ -166,8 +174,9 @@ class Card:
 
     def options_table(self) -> pd.DataFrame:
         """The options considered, one row each, labelled in words: the largest micro-batch under
-        the budget, the predicted peak at it, the step time (as `Profile.step_s`) and the time
-        against no checkpointing with its noise band; ``emulated`` only where a row is."""
+        the budget, the predicted peak at it, the step time at the measured micro-batch (as
+        `Profile.step_s`; its column says which batch) and the time against no checkpointing
+        with its noise band; ``emulated`` only where a row is."""
         df = pd.DataFrame(self.options)
         df["config"] = [plain_label(c) for c in df["config"]]
         drop = ["precision", "policy", "m"] + ([] if df["emulated"].any() else ["emulated"])
@@ -181,7 +190,12 @@ class Card:
 
 
 def _size(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+    """Bytes as a reader compares them: GiB at two decimals, MiB at one decimal from 100 MiB
+    and at three significant figures below (6.45 and 6.44 MiB, not 6.5 and 6.4 beside a
+    printed +0.1%)."""
+    if n >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.1f} MiB" if abs(n) >= 100 * MiB else f"{sig_text(n / MiB, 3)} MiB"
 
 
 def _ratio_words(r, of: str = "no checkpointing") -> str:
@@ -202,11 +216,21 @@ def _ratio_words(r, of: str = "no checkpointing") -> str:
     return f"a step time not told apart from {of} ({r.verdict}; {band})"
 
 
-def _pick(cands: list, profile) -> tuple[dict, dict]:
-    """The fastest measured of ``cands`` (option dicts); policies whose time is within noise of
-    its, or not told apart, are ranked by `PREFERENCE`. Returns the choice and, per other
-    candidate, the `TimeRatio` of its step time to the choice's (paired by round), or None
-    where no candidate's time was told apart from no checkpointing's."""
+def _median_words(profile, m) -> str:
+    """``"median 1.22x none's time"`` (the options table's ratio), or "not timed"."""
+    r = profile.ratio(m)
+    return "not timed" if r.ratio is None else f"median {r.ratio:.2f}x none's time"
+
+
+def _pick(cands: list, profile) -> tuple[dict, dict, dict | None]:
+    """The choice among ``cands`` (option dicts) by the module's rule: the fastest measured and
+    the policies whose time is within noise of its, or not told apart from it, ranked by the
+    largest micro-batch under the budget, then the lowest median ratio to no checkpointing,
+    then `PREFERENCE`; by `PREFERENCE` alone where no candidate's time was told apart from no
+    checkpointing's. Returns the choice; per other candidate, the `TimeRatio` of its step time
+    to the choice's (paired by round), or None in that last case; and the tie: ``{"fastest":
+    option, "told": all ties within noise (not merely not told apart), "ties": {policy:
+    option}}`` of the policies ranked with the choice (None when none was)."""
     def against(o, ref):
         return time_ratio(o["m"].step_times_s, ref["m"].step_times_s, size=profile.size,
                           emulated=o["m"].emulated or ref["m"].emulated)
@@ -217,11 +241,19 @@ def _pick(cands: list, profile) -> tuple[dict, dict]:
     timed = [o for o in cands if measured(o) is not None]
     if not timed:
         chosen = min(cands, key=lambda o: _rank(o["policy"]))
-        return chosen, {o["policy"]: None for o in cands if o is not chosen}
+        return chosen, {o["policy"]: None for o in cands if o is not chosen}, None
     fastest = min(timed, key=lambda o: (measured(o), _rank(o["policy"])))
-    ties = [o for o in cands if o is fastest or against(o, fastest).verdict != "slower"]
-    chosen = min(ties, key=lambda o: _rank(o["policy"]))
-    return chosen, {o["policy"]: against(o, chosen) for o in cands if o is not chosen}
+    versus_fastest = {o["policy"]: against(o, fastest) for o in cands if o is not fastest}
+    ties = [o for o in cands if o is fastest or versus_fastest[o["policy"]].verdict != "slower"]
+    chosen = min(ties, key=lambda o: (-o["largest batch"], measured(o) if measured(o) is not None
+                                      else math.inf, _rank(o["policy"])))
+    tie = None
+    if len(ties) > 1:
+        tie = {"fastest": fastest, "ties": {o["policy"]: o for o in ties},
+               "versus_fastest": versus_fastest,
+               "told": all(versus_fastest[o["policy"]].verdict == "within noise"
+                           for o in ties if o is not fastest)}
+    return chosen, {o["policy"]: against(o, chosen) for o in cands if o is not chosen}, tie
 
 
 def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch: int | None = None,
@@ -268,7 +300,8 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
             options.append({"config": m.config.label, "precision": pr, "policy": policy,
                             "largest batch": b,
                             "peak at it (MiB)": round(e.peak(b, policy) / MiB, 1) if b else None,
-                            "step ms": None if step is None else round(step * 1e3, 1),
+                            f"step ms at micro-batch {measured_batch}":
+                                None if step is None else round(step * 1e3, 1),
                             "time vs none": profile.time_text(m),
                             "emulated": m.emulated, "m": m})
     mine = [o for o in options if o["precision"] == precision and o["largest batch"] > 0
@@ -278,14 +311,14 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
         raise ValueError(f"nothing fits {budget_bytes / MiB:.1f} MiB in {precision}, even at "
                          f"batch 1: the smallest predicted peak is {smallest / MiB:.1f} MiB. Give a "
                          "larger budget, a shorter sequence, or profile 'full' and 'offload'.")
-    # no target: the largest micro-batch of the policy that adds the least work (no accumulation)
+    # no target: the largest micro-batch of the policy first in PREFERENCE (no accumulation)
     want = target_batch or min(mine, key=lambda o: _rank(o["policy"]))["largest batch"]
     need = min(want, measured_batch)
     qualified = [o for o in mine if o["largest batch"] >= need]
     if qualified:
-        chosen, versus = _pick(qualified, profile)
+        chosen, versus, tie = _pick(qualified, profile)
     else:
-        chosen, versus = max(mine, key=lambda o: o["largest batch"]), {}
+        chosen, versus, tie = max(mine, key=lambda o: o["largest batch"]), {}, None
     policy = chosen["policy"]
     accum = math.ceil(want / min(chosen["largest batch"], want))
     micro = math.ceil(want / accum)  # the smallest micro-batch that reaches the target in accum steps
@@ -321,19 +354,40 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
     name = "no checkpointing" if policy == "none" else policy
     untold = []
     for other, tr in versus.items():
+        if tie is not None and other in tie["ties"]:
+            continue  # told in the tie's sentence below
         if tr is not None and tr.verdict == "slower":
             who = "No checkpointing fits too, but measured" if other == "none" else \
                 f"{other} fits too, with"
             reasons.append(f"{who} {_ratio_words(tr, name)}.")
+        elif tie is not None:  # slower than the fastest, which the choice tied with
+            f = tie["fastest"]["policy"]
+            f = "no checkpointing" if f == "none" else f
+            who = "No checkpointing fits too, but measured" if other == "none" else \
+                f"{other} fits too, with"
+            reasons.append(f"{who} {_ratio_words(tie['versus_fastest'][other], f)}.")
         else:
             untold.append((other, tr))
     if untold:
         told = all(tr is not None and tr.verdict == "within noise" for _, tr in untold)
+        head = (f"{', '.join(o for o, _ in untold)} fit{'s' * (len(untold) == 1)} too, with a "
+                f"step time {'within the noise of' if told else 'not told apart from'} {name}'s")
         order = ", ".join(p + "K" if p.endswith("-") else p for p in PREFERENCE)
+        reasons.append(f"{head}: with no step time told apart from no checkpointing's, the card "
+                       f"takes the policy that recomputes the fewest FLOPs (not necessarily the "
+                       f"least time), in the order {order}.")
+    if tie is not None:
+        fastest = tie["fastest"]["policy"]
+        rest = [p for p in tie["ties"] if p != fastest]
+        fastest_name = "no checkpointing" if fastest == "none" else fastest
+        facts = "; ".join(f"{o['policy']}: micro-batch {o['largest batch']}, "
+                          f"{_median_words(profile, o['m'])}" for o in tie["ties"].values())
         reasons.append(
-            f"{', '.join(o for o, _ in untold)} fit{'s' * (len(untold) == 1)} too, with a step "
-            f"time {'within the noise of' if told else 'not told apart from'} {name}'s: among "
-            f"those the card takes the policy that adds the least work, in the order {order}.")
+            f"{', '.join(rest)} {'has' if len(rest) == 1 else 'have'} a step time "
+            f"{'within the noise of' if tie['told'] else 'not told apart from'} {fastest_name}'s, "
+            f"the lowest median: among policies within noise of each other the card takes the "
+            f"largest micro-batch under the budget, then the lowest median step-time ratio to no "
+            f"checkpointing ({facts}); so {policy}.")
     others = sorted((o for o in mine if o is not chosen), key=lambda o: -o["largest batch"])
     if others:
         reasons.append("Largest micro-batch under the budget by policy: " + ", ".join(

@@ -44,6 +44,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
+from .experiments import sig_text
 from .guard import available_memory_bytes, cuda_memory_cap
 from .hardware import detect
 from .profiling import (
@@ -200,7 +201,12 @@ class PredictionCheck:
 
 
 def _size(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+    """Bytes as a reader compares them: GiB at two decimals, MiB at one decimal from 100 MiB
+    and at three significant figures below (6.45 and 6.44 MiB, not 6.5 and 6.4 beside a
+    printed +0.1%)."""
+    if n >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.1f} MiB" if abs(n) >= 100 * MiB else f"{sig_text(n / MiB, 3)} MiB"
 
 
 #: On a CPU, `check_prediction` does not run a step whose predicted peak exceeds this fraction of

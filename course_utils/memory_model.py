@@ -70,14 +70,17 @@ micro-batch is small next to the model. `peak_parts` lists every moment with the
 then; `estimate` reports the largest as ``peak_moment`` / ``peak_at`` with its
 ``peak_components``, which sentences and charts read instead of re-deriving them. Measured against
 the CPU profiler's peak: within 2% for
-every policy in fp32 and bf16 at the ``cpu`` size (batches 1-16); within 5% for widths 128-384,
+every policy in fp32 at the ``cpu`` size (batches 1-16); within 5% for widths 128-384,
 and -6% at the ``smoke`` width (64, where the 256-byte vocabulary dominates) with ``full`` at
 batch 12 (``tests/test_memory_model.py``). Measured again on 2026-11-26 (torch 2.13, a Xeon with
 AMX, and the same capped to AVX2; 2 blocks of the ``cpu`` width, batches 8 and 32): fp32 within
 1.1% for none, full and selective; bf16 *over*-estimated by 4-6% without checkpointing, 8-11% with
 selective and 7-17% with full, growing with the batch (the per-token backward transient ``tau``
-under autocast is smaller on these kernels than the 20 d above). Lesson 05 prints that gap beside
-the extrapolation's; a tighter bf16 transient is open work.
+under autocast is smaller on these kernels than the 20 d above). A later run of lesson 05 at
+batch 32 printed fp32 +1.7% without checkpointing and +4.1% with full (the AVX2-capped Xeon), and
+bf16 +6.7% and +16.9% (the AMX Xeon): fp32 within a few percent, bf16 over-estimated most with
+full checkpointing at a large batch. Lesson 05 prints that gap beside the extrapolation's; a
+tighter bf16 transient is open work.
 
 Over 400 lines because every closed-form byte count lives here with its source formula:
 `estimate`, the peak walk and the sharded and scaled estimates share them, and a formula written
