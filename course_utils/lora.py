@@ -50,6 +50,7 @@ from .memory_model import (
     MemoryEstimate,
     block_bytes_per_token,
     parameter_count,
+    peak_parts,
     scale_config,
 )
 from .memory_model import estimate as full_estimate
@@ -246,7 +247,11 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
        with AdamW, per-block checkpointing (`estimate`);
     3. next step, QLoRA: the same with the blocks' Linears stored in NF4 (`NF4_BITS`);
     4. next step, 8-bit AdamW on the full fine-tune: AdamW's 8 bytes per parameter become
-       `ADAM8_BYTES`.
+       `ADAM8_BYTES`, and its step holds no temporary of every parameter: bitsandbytes'
+       ``Optimizer8bit.step`` updates one parameter at a time with an in-place 8-bit kernel,
+       where PyTorch's ``foreach`` AdamW on a GPU holds ``4 N`` bytes of temporaries. Its peak
+       is the full fine-tune's walk through the step (`memory_model.peak_parts`) with those two
+       changes, at whichever moment is then the largest.
 
     Every route runs micro-batches of ``micro_batch`` sequences and accumulates ``accum`` of
     them per optimizer step (effective batch ``micro_batch * accum``; accumulation adds only
@@ -269,7 +274,10 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
     full = full_estimate(cfg)
     lora = estimate(cfg, rank)
     qlora = estimate(cfg, rank, base_bytes_per_param=NF4_BITS / 8)
-    adam8_saved = full.optimizer_state - ADAM8_BYTES * full.n_parameters
+    adam8_state = ADAM8_BYTES * full.n_parameters
+    adam8_peak = max(sum({**parts, "AdamW state": adam8_state,
+                          **({"temporaries": 0} if moment == "optimizer step" else {})}.values())
+                     for moment, parts in peak_parts(cfg))
     rows = []
 
     def row(route, trains, e, peak, optimizer=None):
@@ -287,8 +295,8 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
         lora, lora.peak_allocated)
     row(f"next: QLoRA r={rank}, NF4 base (+ checkpointing)", f"{qlora.n_adapter / 1e6:.1f}M",
         qlora, qlora.peak_allocated)
-    row("next: 8-bit AdamW, full fine-tune", f"{N / 1e9:.2f}B", full,
-        full.peak_allocated - adam8_saved, optimizer=full.optimizer_state - adam8_saved)
+    row("next: 8-bit AdamW, full fine-tune", f"{N / 1e9:.2f}B", full, adam8_peak,
+        optimizer=adam8_state)
     return pd.DataFrame(rows)
 
 

@@ -75,6 +75,10 @@ def test_routes_7b_on_24_gib():
     assert routes.loc[q, "weights"] < 0.4 * routes.loc[lo, "weights"] and routes.loc[q, "fits"]
     assert routes.loc[adam8, "optimizer"] == pytest.approx(routes.loc[full, "optimizer"] / 4, rel=0.01)
     assert not routes.loc[adam8, "fits"]
+    # no foreach temporaries at bitsandbytes' step (one parameter at a time, in place): the peak
+    # is 4 + 4 + 2 bytes/param plus a block's backward, not the full fine-tune's minus 6 N
+    assert 10 * n / GiB < routes.loc[adam8, "peak"] < 10 * n / GiB + 3   # + a block's backward
+    assert routes.loc[adam8, "peak"] < routes.loc[full, "peak"] - 6 * n / GiB - 3
     assert routes.loc[lo, "peak"] * GiB == routes.loc[lo, "peak_bytes"]
     with pytest.raises(ValueError, match="unknown model"):
         lora.routes("13B")
