@@ -182,15 +182,31 @@ def _section(text: str, cell_id: str) -> str:
     return body.split("\n--- [", 1)[0]
 
 
+def _gpu_model(setup: str) -> str | None:
+    """The model lesson 04's GPU cell trains (``config_for(size)`` in the recipe precision), in
+    words, from a transcript's setup section; None where it names no size profile."""
+    from .config import SIZE_PROFILES, config_for
+    size = re.search(r"size profile '([^']+)'", setup)
+    recipe = re.search(r"^recipe\s*:\s*(\S+)", setup, re.MULTILINE)
+    if not size or size.group(1) not in SIZE_PROFILES:
+        return None
+    c = config_for(size.group(1), device="cpu")
+    return (f"the '{size.group(1)}' model ({c.n_layers} layers, d_model {c.d_model}, "
+            f"{c.shape.n_parameters / 1e6:,.0f}M parameters, micro-batch {c.batch_size}"
+            + (f", {recipe.group(1)}" if recipe else "") + ")")
+
+
 def committed_memory_tools(folder: str | Path | None = None) -> dict | None:
     """What lesson 04's ``cuda-memory-tools`` cell measured on the newest GPU run committed
     under ``results/lesson-timings-*/transcripts/04_scaling_out.txt``, for a machine without a
     GPU to show in one line.
 
     Returns:
-        ``{"run", "device", "torch", "peak_allocated", "reserved", "split_blocks",
-        "outside_allocator"}`` (the four values in MiB), or None when no committed transcript
-        holds the cell's table.
+        ``{"run", "device", "torch", "model", "peak_allocated", "reserved", "split_blocks",
+        "outside_allocator"}`` (the four values in MiB; ``model``: the model that cell trained,
+        in words, from the transcript's size profile and recipe, as "the 'h100' model (12
+        layers, d_model 1536, 342M parameters, micro-batch 16, bf16)", or None where the
+        transcript does not say), or None when no committed transcript holds the cell's table.
     """
     root = Path(folder) if folder is not None else find_results()
     paths = sorted(root.glob("lesson-timings-*/transcripts/04_scaling_out.txt")) if root else []
@@ -208,7 +224,8 @@ def committed_memory_tools(folder: str | Path | None = None) -> dict | None:
         device = re.search(r"^device\s*:\s*cuda \((.+)\)\s*$", setup, re.MULTILINE)
         torch_v = re.search(r"^torch\s*:\s*(\S+)", setup, re.MULTILINE)
         return {"run": path.parents[1].name, "device": device.group(1) if device else "a GPU",
-                "torch": torch_v.group(1) if torch_v else None, **found}
+                "torch": torch_v.group(1) if torch_v else None, "model": _gpu_model(setup),
+                **found}
     return None
 
 

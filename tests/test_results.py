@@ -59,8 +59,14 @@ def test_committed_memory_tools_reads_lesson_04s_gpu_transcript(tmp_path):
     (folder / "04_scaling_out.txt").write_text(TRANSCRIPT)
     got = results.committed_memory_tools(tmp_path)
     assert got == {"run": "lesson-timings-Some-GPU-2026-01-01", "device": "Some GPU 80GB",
-                   "torch": "2.11.0+cu130", "peak_allocated": 15524.6, "reserved": 16180.0,
-                   "split_blocks": 1082.7, "outside_allocator": 766.8}
+                   "torch": "2.11.0+cu130", "model": None, "peak_allocated": 15524.6,
+                   "reserved": 16180.0, "split_blocks": 1082.7, "outside_allocator": 766.8}
+    # the setup names the size profile and the recipe: the line says which model it measured
+    (folder / "04_scaling_out.txt").write_text(TRANSCRIPT.replace(
+        "torch         : 2.11.0+cu130\n", "torch         : 2.11.0+cu130\nrecipe        : bf16\n"
+        "\nsize profile 'h100'; the ranks train the 'cpu' model (4 layers) on cpu\n"))
+    assert results.committed_memory_tools(tmp_path)["model"] == (
+        "the 'h100' model (12 layers, d_model 1536, 342M parameters, micro-batch 16, bf16)")
     committed = results.committed_memory_tools()               # the run committed with the course
     assert committed is None or committed["reserved"] >= committed["peak_allocated"] > 0
 
