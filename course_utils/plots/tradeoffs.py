@@ -258,7 +258,7 @@ def race_chart(race, title: str = "", size: str | None = None):
                         color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
     ax.set_xticks(x)
     ax.set_xticklabels(labels, fontsize=8)
-    ax.set_ylabel("tokens/s (median)")
+    ax.set_ylabel("tokens/s (first bar's median ÷ ratio)" if np.isfinite(ref) else "tokens/s (median)")
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
     ax.set_title("time per token against the first bar, where outside the noise; "
                  "bars: its noise band", fontsize=10)
