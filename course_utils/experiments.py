@@ -92,7 +92,9 @@ def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = Non
     and ``est_F`` estimated, ``saved_total`` / ``est_saved_total``, ``est_recompute``,
     ``step_time_s``, ``step_time_iqr_s``, ``tokens_per_s``, ``emulated``, ``timing``,
     ``time_ratio``, ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``,
-    ``peak_ratio``, ``saved_ratio``, ``oom``, ``error``, ``notes``. ``df.attrs["measurements"]``
+    ``paired_step_time_s`` (`paired_step_s`: the first row's median times the row's ratio, the
+    step time the tables print), ``peak_ratio``, ``saved_ratio``, ``oom``, ``error``,
+    ``notes``. ``df.attrs["measurements"]``
     holds the `Measurement` objects.
 
     Raises:
@@ -138,6 +140,24 @@ def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = Non
     return _table(ms, size)
 
 
+def paired_step_s(own_s, reference_s, r) -> float | None:
+    """A row's step time as the course's tables and charts print it (seconds): the reference
+    row's median step times the row's ratio to it (``r``, a `course_utils.step_timing.TimeRatio`:
+    the median of the per-round ratios), so that the milliseconds and the ratio beside them
+    agree (as `course_utils.profiling.Profile.step_s` does for lesson 05).
+
+    Each row's own median can come from a different round: under a load that changes during
+    the timing (a shared machine) the ratio of two medians compares steps taken at different
+    loads, the per-round ratio steps taken seconds apart. Lesson 02 on a 2-core machine printed
+    164 ms and 170 ms against 137 ms (1.20x and 1.24x) beside per-round ratios of 1.26x and
+    1.25x: the slower row by its milliseconds had the smaller ratio. A row without a paired
+    ratio (no band: not timed in the same rounds, e.g. an emulated precision's one step) keeps
+    its own median ``own_s``."""
+    if r is None or r.ratio is None or r.low is None or reference_s is None:
+        return own_s
+    return reference_s * r.ratio
+
+
 def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
     rows = []
     for m in ms:
@@ -159,6 +179,8 @@ def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
     df["time_ratio_high"] = [r.high for r in ratios]
     df["time_verdict"] = [r.verdict if m is not first else ("emulated" if m.emulated else "reference")
                           for r, m in zip(ratios, ms)]
+    df["paired_step_time_s"] = [paired_step_s(m.step_time_s, first.step_time_s, r)
+                                if m is not first else m.step_time_s for r, m in zip(ratios, ms)]
     for col, name in (("peak_allocated", "peak_ratio"), ("saved_total", "saved_ratio")):
         base = first.peak_allocated if col == "peak_allocated" else first.saved_total
         df[name] = [(v / base) if (v is not None and base and pd.notna(v)) else None
@@ -269,15 +291,19 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     """A readable view of `compare`'s table (and of the dashboard's history).
 
     Default: one row per configuration, labelled in words (`plain_label`; with the micro-batch
-    where the rows' batches differ), and six columns: ``step ms`` (median step time),
-    ``time vs first`` (`time_cell`: a ratio only outside the noise; ``time per token vs
-    first`` where the rows process different numbers of tokens per step), ``peak MiB`` and
-    ``est peak MiB`` (peak allocated memory, measured and estimated), ``saved MiB`` and
-    ``est saved MiB`` (saved tensors); three significant figures, as text (`sig_text`:
-    ``"109"``, ``"23,000"``, ``"67.1"``; ``float(cell.replace(",", ""))`` reads a cell back).
+    where the rows' batches differ), and six columns: ``step ms`` (the reference row's median
+    step time times the row's ratio to it, ``paired_step_time_s`` (`paired_step_s`), so that a
+    row's milliseconds and its ratio agree; the row's own median where it has no paired ratio or
+    the table has no such column), ``time vs first`` (`time_cell`: a ratio only outside the
+    noise; ``time per token vs first`` where the rows process different numbers of tokens per
+    step), ``peak MiB`` and ``est peak MiB`` (peak allocated memory, measured and estimated),
+    ``saved MiB`` and ``est saved MiB`` (saved tensors); three significant figures, as text
+    (`sig_text`: ``"109"``, ``"23,000"``, ``"67.1"``; ``float(cell.replace(",", ""))`` reads a
+    cell back).
     ``detail=True`` adds the
-    noise band, tokens/s, the ratios to the first row, the saved activations and the
-    autocast weight copies.
+    noise band, tokens/s (at the printed step time), each row's own median step time (``own
+    median step ms``), the ratios to the first row, the saved activations and the autocast
+    weight copies.
     """
     def mib(col):
         return [sig_text(None if v is None or pd.isna(v) else v / MiB) for v in df[col]]
@@ -293,8 +319,11 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     elif len(set(batch)) > 1:  # accumulation at the same tokens per step: say the split
         labels = [f"{lab} of {b}" if a > 1 else lab for lab, b, a in zip(labels, batch, accum)]
     out = pd.DataFrame({"config": labels})
-    out["step ms"] = [sig_text(None if v is None or pd.isna(v) else v * 1e3)
-                      for v in df["step_time_s"]]
+    own = [None if v is None or pd.isna(v) else float(v) for v in df["step_time_s"]]
+    paired = [None if v is None or pd.isna(v) else float(v)
+              for v in df.get("paired_step_time_s", [None] * len(df))]
+    steps = [p if p is not None else o for p, o in zip(paired, own)]
+    out["step ms"] = [sig_text(None if v is None else v * 1e3) for v in steps]
     ratio, low, high, verdicts = (list(df[c]) if c in df else [None] * len(df)
                                   for c in ("time_ratio", "time_ratio_low", "time_ratio_high",
                                             "time_verdict"))
@@ -308,7 +337,10 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
         out["noise band"] = [
             None if lo is None or pd.isna(lo) else f"{lo:.2f}-{hi:.2f}x"
             for lo, hi in zip(low, high)]
-        out["tokens/s"] = [sig_text(v) for v in df.get("tokens_per_s", [None] * len(df))]
+        out["tokens/s"] = [  # at the printed step time: tokens per step / that step
+            None if v is None or pd.isna(v) or not s or not o else sig_text(v * o / s)
+            for v, s, o in zip(df.get("tokens_per_s", [None] * len(df)), steps, own)]
+        out["own median step ms"] = [sig_text(None if v is None else v * 1e3) for v in own]
     out["peak MiB"] = mib("peak_allocated")
     out["est peak MiB"] = mib("est_peak_allocated")
     if detail:

@@ -21,10 +21,12 @@ import torch
 from helpers import arm_history, measured_table, x_like
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.transforms import Bbox
 from torch.utils.checkpoint import checkpoint
 
 from course_utils import distributed, lora, memory_model, plots
 from course_utils.config import config_for
+from course_utils.experiments import plain_label
 from course_utils.formats import FORMATS, format_table, log2_histogram
 from course_utils.memory_model import sharded_estimate
 from course_utils.memory_timeline import memory_timeline
@@ -803,3 +805,69 @@ def test_the_race_chart_prints_a_per_token_ratio_only_outside_the_noise():
     assert lo_sel == pytest.approx(6316 / (1.80 * 3 / 5), rel=1e-3)   # reference / high
     ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert ticks[1].replace("\n", " ") == "bf16 + full checkpointing micro-batch 8"
+
+
+def lesson02_bf16_table() -> pd.DataFrame:
+    """Lesson 02's five policies as the AMX CPU measured them (the audit's D3): every-2 at
+    90.6 ms / 69.1 MiB sits just left of and below segments:2 at 100 ms / 71.1 MiB."""
+    ref = 0.0828
+    ratio = [1.0, 1.204, 1.094, 1.208, 1.232]
+    return pd.DataFrame({
+        "label": ["bf16", "bf16+full", "bf16+every-2", "bf16+segments:2", "bf16+selective"],
+        "checkpoint": ["none", "full", "every-2", "segments:2", "selective"],
+        "step_time_s": [ref, 0.0997, 0.0900, 0.1015, 0.1019],  # own medians: not the ratios'
+        "paired_step_time_s": [ref * r for r in ratio],
+        "step_time_iqr_s": [0.002] * 5, "time_ratio": ratio,
+        "time_ratio_low": [0.97, 1.16, 1.06, 1.17, 1.19],
+        "time_ratio_high": [1.03, 1.22, 1.12, 1.25, 1.27],
+        "time_verdict": ["reference", "slower", "slower", "slower", "slower"],
+        "emulated": [False] * 5,
+        "peak_allocated": [v * MiB for v in (86.1, 63.5, 69.1, 71.1, 73.2)]})
+
+
+def test_pareto_labels_sit_on_their_own_points():
+    """On the AMX CPU the label "2 checkpointed segments: 1.21x slower" sat under the every-2
+    point, across its error bar, and every-2's label ran across the segments point: read
+    naturally, each named the other's point. Each label is anchored on its own point (at the
+    step time the table prints: the reference's median times the ratio), covers no other
+    point's marker or error bar, is nearer its own point than any other, and a label placed
+    away from its point has a leader line to it."""
+    table = lesson02_bf16_table()
+    fig = plots.pareto_chart(table)
+    ax = fig.axes[0]
+    r = _layout(fig)
+    texts = ax.texts
+    assert len(texts) == 5
+    x = 1e3 * table["paired_step_time_s"].to_numpy()
+    y = table["peak_allocated"].to_numpy() / MiB
+    for i, t in enumerate(texts):
+        assert t.get_text().startswith(plain_label(table["label"][i]))
+        assert np.allclose(t.xy, (x[i], y[i]))   # the anchor is its own point
+    pts = ax.transData.transform(np.c_[x, y])
+    half = 3.5 * r.points_to_pixels(1.0)          # the markers: 7 points across
+    bars = [seg for c in ax.collections for seg in c.get_segments()]
+    bar_px = [ax.transData.transform(s) for s in bars if len(s) == 2 and s[0][1] == s[1][1]]
+    assert len(bar_px) == 5                          # one horizontal error bar a point
+
+    def dist(box, p):
+        return np.hypot(max(box.x0 - p[0], 0, p[0] - box.x1), max(box.y0 - p[1], 0, p[1] - box.y1))
+    leaders = [ln for ln in ax.lines if ln.get_label() == "_leader line"]
+    for i, t in enumerate(texts):
+        box = t.get_window_extent(r)
+        for j, p in enumerate(pts):
+            if j == i:
+                continue
+            marker = Bbox([[p[0] - half, p[1] - half], [p[0] + half, p[1] + half]])
+            assert not _overlap(box, marker), (t.get_text(), "covers the point of", texts[j].get_text())
+            (a, yb), (b, _) = sorted(bar_px[j], key=lambda q: q[0])
+            assert not _overlap(box, Bbox([[a, yb - 1], [b, yb + 1]])), (
+                t.get_text(), "crosses the error bar of", texts[j].get_text())
+        ends = [ax.transData.transform(np.c_[ln.get_xdata(), ln.get_ydata()]) for ln in leaders]
+        led = any(np.hypot(*(e[0] - pts[i])) < 2 * half and dist(box, e[1]) < 2 for e in ends)
+        if dist(box, pts[i]) > 14 * r.points_to_pixels(1.0):  # away from its point: a leader
+            assert led, t.get_text()
+        if not led:  # beside its point: nearer it than any other
+            for j, p in enumerate(pts):
+                assert j == i or dist(box, pts[i]) < dist(box, p), (
+                    t.get_text(), "nearer the point of", texts[j].get_text())
+    assert len(leaders) <= 2   # most labels sit beside their points

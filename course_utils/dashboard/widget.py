@@ -80,7 +80,8 @@ MODE_ENV = "COURSE_DASHBOARD"
 # Columns every history has (a Run that failed as a whole has no measured ones).
 _COLUMNS = ("run", "click", "label", "baseline", "baseline_run", "status", "precision",
             "checkpoint", "batch_size", "seq_len", "n_layers", "grad_accum_steps", "step_time_s",
-            "tokens_per_s", "time_ratio", "time_verdict", "emulated", "parameters", "gradients",
+            "paired_step_time_s", "tokens_per_s", "time_ratio", "time_verdict", "emulated",
+            "parameters", "gradients",
             "optimizer_state", "activations", "autocast_weight_copies", "logits",
             "peak_allocated", "est_peak_allocated", "peak_ratio", "saved_total",
             "est_saved_total", "saved_ratio", "saved_dtypes", "oom", "error")

@@ -109,32 +109,78 @@ def overlaps(a, b, pad: float = 0.0) -> bool:
 
 
 #: Offsets (points) tried in turn for a point's label: right-above, right-below, left-above, ...
+#: The first four touch the point; the others are joined to it by a leader line.
 LABEL_OFFSETS = ((6, 5, "left"), (6, -13, "left"), (-6, 5, "right"), (-6, -13, "right"),
                  (6, 17, "left"), (6, -25, "left"), (-6, 17, "right"), (-6, -25, "right"),
-                 (6, 29, "left"), (6, -37, "left"))
+                 (6, 29, "left"), (6, -37, "left"), (-6, 29, "right"), (-6, -37, "right"),
+                 (6, 41, "left"), (6, -49, "left"), (-6, 41, "right"), (-6, -49, "right"))
+#: Offsets from this one on are far from the point: a leader line joins label and point.
+LEADER_FROM = 4
+#: Half the size (points) of the box around a marker or an error bar a label must not cover.
+MARKER_PAD = 4.5
 
 
-def place_point_labels(fig, ax, texts) -> None:
+def _point_boxes(ax, points, renderer):
+    """Display-space boxes of each point's marker and horizontal error bar: ``points`` holds
+    ``(x, y, x_low, x_high)`` in data coordinates (``x_low``/``x_high`` the bar's ends, or x)."""
+    from matplotlib.transforms import Bbox
+    pad = MARKER_PAD * renderer.points_to_pixels(1.0)
+    boxes = []
+    for x, y, lo, hi in points:
+        (px, py), (plo, _), (phi, _) = ax.transData.transform([(x, y), (lo, y), (hi, y)])
+        boxes.append([Bbox([[px - pad, py - pad], [px + pad, py + pad]]),
+                      Bbox([[min(plo, phi), py - pad * 0.7], [max(plo, phi), py + pad * 0.7]])])
+    return boxes
+
+
+def _distance(box, p) -> float:
+    """Display distance from point ``p`` to the box (0 inside it)."""
+    return float(np.hypot(max(box.x0 - p[0], 0, p[0] - box.x1),
+                          max(box.y0 - p[1], 0, p[1] - box.y1)))
+
+
+def place_point_labels(fig, ax, texts, points=None) -> None:
     """Move each of ``texts`` (annotations of points, ``textcoords="offset points"``) to the
-    first of `LABEL_OFFSETS` where it stays inside the axes and overlaps no label placed before
-    it (else to the one that overlaps fewest). Call it last: it lays the figure out to measure."""
+    first of `LABEL_OFFSETS` where it stays inside the axes, overlaps no label placed before
+    it and covers no point's marker or error bar (``points``: one ``(x, y, x_low, x_high)`` per
+    text, in data coordinates; a label over another point's marker, or nearer another point than
+    its own, reads as that point's label), else to the one that does fewest of these. A label
+    placed at `LEADER_FROM` or beyond is joined to its point by a leader line. Call it last: it
+    lays the figure out to measure."""
     renderer = lay_out(fig)
     inside = ax.get_window_extent(renderer)
+    obstacles = [b for pair in _point_boxes(ax, points or [], renderer) for b in pair]
+    anchors = ax.transData.transform([(x, y) for x, y, _, _ in points]) if points else []
     placed = []
-    for text in texts:
+    for n, text in enumerate(texts):
         best = None
-        for dx, dy, ha in LABEL_OFFSETS:
+        for k, (dx, dy, ha) in enumerate(LABEL_OFFSETS):
             text.xyann = (dx, dy)
             text.set_horizontalalignment(ha)
             box = text.get_window_extent(renderer)
             outside = not (box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0
                            and box.y1 <= inside.y1)
-            cost = sum(overlaps(box, other, pad=1) for other in placed) + 10 * outside
+            cost = (sum(overlaps(box, other, pad=1) for other in placed)
+                    + 3 * sum(overlaps(box, o) for o in obstacles) + 10 * outside)
+            if len(anchors):  # nearer another point than its own: it reads as that one's label
+                near = [_distance(box, p) for p in anchors]
+                cost += 3 * any(d <= near[n] for i, d in enumerate(near) if i != n)
             if best is None or cost < best[0]:
-                best = (cost, dx, dy, ha)
+                best = (cost, k, dx, dy, ha)
             if cost == 0:
                 break
-        _, dx, dy, ha = best
+        _, k, dx, dy, ha = best
         text.xyann = (dx, dy)
         text.set_horizontalalignment(ha)
-        placed.append(text.get_window_extent(renderer))
+        box = text.get_window_extent(renderer)
+        placed.append(box)
+        if k >= LEADER_FROM:  # far from its point: a thin line from the label's near edge to it
+            px, py = ax.transData.transform(text.xy)
+            ex = box.x0 if dx > 0 else box.x1
+            ey = box.y0 if dy > 0 else box.y1
+            gap = MARKER_PAD * renderer.points_to_pixels(1.0)
+            dist = np.hypot(ex - px, ey - py)
+            sx, sy = px + (ex - px) * gap / dist, py + (ey - py) * gap / dist  # off the marker
+            (x0, y0), (x1, y1) = ax.transData.inverted().transform([(sx, sy), (ex, ey)])
+            ax.plot([x0, x1], [y0, y1], "-", color="#888888", lw=0.7, zorder=2.5,
+                    label="_leader line")

@@ -43,16 +43,20 @@ def _tied(notes, bands, i: int, j: int) -> bool:
 
 def pareto_chart(df, title: str = "step time vs peak memory", size: str | None = None):
     """Each configuration as a point (step time in ms, peak allocated memory in MiB = 2^20
-    bytes), the non-dominated ones joined by a line (the Pareto front: nothing is both faster
-    and smaller). Two configurations whose times are within the noise of each other are a tie
-    in time: the smaller one dominates, and tied points on the front are joined by a dotted
-    line. Emulated configurations are not drawn (their time is not this hardware's speed): a
-    caption under the chart names them.
+    bytes; the step time is ``paired_step_time_s`` where the table has it, the first row's
+    median times the row's ratio, as `course_utils.experiments.summary` prints it), the
+    non-dominated ones joined by a line (the Pareto front: nothing is both faster and smaller).
+    Two configurations whose times are within the noise of each other are a tie in time: the
+    smaller one dominates, and tied points on the front are joined by a dotted line. Emulated
+    configurations are not drawn (their time is not this hardware's speed): a caption under the
+    chart names them.
 
     Each point is labelled with its configuration in words (`course_utils.experiments.plain_label`;
     "(no checkpointing)" where the policy is ``none``) and, against the first row, its time ratio
     only where the difference is outside the noise ("≈1x (within noise)", "inconclusive"
-    otherwise). Horizontal error bars show the ratio's spread
+    otherwise), beside its own point: no label covers another point's marker or error bar, and
+    a label placed away from its point is joined to it by a leader line
+    (`course_utils.plots._style.place_point_labels`). Horizontal error bars show the ratio's spread
     (``time_ratio_low``/``time_ratio_high``) where given, else the interquartile range
     (``step_time_iqr_s``) where one was measured; the axis label says which, or that none was.
 
@@ -65,7 +69,9 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     Raises:
         ValueError: no row has both a step time and a peak.
     """
-    t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
+    own = [nan(v) for v in df["step_time_s"]]
+    paired = [nan(v) for v in df.get("paired_step_time_s", [np.nan] * len(df))]
+    t = np.array([(p if np.isfinite(p) else o) * 1e3 for p, o in zip(paired, own)])
     iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
     peak = mib(df["peak_allocated"])
     plain = df["checkpoint"] if "checkpoint" in df.columns else [None] * len(df)
@@ -119,7 +125,7 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     if ties:
         handles.append(Line2D([], [], color="#DD8452", ls=":",
                               label="tie: times within the noise of each other"))
-    ax.set_xlabel(f"step time (ms, median; {bars})")
+    ax.set_xlabel(f"step time (ms, as the table prints it; {bars})")
     ax.set_ylabel("peak allocated memory (MiB)")
     ax.set_title(with_size(title, size))
     lo = np.nanmin(t[ok] - (0 if err is None else err[0, ok]))
@@ -133,7 +139,10 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     caption = emulated_caption(labels, t, notes, None if emulated[0] else (labels[0], t[0]))
     if caption:
         _put_caption(fig, caption, width=110)
-    place_point_labels(fig, ax, texts)
+    shown = np.flatnonzero(ok)
+    place_point_labels(fig, ax, texts, points=[
+        (t[i], peak[i], t[i] - (0 if err is None else err[0, i]),
+         t[i] + (0 if err is None else err[1, i])) for i in shown])
     return fig
 
 
