@@ -34,6 +34,10 @@ The rule, in order:
    of memory under the budget is not recommended: the card steps down by `BACK_OFF` and checks
    again (at most `CHECKS` steps), and says so.
 
+A policy whose first step changed the gradients beyond rounding
+(`course_utils.profiling.ProfileMeasurement.gradients_changed`) is never a candidate: the card
+says so, since it would train another model.
+
 On CUDA the budget caps the caching allocator's *reserved* memory
 (``torch.cuda.set_per_process_memory_fraction``), which holds more than the *allocated* peak that
 the extrapolation predicts (freed blocks stay cached and split). The micro-batch is therefore
@@ -304,8 +308,9 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
                                 None if step is None else round(step * 1e3, 1),
                             "time vs none": profile.time_text(m),
                             "emulated": m.emulated, "m": m})
+    changed = [o for o in options if o["precision"] == precision and o["m"].gradients_changed]
     mine = [o for o in options if o["precision"] == precision and o["largest batch"] > 0
-            and (on_cuda or not o["policy"].startswith("offload"))]
+            and (on_cuda or not o["policy"].startswith("offload")) and o not in changed]
     if not mine:
         smallest = min(ex.peak(1, p) for p in ex.fits)
         raise ValueError(f"nothing fits {budget_bytes / MiB:.1f} MiB in {precision}, even at "
@@ -326,7 +331,9 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
     r = profile.ratio(m)
     predicted = ex.peak(micro, policy)
 
-    reasons = []
+    reasons = [f"{o['policy']} is left out: it changed the first step's gradients beyond rounding "
+               f"(largest difference {o['m'].grad_max_diff:.2g}, the largest gradient "
+               f"{o['m'].grad_scale:.3g}), so it would train another model." for o in changed]
     plain = next((o for o in mine if o["policy"] == "none"), None)
     none_b = plain["largest batch"] if plain else 0
     if policy == "none":

@@ -42,7 +42,14 @@ How each number is taken (as `course_utils.measure.measure` takes them for the c
 * **gradients**: the first step's gradients of every configuration are compared with those of
   ``none`` in the same precision (``grad_max_diff``, next to the largest gradient,
   ``grad_scale``): a policy must not change them beyond rounding (bit for bit where the kernels
-  are deterministic, as on a CPU).
+  are deterministic, as on a CPU). A difference above `GRADIENT_ROUNDING` of the largest
+  gradient is a change (`ProfileMeasurement.gradients_changed`): the sentences say so and the
+  card never recommends that policy. Seen on an H100 with Hugging Face's GPT-2 (dropout 0.1):
+  ``selective`` changed the gradients by 0.034 where ``full`` and ``offload`` were bit for bit
+  equal (``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.json``): the save list keeps the
+  fused attention kernel's output, whose dropout draws are then not replayed in recomputation,
+  so the dropout after it draws other masks (on a CPU that attention with dropout runs as
+  separate ops, which are replayed, and the gradients matched).
 
 Over 400 lines because `profile` is one pipeline over any model, with its own record types:
 find the blocks, wrap them per policy, build the training state, measure its memory step, time
@@ -83,7 +90,7 @@ from .terms import (
     device_kind,
 )
 
-__all__ = ["POLICIES", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
+__all__ = ["POLICIES", "GRADIENT_ROUNDING", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
            "wrap_blocks", "parse_model_policy", "block_of", "default_loss", "call_model", "profile",
            "measure_config", "static_bytes"]
@@ -393,6 +400,12 @@ class ProfileConfig(PrecisionOnDevice):
         return dataclasses.asdict(self)
 
 
+#: The largest first-step gradient difference from ``none``, as a share of the largest gradient,
+#: that still counts as rounding: fp32 kernels that add in another order differ by about 1e-6 of
+#: it; a low precision rounds each value to 2^-8 (bf16) or 2^-11 (fp16) of itself.
+GRADIENT_ROUNDING = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}
+
+
 @dataclass
 class ProfileMeasurement(Measurement):
     """A `Measurement` of any model (``config`` is a `ProfileConfig`; ``tokens_per_s`` counts
@@ -419,6 +432,15 @@ class ProfileMeasurement(Measurement):
     grad_max_diff: float | None = None
     grad_scale: float | None = None
     saved_modules: Any = field(default=None, repr=False)
+
+    @property
+    def gradients_changed(self) -> bool:
+        """True when this configuration's first-step gradients differ from ``none``'s by more
+        than rounding: ``grad_max_diff > GRADIENT_ROUNDING[precision] x grad_scale`` (a
+        gradient missing on one side counts as changed)."""
+        if self.grad_max_diff is None or not self.grad_scale:
+            return False
+        return self.grad_max_diff > GRADIENT_ROUNDING.get(self.config.precision, 1e-2) * self.grad_scale
 
     def as_row(self) -> dict:
         row = super().as_row()
@@ -732,6 +754,16 @@ class Profile:
         n = f"over all {len(diffs)} configurations" if len(diffs) > 1 else "of the one configuration"
         if not diffs:
             return "gradients: not compared"
+        changed = [m for m in diffs if m.gradients_changed]
+        if changed:
+            return ("gradients of the first step against 'none': "
+                    + "; ".join(f"{m.config.label} CHANGED them (largest difference "
+                                f"{m.grad_max_diff:.2g}, the largest gradient {m.grad_scale:.3g})"
+                                for m in changed)
+                    + ": beyond rounding, so that policy trains another model; do not use it. "
+                    "A likely cause: a random op (dropout) whose output the policy keeps is not "
+                    "re-run in recomputation, so the random ops after it draw other numbers "
+                    "(set dropout to 0, or leave ops that draw random numbers out of a save list)")
         worst = max(diffs, key=lambda m: m.grad_max_diff)
         if worst.grad_max_diff == 0:
             return f"gradients of the first step against 'none', {n}: bit-for-bit equal"

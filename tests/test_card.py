@@ -170,3 +170,35 @@ def test_the_cards_options_table_is_readable():
     assert re.fullmatch(r"1\.30x slower \(\d\.\d\d-\d\.\d\dx\)", cell), cell
     assert "IQR" not in card.text()
     assert json.dumps(card.as_dict())
+
+
+def test_a_policy_that_changed_the_gradients_is_never_recommended(monkeypatch):
+    # On an H100, Hugging Face's GPT-2 (dropout 0.1) under 'selective' changed the first step's
+    # gradients by 0.034 where 'full' was bit for bit equal: the fastest policy that fits is then
+    # left out, with the reason, and the profile's sentence says CHANGED, not rounding.
+    from helpers import synthetic_profile
+
+    from course_utils.profiling import GRADIENT_ROUNDING, ProfileMeasurement
+    times = {"none": [1.0] * 6, "selective": [1.1, 1.11, 1.09, 1.1, 1.12, 1.08],
+             "full": [1.3, 1.31, 1.29, 1.3, 1.32, 1.28]}
+    assert _card_for(times, budget_between=("selective", "none")).policy == "selective"
+    real = synthetic_profile
+
+    def with_changed_selective(*args, **kwargs):
+        prof = real(*args, **kwargs)
+        for m in prof.measurements:
+            m.grad_scale = 2.0
+            if m.config.checkpoint == "selective":
+                m.grad_max_diff = 0.034
+        return prof
+    monkeypatch.setitem(_card_for.__globals__, "synthetic_profile", with_changed_selective)
+    card = _card_for(times, budget_between=("selective", "none"))
+    assert card.policy == "full"
+    assert "selective is left out: it changed the first step's gradients beyond rounding" in card.text()
+    prof = with_changed_selective(times)
+    assert "selective CHANGED them" in prof.gradients_text()
+    # rounding is not a change: fp32 at 1e-6 of the largest gradient, bf16 within 2^-8 of it
+    m = ProfileMeasurement(config=prof.measurements[1].config, grad_max_diff=2e-6, grad_scale=2.0)
+    assert not m.gradients_changed and GRADIENT_ROUNDING["fp32"] * 2.0 < 0.034
+    m.grad_max_diff = float("inf")  # a gradient missing on one side
+    assert m.gradients_changed
