@@ -19,6 +19,7 @@ memory fields; lessons 01 and 02 call `measure_saved`, `saved_bytes` and `saved_
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pandas as pd
 import torch
@@ -222,6 +223,9 @@ def saved_by_module(module: torch.nn.Module, fn) -> pd.DataFrame:
         A DataFrame in the order the tensors were saved, columns ``module``, ``module_type``,
         ``shape``, ``dtype`` (str), ``nbytes`` (bytes of the storage), ``grad_fn`` (the node
         that made the tensor, ``None`` for a leaf). The forward's graph is freed on return.
+        Tensors of no elements hold no memory and are left out: non-reentrant ``checkpoint``
+        saves an empty placeholder in torch 2.7-2.11 (not in 2.13), which the support matrix's
+        older stacks showed as a 0-byte row.
 
     Raises:
         TypeError: ``module`` is not a ``torch.nn.Module``.
@@ -233,5 +237,5 @@ def saved_by_module(module: torch.nn.Module, fn) -> pd.DataFrame:
     del out
     cols = ["module", "module_type", "shape", "dtype", "nbytes", "grad_fn"]
     rows = [{**{c: r[c] for c in cols}, "dtype": str(r["dtype"]).replace("torch.", "")}
-            for r in meter.records]
+            for r in meter.records if r["nbytes"] or math.prod(r["shape"])]
     return pd.DataFrame(rows, columns=cols)
