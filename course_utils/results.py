@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .config import SIZE_PROFILES, config_for
 from .experiments import plain_label, time_cell
 from .measure import MEMORY_FIELDS
 from .step_timing import printed_band
@@ -185,7 +186,6 @@ def _section(text: str, cell_id: str) -> str:
 def _gpu_model(setup: str) -> str | None:
     """The model lesson 04's GPU cell trains (``config_for(size)`` in the recipe precision), in
     words, from a transcript's setup section; None where it names no size profile."""
-    from .config import SIZE_PROFILES, config_for
     size = re.search(r"size profile '([^']+)'", setup)
     recipe = re.search(r"^recipe\s*:\s*(\S+)", setup, re.MULTILINE)
     if not size or size.group(1) not in SIZE_PROFILES:

@@ -11,6 +11,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.transforms import Bbox
 
 from ..terms import MiB
 
@@ -123,7 +124,6 @@ MARKER_PAD = 4.5
 def _point_boxes(ax, points, renderer):
     """Display-space boxes of each point's marker and horizontal error bar: ``points`` holds
     ``(x, y, x_low, x_high)`` in data coordinates (``x_low``/``x_high`` the bar's ends, or x)."""
-    from matplotlib.transforms import Bbox
     pad = MARKER_PAD * renderer.points_to_pixels(1.0)
     boxes = []
     for x, y, lo, hi in points:

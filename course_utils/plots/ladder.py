@@ -3,6 +3,10 @@ configurations, the live dashboard, the order of adoption, the Pareto front, the
 
 Step-time ratios are printed only where the measured noise allows (`._timing`): a bar says
 "1.26x (slower)", "≈1x (within noise)", "inconclusive" or "emulated here" (hatched).
+
+Over 400 lines because the four charts are one subject: each draws the same ladder of
+configurations with the same time bars, noise notes and caption (`_time_bars`, `_caption`), and
+splitting them would export those private helpers across modules.
 """
 from __future__ import annotations
 
