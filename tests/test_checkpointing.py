@@ -141,7 +141,10 @@ def test_selective_policy_keeps_less_than_none_and_recomputes_no_matmul(cfg):
         del out
         with FlopCounterMode(display=False) as counter:
             run(mode).sum().backward()
-        flops[mode] = counter.get_total_flops()
+        # matmuls only: torch >= 2.15 also counts the CPU attention kernel, which this policy
+        # recomputes (found by the support matrix's 'newest' stack)
+        flops[mode] = sum(v for op, v in counter.get_flop_counts()["Global"].items()
+                          if str(op) in learner_checks.MATMULS)
     assert kept["full"] < kept["sac"] < 0.8 * kept["none"]
     assert flops["sac"] == flops["none"] < flops["full"]
     # the saved-tensor hook cannot see what SAC caches: it reports the block inputs only
