@@ -57,14 +57,14 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from .experiments import plain_label, sig_text
+from .experiments import plain_label, size_text
 from .extrapolate import check_prediction, extrapolate
 from .hardware import detect, recommend_precision
 from .offload import PCIE_GBPS, transfer_time_estimate
 from .profiling import profile
 from .search import memory_budget
 from .step_timing import time_ratio
-from .terms import GiB, MiB, check_positive_int, default_device
+from .terms import MiB, check_positive_int, default_device
 
 __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "recommend",
            "budget_from_device", "profile_and_recommend"]
@@ -166,9 +166,9 @@ class Card:
                  f"  recipe      : {self.recipe} (effective batch {self.effective_batch}"
                  + (f"; target {self.target_batch})" if self.target_batch != self.effective_batch
                     else ")"),
-                 f"  budget      : {_size(self.budget_bytes)} ({self.budget_source})",
-                 f"  peak        : predicted {_size(self.predicted_peak)}"
-                 + (f", measured {_size(self.measured_peak)}" if self.measured_peak else "")]
+                 f"  budget      : {size_text(self.budget_bytes)} ({self.budget_source})",
+                 f"  peak        : predicted {size_text(self.predicted_peak)}"
+                 + (f", measured {size_text(self.measured_peak)}" if self.measured_peak else "")]
         if self.throughput:
             lines.append(f"  throughput  : {self.throughput:,.0f} {self.unit}/s (measured at "
                          f"micro-batch {self.measured_batch})")
@@ -191,15 +191,6 @@ class Card:
         d = asdict(self)
         d["recipe"] = self.recipe
         return json.loads(json.dumps(d, default=str))
-
-
-def _size(n: int) -> str:
-    """Bytes as a reader compares them: GiB at two decimals, MiB at one decimal from 100 MiB
-    and at three significant figures below (6.45 and 6.44 MiB, not 6.5 and 6.4 beside a
-    printed +0.1%)."""
-    if n >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    return f"{n / MiB:.1f} MiB" if abs(n) >= 100 * MiB else f"{sig_text(n / MiB, 3)} MiB"
 
 
 def _ratio_words(r, of: str = "no checkpointing") -> str:

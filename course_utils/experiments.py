@@ -30,10 +30,10 @@ from .measure import (
 )
 from .memory_model import estimate
 from .step_timing import default_budget_s, printed_band, time_ratio
-from .terms import MiB, check_positive_int
+from .terms import GiB, MiB, check_positive_int
 from .training import train_step
 
-__all__ = ["ladder", "compare", "summary", "size_of", "time_cell", "plain_label", "round_sig",
+__all__ = ["ladder", "compare", "summary", "size_of", "size_text", "time_cell", "plain_label", "round_sig",
            "sig_text"]
 
 
@@ -248,6 +248,14 @@ def sig_text(v, digits: int = 3) -> str | None:
         return f"{r:,.0f}"
     return f"{r:.{digits}g}"
 
+
+def size_text(n: int) -> str:
+    """Bytes as a reader compares them: GiB at two decimals, MiB at one decimal from 100 MiB
+    and at three significant figures below (6.45 and 6.44 MiB, not 6.5 and 6.4 beside a
+    printed +0.1%)."""
+    if n >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.1f} MiB" if abs(n) >= 100 * MiB else f"{sig_text(n / MiB, 3)} MiB"
 
 def time_cell(ratio, verdict) -> str:
     """How a table shows a time ratio: the number only when it says faster or slower

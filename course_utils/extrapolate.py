@@ -44,7 +44,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from .experiments import sig_text
+from .experiments import size_text
 from .guard import available_memory_bytes, cuda_memory_cap
 from .hardware import detect
 from .profiling import (
@@ -56,7 +56,7 @@ from .profiling import (
     measure_config,
     parse_model_policy,
 )
-from .terms import GiB, MiB, check_positive_int, device_kind
+from .terms import MiB, check_positive_int, device_kind
 
 __all__ = ["RAM_FRACTION", "PolicyFit", "Extrapolation", "PredictionCheck", "extrapolate", "check_prediction",
            "block_input_bytes"]
@@ -200,15 +200,6 @@ class PredictionCheck:
     note: str
 
 
-def _size(n: int) -> str:
-    """Bytes as a reader compares them: GiB at two decimals, MiB at one decimal from 100 MiB
-    and at three significant figures below (6.45 and 6.44 MiB, not 6.5 and 6.4 beside a
-    printed +0.1%)."""
-    if n >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    return f"{n / MiB:.1f} MiB" if abs(n) >= 100 * MiB else f"{sig_text(n / MiB, 3)} MiB"
-
-
 #: On a CPU, `check_prediction` does not run a step whose predicted peak exceeds this fraction of
 #: the RAM free now (nothing would stop it short of the kernel's out-of-memory killer).
 RAM_FRACTION = 0.8
@@ -328,8 +319,8 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
         raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
     b = batch_size or ex.largest_batch(budget_bytes, policy)
     if b < 1:
-        raise ValueError(f"not even batch 1 fits {_size(budget_bytes)} with {policy}: its "
-                         f"predicted peak is {_size(ex.peak(1, policy))}.")
+        raise ValueError(f"not even batch 1 fits {size_text(budget_bytes)} with {policy}: its "
+                         f"predicted peak is {size_text(ex.peak(1, policy))}.")
     predicted = ex.peak(b, policy)
     spec = ex.spec
     if device_kind(spec.device) == "cpu":  # nothing stops a CPU step from exhausting the RAM
@@ -337,8 +328,8 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
         if free and predicted > RAM_FRACTION * free:
             return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, False,
                                    f"batch {b} with {policy} not run: its predicted peak, "
-                                   f"{_size(predicted)}, is more than {RAM_FRACTION:.0%} of the "
-                                   f"{_size(free)} of RAM free now.")
+                                   f"{size_text(predicted)}, is more than {RAM_FRACTION:.0%} of the "
+                                   f"{size_text(free)} of RAM free now.")
     cfg = ProfileConfig(spec.name, ex.precision, policy, b, spec.device, ex.unit,
                         ex.items_per_sample, seed=spec.seed)
     cap = (cuda_memory_cap(spec.device, budget_bytes) if device_kind(spec.device) == "cuda"
@@ -347,14 +338,14 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
         m, _, _ = measure_config(spec, cfg)
     if m.oom:
         return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, True,
-                               f"batch {b} ran out of memory under the {_size(budget_bytes)} "
+                               f"batch {b} ran out of memory under the {size_text(budget_bytes)} "
                                f"budget: the prediction was too low. {m.error}")
     measured = m.peak_allocated
     err = (predicted - measured) / measured
     fits = measured <= budget_bytes
-    note = (f"batch {b} with {policy}: predicted {_size(predicted)}, measured "
-            f"{_size(measured)} ({err:+.1%}); "
+    note = (f"batch {b} with {policy}: predicted {size_text(predicted)}, measured "
+            f"{size_text(measured)} ({err:+.1%}); "
             + ("within the budget." if fits else
-               f"over the {_size(budget_bytes)} budget by {_size(measured - budget_bytes)}: the "
+               f"over the {size_text(budget_bytes)} budget by {size_text(measured - budget_bytes)}: the "
                "prediction was too low."))
     return PredictionCheck(policy, b, budget_bytes, predicted, measured, err, fits, False, note)
