@@ -35,10 +35,11 @@ import pandas as pd
 from . import store
 from .config import size_profile
 from .hardware import detect
+from .step_timing import TimeRatio
 from .terms import GiB, KiB, MiB
 
 __all__ = ["CLAIMS", "STATUSES", "Verdict", "verdict", "claims_table", "recorded_or_measure",
-           "recorded_verdict", "this_context"]
+           "recorded_verdict", "recorded_time", "this_context"]
 
 #: Claim ID -> the claim as popular tutorials state it.
 CLAIMS: dict[str, str] = {
@@ -520,6 +521,26 @@ def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
     return Verdict(claim, rec["status"], rec.get("evidence", ""), rec.get("where", ""),
                    rec.get("basis", "measured"))
 
+
+def recorded_time(claim: str, name: str, lesson: str, key: str | None = None) -> TimeRatio | None:
+    """The time comparison ``name`` (a `TimeRatio` input of the rule, e.g. ``"full_time"``) of
+    the verdict on ``claim`` that lesson ``lesson`` (``"02"``) recorded for this machine, torch
+    version and size profile; None where that lesson has not run here, or a later lesson's
+    verdict on the same claim replaced its record.
+
+    Raises:
+        ValueError: an unknown claim ID.
+    """
+    if claim not in CLAIMS:
+        raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
+    rec = store.lookup("verdicts", claim, key or this_context())
+    if not rec or not str(rec.get("where", "")).startswith(lesson):
+        return None
+    d = (rec.get("inputs") or {}).get(name)
+    fields = [f.name for f in dataclasses.fields(TimeRatio)]
+    if not isinstance(d, dict) or any(f not in d for f in fields):
+        return None
+    return TimeRatio(**{f: d[f] for f in fields})
 
 def recorded_or_measure(claim: str, where: str, measure: Callable[[], dict], model: str,
                         key: str | None = None) -> Verdict:

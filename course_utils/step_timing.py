@@ -30,7 +30,8 @@ from typing import Callable, Sequence
 import torch
 
 __all__ = ["VERDICTS", "MIN_ROUNDS", "default_budget_s", "steps_for_budget", "time_step",
-           "interleaved", "TimeRatio", "time_ratio", "spread", "BLOCKS", "printed_band"]
+           "interleaved", "TimeRatio", "time_ratio", "spread", "BLOCKS", "printed_band",
+           "agreement"]
 
 #: The words a time comparison can end in.
 VERDICTS = ("faster", "slower", "within noise", "too few rounds", "inconclusive at this size",
@@ -207,6 +208,28 @@ class TimeRatio:
             return f"{what} {self.ratio:.2f}x slower ({band})"
         return f"{what} {self.ratio:.2f}x ({band}): {self.verdict}"
 
+
+def agreement(here: TimeRatio, there: TimeRatio, there_name: str) -> str:
+    """One sentence on two measurements of the same pair on one machine (say lesson 02's and
+    lesson 03's full checkpointing against none): ``there`` described as ``there_name`` printed
+    it, then whether the two noise bands overlap.
+
+    A band covers the spread within one run; two runs whose bands do not overlap ran at
+    different speeds (other programs, heat, power saving), and the sentence says so instead of
+    leaving two lessons to disagree in silence. At the ``smoke`` size, or where either run has
+    too few rounds for a band or ran emulated, the bands are not compared.
+    """
+    said = f"{there_name} timed the same pair on this machine: {there.describe('step time')}."
+    unbanded = ("inconclusive at this size", "emulated", "not timed")
+    if (here.low is None or there.low is None or here.verdict in unbanded
+            or there.verdict in unbanded):
+        return f"{said} The two runs are not compared: one of them has no noise band that means something."
+    if here.low <= there.high and there.low <= here.high:
+        return f"{said} The two noise bands overlap: the lessons agree."
+    return (f"{said} The two noise bands do not overlap: the machine ran at a different speed during "
+            "one of the runs (other programs, heat, power saving), more than either band shows, "
+            "since a band measures the spread within one run. Run both lessons again on an "
+            "otherwise idle machine to see which holds.")
 
 def _band(ratios: list[float], of_medians: float) -> tuple[float, float]:
     q = statistics.quantiles(ratios, n=4, method="inclusive")

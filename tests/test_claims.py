@@ -263,3 +263,17 @@ def test_a_verdict_is_recorded_only_for_this_machine_torch_and_size(results_dir)
     claims.verdict("C11", where="01 §3", record=True, **C11_LESSON)
     assert claims.recorded_verdict("C11") is not None
     assert claims.recorded_verdict("C11", key=store.context_key("a100", detect())) is None
+
+
+def test_lesson_03_reads_back_lesson_02s_timing_of_the_pair_and_only_lesson_02s(results_dir):
+    steps = [0.100, 0.101, 0.099, 0.102, 0.100, 0.098, 0.101, 0.100]
+    full = time_ratio([s * 1.25 for s in steps], steps)
+    claims.verdict("C5", where="02 §3", record=True, full_time=full)  # as lesson 02 records it
+    assert claims.recorded_time("C5", "full_time", lesson="02") == full
+    assert claims.recorded_time("C5", "full_time", lesson="01") is None
+    assert claims.recorded_time("C5", "flops_ratio", lesson="02") is None  # not a time comparison
+    # lesson 03's own verdict on C5 replaces the record: it is no longer lesson 02's timing
+    claims.verdict("C5", where="[03 §2](#2.-The-ladder)", record=True, full_time=full)
+    assert claims.recorded_time("C5", "full_time", lesson="02") is None
+    with pytest.raises(ValueError, match="unknown claim"):
+        claims.recorded_time("C99", "full_time", lesson="02")

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from course_utils.step_timing import interleaved, steps_for_budget, time_ratio
+from course_utils.step_timing import TimeRatio, agreement, interleaved, steps_for_budget, time_ratio
 
 
 def ratio(r, spread=0.02, rounds=9, size="cpu", emulated=False):
@@ -95,3 +95,17 @@ def test_budget_and_interleaving():
         interleaved([lambda: None])  # neither a budget nor rounds
     with pytest.raises(ValueError):
         interleaved([lambda: None], 1.0, rounds=2)  # both
+
+
+def test_agreement_says_whether_two_runs_of_the_same_pair_overlap_and_names_a_disagreement():
+    """Lesson 02 timed full checkpointing 1.26x (1.24-1.30x), lesson 03 1.22x (1.21-1.22x) on
+    one machine: the sentence must say they disagree, not leave the two numbers side by side."""
+    lesson02 = TimeRatio(1.26, 1.24, 1.30, 17, "slower")
+    assert "do not overlap" in agreement(TimeRatio(1.22, 1.21, 1.22, 9, "slower"), lesson02, "Lesson 02")
+    said = agreement(TimeRatio(1.25, 1.20, 1.27, 9, "slower"), lesson02, "Lesson 02")
+    assert "overlap: the lessons agree" in said and said.startswith("Lesson 02 timed the same pair")
+    assert "1.26x slower" in said  # lesson 02's own sentence, as it printed it
+    for unbanded in (TimeRatio(1.22, None, None, 2, "too few rounds"),
+                     TimeRatio(1.22, 0.5, 3.0, 5, "inconclusive at this size"),
+                     TimeRatio(30.0, 29.0, 31.0, 5, "emulated")):
+        assert "not compared" in agreement(unbanded, lesson02, "Lesson 02")
