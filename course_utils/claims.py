@@ -26,7 +26,6 @@ same label.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -34,6 +33,7 @@ import pandas as pd
 
 from . import store
 from .config import size_profile
+from .experiments import round_sig
 from .hardware import detect
 from .step_timing import TimeRatio
 from .terms import GiB, KiB, MiB
@@ -112,15 +112,8 @@ def _bytes(n: float) -> str:
     "812 bytes"."""
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if abs(n) >= size:
-            return f"{_sig(n / size, 3):,g} {unit}"
+            return f"{round_sig(n / size, 3):,g} {unit}"
     return f"{n:,.0f} bytes"
-
-
-def _sig(x: float, digits: int = 2) -> float:
-    """``x`` rounded to ``digits`` significant figures (76923.1 -> 77000.0)."""
-    if x == 0 or not math.isfinite(x):
-        return x
-    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
 
 
 def _times(x: float) -> str:
@@ -129,7 +122,7 @@ def _times(x: float) -> str:
     if abs(x) >= 100:
         return f"{x:,.0f}x"
     if 0 < abs(x) < 0.01:
-        return f"1/{_sig(1 / x):,.0f} of"
+        return f"1/{round_sig(1 / x, 2):,.0f} of"
     return f"{x:.2g}x"
 
 
@@ -506,6 +499,13 @@ def this_context(size: str | None = None, hw=None) -> str:
     return store.context_key(size or size_profile(), hw or detect())
 
 
+def _recorded(claim: str, key: str | None) -> dict | None:
+    """The store's record of ``claim`` under ``key`` (default: this run's context)."""
+    if claim not in CLAIMS:
+        raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
+    return store.lookup("verdicts", claim, key or this_context())
+
+
 def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
     """The verdict on ``claim`` that a lesson recorded for this machine, torch version and size
     profile (`course_utils.store`), exactly as that lesson printed it; None if none did.
@@ -513,9 +513,7 @@ def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
     Raises:
         ValueError: an unknown claim ID.
     """
-    if claim not in CLAIMS:
-        raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
-    rec = store.lookup("verdicts", claim, key or this_context())
+    rec = _recorded(claim, key)
     if not rec or rec.get("status") not in STATUSES:
         return None
     return Verdict(claim, rec["status"], rec.get("evidence", ""), rec.get("where", ""),
@@ -531,9 +529,7 @@ def recorded_time(claim: str, name: str, lesson: str, key: str | None = None) ->
     Raises:
         ValueError: an unknown claim ID.
     """
-    if claim not in CLAIMS:
-        raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
-    rec = store.lookup("verdicts", claim, key or this_context())
+    rec = _recorded(claim, key)
     if not rec or not str(rec.get("where", "")).startswith(lesson):
         return None
     d = (rec.get("inputs") or {}).get(name)

@@ -72,7 +72,7 @@ from tqdm.auto import tqdm
 
 from .checkpointing import SelectiveContexts, save_matmuls_and_attention
 from .config import size_profile
-from .experiments import plain_label, time_cell
+from .experiments import paired_step_s, plain_label, time_cell
 from .guard import available_memory_bytes
 from .hardware import detect, is_emulated, require_device
 from .measure import EMULATED_TIMING, Measurement, noting_out_of_memory, time_in_alternation
@@ -741,10 +741,9 @@ class Profile:
         `course_utils.step_timing.time_ratio`.) A row that is the reference, or that was not timed in
         the same rounds as it, keeps its own median."""
         ref = self.reference(m)
-        r = self.ratio(m)
-        if m is ref or r.ratio is None or ref.step_time_s is None or r.low is None:
+        if m is ref:
             return m.step_time_s
-        return ref.step_time_s * r.ratio
+        return paired_step_s(m.step_time_s, ref.step_time_s, self.ratio(m))
 
     def gradients_text(self) -> str:
         """The first step's gradients of every configuration against ``none`` in its precision,

@@ -13,7 +13,7 @@ import pandas as pd
 from .config import SIZE_PROFILES, config_for
 from .experiments import plain_label, time_cell
 from .measure import MEMORY_FIELDS
-from .step_timing import printed_band
+from .step_timing import band_verdict
 from .terms import MiB
 
 __all__ = ["committed_results", "committed_runs", "committed_memory_tools", "find_results",
@@ -115,13 +115,9 @@ def _ratio_between(row: dict, ref: dict) -> tuple[float | None, str]:
         return ratio, "emulated"
     parts = (a.get("time_ratio_low"), a.get("time_ratio_high"), b.get("time_ratio_low"),
              b.get("time_ratio_high"))
-    if None in parts or not all(parts):
+    if not all(parts):
         return ratio, "too few rounds"
-    low, high = parts[0] / parts[3], parts[1] / parts[2]
-    lo, hi = printed_band(ratio, low, high)
-    if lo <= 1.0 <= hi or round(low, 2) <= 1.0 <= round(high, 2):
-        return ratio, "within noise"
-    return ratio, "faster" if ratio < 1 else "slower"
+    return ratio, band_verdict(ratio, parts[0] / parts[3], parts[1] / parts[2])
 
 
 def committed_runs(folder: str | Path | None = None,

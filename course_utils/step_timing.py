@@ -31,7 +31,7 @@ import torch
 
 __all__ = ["VERDICTS", "MIN_ROUNDS", "default_budget_s", "steps_for_budget", "time_step",
            "interleaved", "TimeRatio", "time_ratio", "spread", "BLOCKS", "printed_band",
-           "agreement"]
+           "band_verdict", "agreement"]
 
 #: The words a time comparison can end in.
 VERDICTS = ("faster", "slower", "within noise", "too few rounds", "inconclusive at this size",
@@ -148,6 +148,16 @@ def printed_band(ratio: float, low: float, high: float) -> tuple[float, float]:
     if ratio >= 1:
         return round(low, 2), round(high, 2)
     return round(1 / high, 2), round(1 / low, 2)
+
+
+def band_verdict(ratio: float, low: float, high: float) -> str:
+    """"within noise" when the noise band ``low``-``high`` of a time ratio, in either printed
+    form (`printed_band`, or the time ratio at two decimals), contains 1.00; else "faster"
+    (ratio < 1) or "slower". The one rule every time comparison of the course ends in."""
+    lo, hi = printed_band(ratio, low, high)
+    if lo <= 1.0 <= hi or round(low, 2) <= 1.0 <= round(high, 2):
+        return "within noise"
+    return "faster" if ratio < 1 else "slower"
 
 
 @dataclass(frozen=True)
@@ -284,9 +294,5 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     elif len(ratios) < min_rounds or low is None:
         verdict = ("slower" if ratio > 2 else "faster" if ratio < 0.5 else "too few rounds")
     else:
-        lo, hi = printed_band(ratio, low, high)
-        if lo <= 1.0 <= hi or round(low, 2) <= 1.0 <= round(high, 2):  # either printed form
-            verdict = "within noise"
-        else:
-            verdict = "faster" if ratio < 1 else "slower"
+        verdict = band_verdict(ratio, low, high)
     return TimeRatio(ratio, low, high, len(ratios), verdict)

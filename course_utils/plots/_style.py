@@ -5,6 +5,7 @@ Nothing here keeps state: the colour tables are read-only mappings, and a figure
 from __future__ import annotations
 
 import io
+import textwrap
 from types import MappingProxyType
 
 import numpy as np
@@ -184,3 +185,15 @@ def place_point_labels(fig, ax, texts, points=None) -> None:
             (x0, y0), (x1, y1) = ax.transData.inverted().transform([(sx, sy), (ex, ey)])
             ax.plot([x0, x1], [y0, y1], "-", color="#888888", lw=0.7, zorder=2.5,
                     label="_leader line")
+
+
+def put_caption(fig, text: str, width: int = 150) -> None:
+    """``text`` under the chart: as the title of the figure's legend below the panels when it
+    has one (so the two do not overlap), else as the figure's x label."""
+    wrapped = textwrap.fill(text, width)
+    if fig.legends:
+        legend = fig.legends[-1]
+        legend.set_title(wrapped, prop={"size": 8})
+        legend.get_title().set_color(MUTED_COLOR)
+    else:
+        fig.supxlabel(wrapped, fontsize=8, color=MUTED_COLOR)

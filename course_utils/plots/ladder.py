@@ -31,6 +31,7 @@ from ._style import (
     mib,
     nan,
     new_figure,
+    put_caption,
     set_title,
 )
 from ._timing import (
@@ -89,19 +90,7 @@ def _caption(fig, labels, t_ms, notes, reference: int | None = 0) -> None:
     ref = None if reference is None else (labels[reference], t_ms[reference])
     text = emulated_caption(labels, t_ms, notes, ref)
     if text:
-        _put_caption(fig, text)
-
-
-def _put_caption(fig, text: str, width: int = 150) -> None:
-    """``text`` under the chart: as the title of the figure's legend below the panels when it
-    has one (so the two do not overlap), else as the figure's x label."""
-    wrapped = textwrap.fill(text, width)
-    if fig.legends:
-        legend = fig.legends[-1]
-        legend.set_title(wrapped, prop={"size": 8})
-        legend.get_title().set_color(MUTED_COLOR)
-    else:
-        fig.supxlabel(wrapped, fontsize=8, color=MUTED_COLOR)
+        put_caption(fig, text)
 
 
 def comparison_chart(df, title: str = "", size: str | None = None):

@@ -22,11 +22,11 @@ from ._style import (
     nan,
     new_figure,
     place_point_labels,
+    put_caption,
     set_title,
     with_size,
 )
 from ._timing import NOT_DRAWN, emulated_caption, time_note, time_notes
-from .ladder import _put_caption
 
 
 def _tied(notes, bands, i: int, j: int) -> bool:
@@ -138,7 +138,7 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
                frameon=False)
     caption = emulated_caption(labels, t, notes, None if emulated[0] else (labels[0], t[0]))
     if caption:
-        _put_caption(fig, caption, width=110)
+        put_caption(fig, caption, width=110)
     shown = np.flatnonzero(ok)
     place_point_labels(fig, ax, texts, points=[
         (t[i], peak[i], t[i] - (0 if err is None else err[0, i]),
@@ -275,7 +275,7 @@ def race_chart(race, title: str = "", size: str | None = None):
     caption = emulated_caption([lab.replace("\n", " ") for lab in labels],
                                [1e3 * t for t in df["step_time_s"]], notes)
     if caption:
-        _put_caption(fig, caption, width=110)
+        put_caption(fig, caption, width=110)
     set_title(fig, title, size)
     return fig
 
