@@ -92,8 +92,8 @@ from .terms import (
 
 __all__ = ["POLICIES", "GRADIENT_ROUNDING", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
-           "wrap_blocks", "parse_model_policy", "block_of", "default_loss", "call_model", "profile",
-           "measure_config", "static_bytes"]
+           "wrap_blocks", "hf_method", "parse_model_policy", "block_of", "default_loss", "call_model",
+           "profile", "measure_config", "static_bytes"]
 
 #: The policies `profile` takes (K: an integer from 1 to the number of blocks).
 POLICIES = ("none", "full", "every-K", "selective", "offload", "offload+checkpoint", "hf")
@@ -234,11 +234,20 @@ def _selective_block(block: nn.Module) -> CheckpointedBlock:
     return CheckpointedBlock(block, SelectiveContexts(save_matmuls_and_attention))
 
 
+def hf_method(model) -> str | None:
+    """The name of the method policy ``hf`` calls on ``model`` (an instance or a class):
+    ``activation_checkpointing_enable`` in transformers >= 5 (``gradient_checkpointing_enable``
+    is its deprecated alias there), ``gradient_checkpointing_enable`` in 4.x; None without."""
+    return next((name for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable")
+                 if hasattr(model, name)), None)
+
+
 def _enable_hf(model: nn.Module) -> None:
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+    name = hf_method(model)
+    if name == "activation_checkpointing_enable":  # transformers >= 5
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False})
-    elif hasattr(model, "gradient_checkpointing_enable"):  # transformers 4.x
+    elif name == "gradient_checkpointing_enable":  # transformers 4.x
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         raise ValueError(f"policy 'hf' calls a Hugging Face model's gradient_checkpointing_enable(),"

@@ -14,8 +14,7 @@ from course_utils.memory_timeline import (
     peak_during,
     phase,
 )
-
-MiB = 2**20
+from course_utils.terms import MiB
 
 
 def test_peak_during_sees_a_temporary_and_returns_the_value():
@@ -41,14 +40,13 @@ def test_peak_during_and_budget_on_missing_devices():
         search.memory_budget(1.5)
 
 
-MB = 1 << 20
 
 
 def test_memory_timeline_sees_an_allocation_and_its_free():
     def fn():
         with phase("make"):
-            a = torch.ones(MB // 4)  # 1 MiB of fp32
-            b = torch.ones(MB // 2)  # 2 MiB, freed before returning
+            a = torch.ones(MiB // 4)  # 1 MiB of fp32
+            b = torch.ones(MiB // 2)  # 2 MiB, freed before returning
             del b
         with phase("keep"):
             return a * 2  # 1 MiB more, returned
@@ -57,13 +55,13 @@ def test_memory_timeline_sees_an_allocation_and_its_free():
     assert tl.device == "cpu" and "profiler" in tl.method
     assert len(tl.t_ms) == len(tl.allocated) > 0
     assert tl.t_ms == sorted(tl.t_ms)
-    assert tl.peak_bytes >= 3 * MB  # a and b alive together
-    assert tl.final_bytes == MB  # only the result: b was deleted, a went with fn's frame
-    assert isinstance(tl.result, torch.Tensor) and tl.result.numel() == MB // 4
+    assert tl.peak_bytes >= 3 * MiB  # a and b alive together
+    assert tl.final_bytes == MiB  # only the result: b was deleted, a went with fn's frame
+    assert isinstance(tl.result, torch.Tensor) and tl.result.numel() == MiB // 4
     assert [p.name for p in tl.phases] == ["make", "keep"]
     make, keep = tl.phases
     assert make.start_ms <= make.end_ms <= keep.start_ms <= keep.end_ms
-    assert tl.phase_peak("make") >= 3 * MB
+    assert tl.phase_peak("make") >= 3 * MiB
     where, elapsed = tl.peak_moment()  # a and b alive together: inside "make", after both allocations
     assert where == "make" and 0 < elapsed <= 1
     assert Timeline(device="cpu", method="test").peak_moment() == (None, None)
@@ -88,15 +86,15 @@ def test_timeline_errors_and_no_op_phase():
 
 def test_peak_bytes_and_allocated_after_on_cpu():
     def temporary():
-        t = torch.ones(MB)  # 4 MiB, gone when the function returns
+        t = torch.ones(MiB)  # 4 MiB, gone when the function returns
         return float(t.sum())
 
-    assert peak_bytes(temporary) >= 4 * MB
+    assert peak_bytes(temporary) >= 4 * MiB
     assert peak_bytes(lambda: None) == 0
-    out, kept = allocated_after(lambda: torch.ones(MB // 4))
-    assert kept == MB and out.numel() == MB // 4
+    out, kept = allocated_after(lambda: torch.ones(MiB // 4))
+    assert kept == MiB and out.numel() == MiB // 4
     out, kept = allocated_after(temporary)
-    assert kept == 0 and out == MB
+    assert kept == 0 and out == MiB
     # Devices without an event source answer None rather than a made-up number.
     assert peak_bytes(lambda: None, "meta") is None
     assert allocated_after(lambda: 5, "meta") == (5, None)

@@ -573,11 +573,14 @@ def test_lesson05_ladder_read_names_the_method_profile_called():
     transformers = pytest.importorskip("transformers")
     import pandas as pd
     from helpers import synthetic_profile
+
+    from course_utils.profiling import hf_method
     prof = synthetic_profile({"none": [1.0] * 6, "full": [1.3] * 6, "hf": [1.3] * 6})
     for m in prof.measurements:
         m.saved_modules = pd.DataFrame({"module": ["layers.0.x", "head"], "nbytes": [2**20, 2**10]})
     out = _run("ladder-read", {"prof": prof, "PRECISION": "fp32", "MiB": 2**20,
-                               "transformers": transformers, "display": lambda *a: None})
+                               "transformers": transformers, "display": lambda *a: None,
+                               "hf_method": hf_method})
     called = ("activation_checkpointing_enable()"
               if hasattr(transformers.PreTrainedModel, "activation_checkpointing_enable")
               else "gradient_checkpointing_enable()")

@@ -32,8 +32,8 @@ from course_utils.memory_model import sharded_estimate
 from course_utils.memory_timeline import memory_timeline
 from course_utils.plots.ladder import adoption_story
 from course_utils.saved_tensors import saved_by_module
+from course_utils.terms import MiB
 
-MiB = 2**20
 RATIO = re.compile(r"\d+\.\d+x")
 
 
@@ -548,10 +548,9 @@ def test_no_pyplot_and_one_inline_image_in_a_kernel(kernel_run):
 def test_pareto_front_treats_times_within_the_noise_as_ties():
     """b is 2 % slower than a but within the noise: a tie in time, so b's smaller peak puts it on
     the front and a, no smaller, is dominated; c is faster outside the noise and stays."""
-    MB = 2**20
     table = pd.DataFrame({
         "label": ["a", "b", "c"], "step_time_s": [1.0, 1.02, 0.7],
-        "step_time_iqr_s": [0.05, 0.05, 0.01], "peak_allocated": [100 * MB, 60 * MB, 120 * MB],
+        "step_time_iqr_s": [0.05, 0.05, 0.01], "peak_allocated": [100 * MiB, 60 * MiB, 120 * MiB],
         "time_ratio": [1.0, 1.02, 0.7], "time_ratio_low": [0.97, 0.98, 0.68],
         "time_ratio_high": [1.03, 1.06, 0.72],
         "time_verdict": ["reference", "within noise", "faster"], "emulated": [False] * 3})
@@ -667,7 +666,6 @@ def test_loss_curves_chart_with_the_flushed_share():
         plots.loss_curves_chart({"x": ([0, 1], [2.0, 1.0])}, flushed=True)
 
 
-MB = 1 << 20
 
 
 def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
@@ -687,8 +685,8 @@ def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
     with pytest.raises(ValueError):
         plots.memory_growth_chart(growth.drop(columns="est_static"))
 
-    seg = pd.DataFrame([dict(method=m, segments=s, saved_bytes=s * MB, peak_bytes=(s + 8 / s) * MB,
-                             est_saved=s * MB, est_peak=(s + 8 / s) * MB)
+    seg = pd.DataFrame([dict(method=m, segments=s, saved_bytes=s * MiB, peak_bytes=(s + 8 / s) * MiB,
+                             est_saved=s * MiB, est_peak=(s + 8 / s) * MiB)
                         for m in ("loop", "checkpoint_sequential") for s in (1, 2, 4, 8)])
     fig = plots.segments_chart(seg, n_layers=8)
     assert len(fig.axes) == 2
@@ -702,7 +700,7 @@ def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
 
     table = pd.DataFrame({"label": ["a", "b", "c"], "step_time_s": [1.0, 1.2, 2.0],
                           "step_time_iqr_s": [0.1, 0.1, None],
-                          "peak_allocated": [100 * MB, 50 * MB, 80 * MB]})
+                          "peak_allocated": [100 * MiB, 50 * MiB, 80 * MiB]})
     ax = plots.pareto_chart(table).axes[0]
     from matplotlib.colors import same_color
     front = sorted({float(v) for line in ax.lines if same_color(line.get_color(), "#DD8452")
