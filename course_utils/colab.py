@@ -222,7 +222,8 @@ def describe_setup(hw=None) -> str:
     return (f"course_utils from {Path(course_utils.__file__).parent.parent}, torch "
             f"{torch.__version__}\n{hw.device} ({where}): recipe {recipe}"
             + (f"; {' and '.join(emulated)} emulated here" if emulated else "")
-            + f"; size profile {size_profile(hw)}")
+            + f"; size profile {size_profile(hw)}"
+            + (f"\n{hw.stand_in}" if getattr(hw, "stand_in", "") else ""))
 
 
 def finish_setup(source: str | os.PathLike | None = None) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from .config import RunConfig, step_flops
+from . import stand_in
 from .hardware import MPS_PEAK_NOTE, HardwareInfo, detect, is_emulated
 from .memory_model import estimate
 from .terms import GiB, MiB, cuda_index
@@ -219,7 +220,10 @@ def memory_headroom(hw: HardwareInfo, *, cgroup_root: str | os.PathLike | None =
     """
     if hw.device == "cuda":
         try:
-            return int(torch.cuda.mem_get_info()[0]), "of GPU memory free now"
+            index = torch.cuda.current_device()
+            if stand_in.active() is not None:
+                return stand_in.free_bytes(index), "free under the stand-in's memory cap now"
+            return int(torch.cuda.mem_get_info(index)[0]), "of GPU memory free now"
         except (RuntimeError, AssertionError):  # no usable CUDA runtime
             return None, "no usable CUDA runtime"
     if hw.device != "cpu":
@@ -331,9 +335,12 @@ def cuda_memory_cap(device: str | torch.device, budget_bytes: int):
     """
     index = cuda_index(device)
     total = torch.cuda.get_device_properties(index).total_memory
+    cap = stand_in.cap_bytes(index)
+    budget_bytes = budget_bytes if cap is None else min(budget_bytes, cap)
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), index)
     try:
         yield total
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, index)
+        stand_in.apply_memory_cap(index)  # a stand-in's cap stays in force
         torch.cuda.empty_cache()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils import benchmark
 
-from . import store
+from . import stand_in, store
 from .terms import DEVICE_KINDS, PRECISION_DTYPES, GiB, autocast_dtype, default_device, device_kind
 
 __all__ = ["HardwareInfo", "Recommendation", "ThreadChoice", "MPS_PEAK_NOTE", "detect",
@@ -66,6 +66,9 @@ class HardwareInfo:
         isa_cap: the caps in force, e.g. ``"ONEDNN_MAX_CPU_ISA=AVX2"`` ("" if none).
         torch_version: ``torch.__version__``.
         bf16_emulated: the device accepts bf16 but only by emulation (e.g. a T4, most CPUs).
+        stand_in: "" or, when a bigger GPU plans as a smaller one (``$COURSE_STAND_IN``,
+            `course_utils.stand_in`), the words that say so; the other fields are then the
+            smaller card's.
     """
 
     device: str
@@ -78,6 +81,7 @@ class HardwareInfo:
     isa_cap: str = ""
     torch_version: str = torch.__version__
     bf16_emulated: bool = False
+    stand_in: str = ""
 
     def as_dict(self) -> dict:
         """A plain dict (JSON-ready) of all fields."""
@@ -225,6 +229,14 @@ def detect(device: str | None = None) -> HardwareInfo:
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
         props = torch.cuda.get_device_properties(index)
+        card = stand_in.active()
+        if card is not None:
+            stand_in.apply_memory_cap(index)
+            return HardwareInfo(device="cuda", name=f"{props.name} as a {card.name}",
+                                compute_capability=card.compute_capability, native_bf16=False,
+                                fp16_fast=True, total_memory_bytes=stand_in.cap_bytes(index),
+                                cpu_features=cpu, isa_cap=cap, bf16_emulated=True,
+                                stand_in=stand_in.describe(props.name, card))
         cc = tuple(torch.cuda.get_device_capability(index))
         native = _cuda_native_bf16(cc)
         try:
@@ -448,6 +460,8 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     hw = hw or detect()
     rec = recommend_precision(hw)
     lines = [f"device        : {hw.device} ({hw.name})"]
+    if hw.stand_in:
+        lines.append(f"stand-in      : {hw.stand_in}")
     if hw.compute_capability:
         lines.append(f"compute cap.  : {hw.compute_capability[0]}.{hw.compute_capability[1]}")
     if hw.total_memory_bytes:

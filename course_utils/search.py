@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from . import stand_in
 from .config import RunConfig
 from .experiments import compare, plain_label, round_sig
 from .guard import MemoryRefused, cuda_memory_cap
@@ -107,7 +108,8 @@ def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
     """A memory budget in bytes: ``fraction`` of the GPU memory free right now.
 
     Reads ``torch.cuda.mem_get_info`` (free bytes as the driver sees them: other processes and
-    this process's CUDA context are already subtracted).
+    this process's CUDA context are already subtracted); under a stand-in
+    (`course_utils.stand_in`), at most its memory less what this process has reserved.
 
     Raises:
         ValueError: ``fraction`` outside (0, 1], or ``device`` is not an available CUDA device
@@ -119,8 +121,7 @@ def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
         raise ValueError(f"memory_budget reads free GPU memory, and device {device!r} is not an "
                          "available CUDA device; on a CPU pass a budget in bytes (e.g. a "
                          "measured peak) to largest_batch instead.")
-    free, _total = torch.cuda.mem_get_info(cuda_index(device))
-    return int(free * fraction)
+    return int(stand_in.free_bytes(cuda_index(device)) * fraction)
 
 
 def _predict_largest(config: RunConfig, budget: int, max_batch: int) -> int:

@@ -1,0 +1,101 @@
+"""A bigger GPU standing in for a smaller one: ``COURSE_STAND_IN=t4`` makes the course plan on any
+CUDA GPU as on a Colab T4, so that the T4's code paths run wherever a GPU is lent.
+
+What the stand-in takes from the T4: its compute capability (7.5), hence the fp16 + GradScaler
+recipe, bf16 refused as emulated, no FP8 and no TF32; the ``t4`` size profile; and its memory,
+enforced by the caching allocator (``torch.cuda.set_per_process_memory_fraction``, PyTorch docs),
+so that a step that would not fit a T4 raises ``torch.OutOfMemoryError`` here too. What it cannot
+take: the T4's speed and its attention kernels (flash attention needs compute capability 8.0 and
+still runs on the bigger GPU). Every header that plans from it says so (`describe`).
+
+Source of the T4's figures: NVIDIA's T4 datasheet (16 GB GDDR6, compute capability 7.5); the
+memory CUDA reports on one, 14.75 GiB (``deviceMemorySize: 14.75GiB`` in TensorFlow's device log of
+a Tesla T4, NVIDIA/DALI issue 1813), is what a Colab learner's torch sees.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .terms import GiB
+
+__all__ = ["STAND_IN_ENV", "StandIn", "STAND_INS", "active", "describe", "apply_memory_cap",
+           "cap_bytes", "free_bytes"]
+
+STAND_IN_ENV = "COURSE_STAND_IN"
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """The card a bigger GPU stands in for.
+
+    Attributes:
+        key: the value of ``$COURSE_STAND_IN`` (``"t4"``), also the size profile it plans with.
+        name: the card's name as CUDA reports it (``"Tesla T4"``).
+        compute_capability: (major, minor).
+        memory_bytes: the memory CUDA reports on the card (bytes), the cap applied here.
+    """
+
+    key: str
+    name: str
+    compute_capability: tuple[int, int]
+    memory_bytes: int
+
+
+STAND_INS = {"t4": StandIn("t4", "Tesla T4", (7, 5), int(14.75 * GiB))}
+
+
+def active() -> StandIn | None:
+    """The card named by ``$COURSE_STAND_IN``, or None when it is unset or empty.
+
+    Raises:
+        ValueError: a value that names no card, with the ones there are.
+    """
+    key = os.environ.get(STAND_IN_ENV, "").strip().lower()
+    if not key:
+        return None
+    if key not in STAND_INS:
+        raise ValueError(f"{STAND_IN_ENV}={key!r} names no card the course can stand in for: "
+                         f"expected one of {', '.join(STAND_INS)} (or unset).")
+    return STAND_INS[key]
+
+
+def describe(real_name: str, card: StandIn) -> str:
+    """The words every header that plans from a stand-in prints, e.g. ``"NVIDIA H200 standing
+    in for a Tesla T4: its recipe, sizes and memory (14.75 GiB); not its speed"``."""
+    return (f"{real_name} standing in for a {card.name}: its recipe, sizes and memory "
+            f"({card.memory_bytes / GiB:.2f} GiB); not its speed")
+
+
+def cap_bytes(index: int) -> int | None:
+    """What the caching allocator of CUDA device ``index`` may reserve under the stand-in
+    (bytes), or None with no stand-in active."""
+    card = active()
+    if card is None:
+        return None
+    total = torch.cuda.get_device_properties(index).total_memory
+    return min(card.memory_bytes, int(total))
+
+
+def apply_memory_cap(index: int) -> None:
+    """Limit CUDA device ``index``'s caching allocator to the stand-in's memory (no-op without a
+    stand-in). Called by `course_utils.hardware.detect` and after every temporary cap
+    (`course_utils.guard.cuda_memory_cap`) so that the cap is always in force."""
+    cap = cap_bytes(index)
+    if cap is not None:
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
+
+
+def free_bytes(index: int) -> int:
+    """Bytes this process may still have the allocator reserve on CUDA device ``index``: the
+    driver's free memory (``torch.cuda.mem_get_info``, other processes subtracted), and under a
+    stand-in at most its memory less what this process has reserved (the cap counts reserved
+    bytes, not allocated ones: a cached block the allocator holds is not free to a new one)."""
+    free = int(torch.cuda.mem_get_info(index)[0])
+    cap = cap_bytes(index)
+    if cap is None:
+        return free
+    return max(0, min(free, cap - int(torch.cuda.memory_reserved(index))))
