@@ -31,7 +31,7 @@ import torch
 
 __all__ = ["VERDICTS", "MIN_ROUNDS", "default_budget_s", "steps_for_budget", "time_step",
            "interleaved", "TimeRatio", "time_ratio", "spread", "BLOCKS", "printed_band",
-           "band_verdict", "agreement"]
+           "band_verdict", "agreement", "emulated_factor"]
 
 #: The words a time comparison can end in.
 VERDICTS = ("faster", "slower", "within noise", "too few rounds", "inconclusive at this size",
@@ -209,14 +209,23 @@ class TimeRatio:
         if self.ratio is None:
             return f"{what}: not timed"
         band = self.band_text()
-        if self.verdict == "emulated":
-            return (f"{what} {self.ratio:.2f}x the reference's ({band}; emulated here, not the "
-                    "speed of real hardware)")
+        if self.verdict == "emulated":  # one round or a few, of arithmetic no hardware runs
+            return (f"{what} about {emulated_factor(self.ratio)} the reference's (emulated here: "
+                    "not the speed of real hardware)")
         if self.verdict == "faster":
             return f"{what} {1 / self.ratio:.2f}x faster ({band})"
         if self.verdict == "slower":
             return f"{what} {self.ratio:.2f}x slower ({band})"
         return f"{what} {self.ratio:.2f}x ({band}): {self.verdict}"
+
+
+def emulated_factor(ratio: float) -> str:
+    """An emulated precision's time ratio as the course prints it, once and rounded: two
+    significant figures (``"30x"``, ``"4.2x"``), never a verdict word (issue 24: emulated
+    timings come from one or a few rounds of arithmetic no real hardware runs)."""
+    if ratio >= 10:
+        return f"{round(ratio, -1 if ratio < 100 else -2):.0f}x"
+    return f"{ratio:.2g}x"
 
 
 def agreement(here: TimeRatio, there: TimeRatio, there_name: str) -> str:
