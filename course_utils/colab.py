@@ -200,8 +200,9 @@ def install_missing(source: str | os.PathLike, run: Callable = _pip,
 
 
 def describe_setup(hw=None) -> str:
-    """Two lines: where `course_utils` comes from, and the hardware ``hw`` (default: this
-    machine's), its recipe and size profile (the facts the lessons plan from).
+    """One line (two under a stand-in GPU): where `course_utils` comes from, and the hardware
+    ``hw`` (default: this machine's), its recipe and size profile (the facts the lessons plan
+    from).
 
     The course is imported here, not at the top of the module: the setup cell runs this file
     before the course's requirements are installed."""
@@ -220,7 +221,7 @@ def describe_setup(hw=None) -> str:
                               " autocast" if rec.precision != "fp32" else "")
     emulated = [p for p in ("bf16", "fp16") if is_emulated(hw, p)]
     return (f"course_utils from {Path(course_utils.__file__).parent.parent}, torch "
-            f"{torch.__version__}\n{hw.device} ({where}): recipe {recipe}"
+            f"{torch.__version__}; {hw.device} ({where}): recipe {recipe}"
             + (f"; {' and '.join(emulated)} emulated here" if emulated else "")
             + f"; size profile {size_profile(hw)}"
             + (f"\n{hw.stand_in}" if getattr(hw, "stand_in", "") else ""))

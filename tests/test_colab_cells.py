@@ -273,3 +273,16 @@ def test_t4_estimate_follows_flops_and_memory(capsys):
     assert cells.main(["--t4"]) == 0
     out = capsys.readouterr().out
     assert "fp16 + GradScaler" in out and "step_ms" in out
+
+
+def test_the_setup_cell_is_collapsed_to_one_title_line_in_every_notebook():
+    """Issue 24: the setup cell stays complete but out of the way: Colab's form view shows its
+    ``#@title`` line, JupyterLab hides its source (nbstripout keeps both: the test above)."""
+    paths = sorted(ROOT.glob("notebooks/*.ipynb")) + sorted(ROOT.glob("solutions/*.ipynb")) \
+        + sorted(ROOT.glob("exercises/*.ipynb"))
+    assert paths
+    for path in paths:
+        setup = next(c for c in json.loads(path.read_text())["cells"] if c["id"] == cells.SETUP_ID)
+        assert "".join(setup["source"]).splitlines()[0] == cells.SETUP_TITLE, path.name
+        assert setup["metadata"]["cellView"] == "form", path.name
+        assert setup["metadata"]["jupyter"]["source_hidden"] is True, path.name

@@ -126,7 +126,12 @@ def badge_target(path: str | os.PathLike) -> str:
 
 # The cell runs in a fresh kernel with nothing but the standard library; its helper names start
 # with an underscore so that they stay out of the lesson's way. {{ and }} are literal braces.
-_SETUP_TEMPLATE = '''\
+#: The setup cell's one visible line: Colab's form view (``cellView: form``) shows the ``#@title``
+#: and hides the code; JupyterLab collapses the source (``jupyter.source_hidden``) to the same line.
+SETUP_TITLE = "#@title Setup: run this cell first (fetches the course where it is missing, then names this machine's recipe)"
+SETUP_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
+
+_SETUP_TEMPLATE = SETUP_TITLE + '''
 # Setup: run this cell first. Where course_utils is missing (a fresh Colab runtime) it fetches the
 # course, makes it importable in this kernel (no restart needed) and installs only what is missing;
 # it never reinstalls torch or ipywidgets. Elsewhere it prints this machine's hardware and recipe.
@@ -268,7 +273,8 @@ def _with_badge(text: str, line: str) -> str:
 def apply_to_notebook(nb: dict, url: str, target: str, ref: str) -> dict:
     """Return ``nb`` (a notebook as JSON) with the badge for ``target`` under its title, the
     setup cell (cloning ``ref``) first among its code cells, after the learning objectives, and
-    `COLAB_METADATA` in its metadata.
+    `COLAB_METADATA` in its metadata. The setup cell is collapsed to its ``#@title`` line
+    (`SETUP_METADATA`: Colab's form view and JupyterLab's hidden source).
 
     Existing badges and setup cells are rewritten in place (their ids kept); every other cell is
     kept as it is, and so is every other metadata key. ``nb`` is not modified.
@@ -293,6 +299,7 @@ def apply_to_notebook(nb: dict, url: str, target: str, ref: str) -> dict:
     cell = cells.pop(setups[0]) if setups else {"id": SETUP_ID, "metadata": {}}
     cell.update(cell_type="code", source=_lines(setup_cell_source(url, ref)), outputs=[],
                 execution_count=None)
+    cell.setdefault("metadata", {}).update(json.loads(json.dumps(SETUP_METADATA)))
     first_code = next((i for i, c in enumerate(cells) if c["cell_type"] == "code"), len(cells))
     objectives = next((i for i, c in enumerate(cells[:first_code])
                        if "objective" in _text(c["source"]).lower()), None)
