@@ -1,39 +1,49 @@
 #!/usr/bin/env bash
 # Everything the course runs on a GPU, in one call, for results/ (issue 25): on a machine with an
 # NVIDIA GPU whose Python already has torch (a workstation's .venv, or a lent machine's image; no
-# network needed: missing Jupyter packages can travel as wheels, see results/README.md):
+# network needed: the Jupyter packages it lacks travel as wheels in .whl/, installed first when
+# that folder exists; results/README.md says how to fill it):
 #
 #   COURSE_COMMIT=$(git rev-parse --short HEAD) bash tools/gpu_results.sh [PACK.tgz]
 #
-# Under results/<GPU>-<date>/, for each mode in $MODES ("native": the GPU's own recipe and size
-# profile; "t4": the GPU standing in for a Colab T4, COURSE_STAND_IN=t4, its recipe, `t4` sizes
-# and 14.75 GiB):
-#   <mode>/notebooks-NN_name/   every lesson in a fresh kernel (tools/bench_lessons.py, at most
-#                               $LESSON_LIMIT s): lesson-timings.json/.md, NN_name.txt (transcript)
-#   <mode>/solutions-NN_name/   every exercise solution through the grader (course-grade grade
-#                               --no-sandbox --memory 0: CUDA maps more address space than any
-#                               RLIMIT_AS the grader would set), at most $SOLUTION_LIMIT s:
-#                               grade.json, grade.jsonl
-#   <mode>/course-bench/        course-bench --out (bench.json, bench.png, stdout.txt)
-#   <mode>/profile-gpt2.*, <mode>/profile-llama.*   course-profile on a GPT-2 and a Llama config
-# Each item writes its files when it ends, and PACK (a .tgz of the run folder) is rewritten
-# after each, so a run cut off keeps what it did. Run again with RERUN=failed to redo only the
-# items without an "ok" (status.txt lists each item's status and seconds).
+# Two modes: "native" (the GPU's own recipe and size profile) and "t4" (the GPU standing in for a
+# Colab T4: COURSE_STAND_IN=t4, its recipe, `t4` sizes and 14.75 GiB; not its speed). Two stages:
+#   1. busy: at most $JOBS items at once, whose times are not the point: the stand-in's lessons
+#      and solutions (a stand-in's times are not a T4's anyway), every solution at the native
+#      profile (graded, not timed), the stand-in's course-bench, and course-profile on a GPT-2
+#      and a Llama configuration in both modes;
+#   2. quiet: one at a time, the timings that are reported: every lesson at the native profile,
+#      then the native course-bench.
+# Under results/<GPU>-<date>/<mode>/ (items written when each ends; PACK, a .tgz of the run folder,
+# rewritten after each, so a run cut off keeps what it did):
+#   notebooks-NN_name/   tools/bench_lessons.py, at most $LESSON_LIMIT s: lesson-timings.json/.md,
+#                        NN_name.txt (the transcript: every cell's text output)
+#   solutions-NN_name/   course-grade grade --no-sandbox --memory 0 (CUDA maps more address space
+#                        than the grader's RLIMIT_AS default), at most $SOLUTION_LIMIT s: grade.json
+#   course-bench/        course-bench --out (bench.json, bench.png, stdout.txt)
+#   profile-gpt2.*, profile-llama.*   course-profile --out
+# status.txt lists each item's status and seconds; run again with RERUN=failed to redo only the
+# items without an "ok".
 #
-# Environment: MODES (default "native t4"), JOBS (notebooks run at once, default 1: timings are
-# only comparable at 1), LESSON_LIMIT (default 60), SOLUTION_LIMIT (default 30), ONLY (a regex
-# on the item names, e.g. "notebooks-0[25]"), SKIP_BENCH=1, SKIP_PROFILE=1, PYTHON.
+# Environment: JOBS (stage 1's items at once, default 12), LESSON_LIMIT (default 75),
+# SOLUTION_LIMIT (default 45), ONLY (a regex on item names, e.g. "notebooks-0[25]"), STAGES
+# (default "busy quiet"), RUN_DIR, GPU_NAME, PYTHON.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-MODES=${MODES:-native t4}
-JOBS=${JOBS:-1}
-LESSON_LIMIT=${LESSON_LIMIT:-60}
-SOLUTION_LIMIT=${SOLUTION_LIMIT:-30}
+JOBS=${JOBS:-12}
+STAGES=${STAGES:-busy quiet}
+LESSON_LIMIT=${LESSON_LIMIT:-75}
+SOLUTION_LIMIT=${SOLUTION_LIMIT:-45}
 ONLY=${ONLY:-.}
 RERUN=${RERUN:-}
 PACK=${1:-}
 export PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
+if [ -d .whl ] && ! $PY -c "import nbclient, ipykernel" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/course-site .whl/*.whl || exit 2
+  export PYTHONPATH=/tmp/course-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
 gpu=${GPU_NAME:-$($PY -c "import torch; print(torch.cuda.get_device_name().replace(' ', '-'))")} || exit 2
 run=${RUN_DIR:-results/$gpu-$(date +%F)}
 commit=${COURSE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -43,7 +53,7 @@ touch "$run/status.txt"
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $PY -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])"
-  echo "commit $commit; MODES=$MODES JOBS=$JOBS LESSON_LIMIT=$LESSON_LIMIT SOLUTION_LIMIT=$SOLUTION_LIMIT"
+  echo "commit $commit; STAGES=$STAGES JOBS=$JOBS LESSON_LIMIT=$LESSON_LIMIT SOLUTION_LIMIT=$SOLUTION_LIMIT"
 } > "$run/machine.txt" 2>&1
 
 pack() { if [ -n "$PACK" ]; then tar czf "$PACK.tmp" "$run" && mv "$PACK.tmp" "$PACK"; fi; }
@@ -111,28 +121,40 @@ profile() {  # MODE NAME ARGS...
     --out "$run/$mode/profile-$name.json" > "$run/$mode/profile-$name.txt" 2>&1
 }
 
-for mode in $MODES; do
-  mode_env "$mode" > /dev/null || exit 2
-  echo "bash tools/gpu_results.sh  # MODES=$MODES JOBS=$JOBS at $commit" > "$run/command.txt"
-  items=()
-  for nb in notebooks/0[1-9]_*.ipynb; do items+=("lesson $nb"); done
-  for nb in solutions/0[1-9]_*.ipynb; do items+=("solution $nb"); done
-  running=0
-  for it in "${items[@]}"; do
-    set -- $it
-    kind=$([ "$1" = lesson ] && echo notebooks || echo solutions)
-    item "$mode/$kind-$(basename "$2" .ipynb)" "$1" "$mode" "$2" &
+# Items as "NAME FUNCTION ARGS..." lines; run_items JOBS runs them, at most JOBS at once.
+run_items() {
+  local jobs=$1 running=0 line
+  while read -r line; do
+    [ -z "$line" ] && continue
+    set -- $line
+    item "$@" &
     running=$((running + 1))
-    if [ "$running" -ge "$JOBS" ]; then wait -n; running=$((running - 1)); fi
+    if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
   done
   wait
-  [ -z "${SKIP_BENCH:-}" ] && item "$mode/course-bench" bench "$mode"
-  if [ -z "${SKIP_PROFILE:-}" ]; then
-    item "$mode/profile-gpt2" profile "$mode" gpt2 --hf-config gpt2 --n-layer 4 --seq-len 512
-    item "$mode/profile-llama" profile "$mode" llama --hf-config llama --n-layer 4 --d-model 1024 \
-      --n-head 16 --seq-len 512
-  fi
+}
+
+nb_items() {  # MODE KIND(lesson|solution) FOLDER
+  for nb in "$3"/0[1-9]_*.ipynb; do echo "$1/$3-$(basename "$nb" .ipynb) $2 $1 $nb"; done
+}
+
+profile_items() {  # MODE
+  echo "$1/profile-gpt2 profile $1 gpt2 --hf-config gpt2 --n-layer 4 --seq-len 512"
+  echo "$1/profile-llama profile $1 llama --hf-config llama --n-layer 4 --d-model 1024 --n-head 16 --seq-len 512"
+}
+
+echo "bash tools/gpu_results.sh  # STAGES='$STAGES' JOBS=$JOBS at $commit" >> "$run/command.txt"
+for stage in $STAGES; do
+  case $stage in
+    busy) { nb_items t4 lesson notebooks; nb_items t4 solution solutions
+            nb_items native solution solutions; echo "t4/course-bench bench t4"
+            profile_items t4; profile_items native; } | run_items "$JOBS" ;;
+    quiet) { nb_items native lesson notebooks; echo "native/course-bench bench native"; } \
+             | run_items 1 ;;
+    *) echo "gpu_results: unknown stage $stage (busy, quiet)" >&2; exit 2 ;;
+  esac
 done
+rm -f "$run/.lock"
 pack
 cat "$run/status.txt"
 ! grep -qv " ok " "$run/status.txt"
