@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Each package's layers, bottom first. A module may import its own layer and the layers below.
 LAYERS = {
     "course_utils": [
-        ("terms", ["terms"]),
+        ("terms", ["terms", "i18n"]),
         ("machine and mechanisms", [
             "store", "hardware", "data", "checkpointing", "step_timing", "memory_timeline",
             "saved_tensors", "offload", "loss_scaling", "gradients", "formats", "autocast_ops", "quiz",
-            "cli_args"]),
+            "cli_args", "stand_in"]),
         ("run description", ["config"]),
         ("model and estimate", ["models", "memory_model", "model_zoo"]),
         ("run guard", ["guard"]),

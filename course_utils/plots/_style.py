@@ -4,11 +4,15 @@ Nothing here keeps state: the colour tables are read-only mappings, and a figure
 """
 from __future__ import annotations
 
+import importlib.util
 import io
 import textwrap
+from pathlib import Path
 from types import MappingProxyType
 
+import matplotlib
 import numpy as np
+from matplotlib import font_manager
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -49,9 +53,38 @@ class ChartFigure(Figure):
         return buf.getvalue()
 
 
+#: The font Hangul is drawn in: NanumGothic (SIL Open Font License), which the PyPI package
+#: ``koreanize-matplotlib`` (MIT) ships inside its wheel, so it works offline and on Colab.
+HANGUL_FONT = "NanumGothic"
+
+
+def use_hangul_font() -> bool:
+    """Let every chart draw Hangul: register NanumGothic with matplotlib's font manager and put
+    it after the default family as a fallback (matplotlib >= 3.6 falls back glyph by glyph), so
+    English text keeps its font and Korean text gets NanumGothic instead of empty boxes. Reads
+    the font file from ``koreanize-matplotlib`` without importing it (its import changes global
+    settings). Idempotent; returns False, changing nothing, where that package is missing."""
+    spec = importlib.util.find_spec("koreanize_matplotlib")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = Path(list(spec.submodule_search_locations)[0]) / "fonts" / f"{HANGUL_FONT}.ttf"
+    if not path.is_file():
+        return False
+    if HANGUL_FONT not in {f.name for f in font_manager.fontManager.ttflist}:
+        font_manager.fontManager.addfont(str(path))
+    family = list(matplotlib.rcParams["font.family"])
+    if family == ["sans-serif"]:
+        family = list(matplotlib.rcParams["font.sans-serif"][:1])
+    if HANGUL_FONT not in family:
+        matplotlib.rcParams["font.family"] = family + [HANGUL_FONT]
+    return True
+
+
 def new_figure(figsize, **kwargs) -> ChartFigure:
     """A `ChartFigure` with an Agg canvas and constrained layout (which reserves room for
-    legends placed outside the axes, ``fig.legend(loc="outside ...")``, and for the title)."""
+    legends placed outside the axes, ``fig.legend(loc="outside ...")``, and for the title), able
+    to draw Hangul (`use_hangul_font`)."""
+    use_hangul_font()
     kwargs.setdefault("layout", "constrained")
     fig = ChartFigure(figsize=figsize, **kwargs)
     FigureCanvasAgg(fig)

@@ -1,0 +1,110 @@
+"""The learner's language: every sentence the library prints goes through `tr`, which looks it up
+in one message catalog per language (``course_utils/locale/<lang>.json``) and fills in its fields.
+
+The language is chosen once per kernel, in this order:
+
+1. ``$COURSE_LANG`` (``en`` or ``ko``), if set: tests, the grader and command lines set it;
+2. the edition of the notebook this kernel runs: a notebook in ``ko/notebooks``,
+   ``ko/exercises`` or ``ko/solutions`` (the Korean edition) is Korean. Its path is read from
+   what the front end tells the kernel: ``JPY_SESSION_NAME`` (Jupyter Server 2: JupyterLab 4,
+   Notebook 7), the ``__session__`` and ``__vsc_ipynb_file__`` names IPython and VS Code put in
+   the user namespace, else the kernel's working folder (Jupyter and nbclient start a kernel in
+   its notebook's folder). Colab tells the kernel none of these: there, ``COURSE_LANG=ko`` (the
+   Korean README says how) or a session whose path names the Korean edition (Colab's local
+   sessions API, best effort, not testable here);
+3. English.
+
+English is the catalog's key: a message is written in English in the code, with ``{name}`` fields
+(``str.format`` syntax), and the Korean catalog maps that English text to its translation with the
+same fields. A message missing from a catalog is printed in English (tests/test_i18n.py fails on
+any). Numbers, units and code stay as they are in every language.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+__all__ = ["LANG_ENV", "LANGUAGES", "language", "tr", "catalog"]
+
+LANG_ENV = "COURSE_LANG"
+LANGUAGES = ("en", "ko")
+_LOCALE = Path(__file__).with_name("locale")
+
+
+_EDITION = re.compile(r"(^|/)ko/(notebooks|exercises|solutions)(/|$)")
+
+
+def _front_end_paths() -> list[str]:
+    """Where the notebook this kernel runs may be, as the front end tells it (most direct first)."""
+    paths = [os.environ.get("JPY_SESSION_NAME", "")]
+    try:  # lazy: IPython is only there in a kernel
+        from IPython import get_ipython
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is not None:
+        paths += [v for v in (shell.user_ns.get(n) for n in ("__session__", "__vsc_ipynb_file__"))
+                  if isinstance(v, str)]
+    paths.append(os.getcwd())
+    if "google.colab" in sys.modules:
+        paths += _colab_session_paths()
+    return [p.replace("\\", "/") for p in paths if p]
+
+
+def _colab_session_paths() -> list[str]:
+    """The paths of Colab's sessions (its kernel's local Jupyter API), or [] where unreachable."""
+    host, port = os.environ.get("COLAB_JUPYTER_IP"), os.environ.get("KMP_TARGET_PORT")
+    if not (host and port):
+        return []
+    try:  # lazy: only on Colab
+        import urllib.parse
+        import urllib.request
+        with urllib.request.urlopen(f"http://{host}:{port}/api/sessions", timeout=1) as r:
+            sessions = json.loads(r.read().decode())
+        return [urllib.parse.unquote(str(s.get("path", ""))) for s in sessions]
+    except (OSError, ValueError):
+        return []
+
+
+def language() -> str:
+    """``"en"`` or ``"ko"``: ``$COURSE_LANG``, else the notebook's edition, else English.
+
+    Raises:
+        ValueError: ``$COURSE_LANG`` names no language the course is written in.
+    """
+    env = os.environ.get(LANG_ENV, "").strip().lower()
+    if env:
+        if env not in LANGUAGES:
+            raise ValueError(f"{LANG_ENV}={env!r}: the course is written in "
+                             f"{', '.join(LANGUAGES)}.")
+        return env
+    return "ko" if any(_EDITION.search(p) for p in _front_end_paths()) else "en"
+
+
+@functools.lru_cache(maxsize=None)
+def catalog(lang: str) -> dict[str, str]:
+    """The message catalog of ``lang``: English text -> its translation (empty for English).
+
+    Raises:
+        ValueError: an unknown language.
+    """
+    if lang not in LANGUAGES:
+        raise ValueError(f"unknown language {lang!r}: expected one of {', '.join(LANGUAGES)}.")
+    if lang == "en":
+        return {}
+    return json.loads((_LOCALE / f"{lang}.json").read_text(encoding="utf-8"))
+
+
+def tr(text: str, /, **fields) -> str:
+    """``text`` in the learner's language (`language`), its ``{name}`` fields filled from
+    ``fields``. ``tr("{n} rounds", n=9)`` is ``"9 rounds"`` in English and ``"9회"`` in Korean.
+
+    Raises:
+        KeyError: a field the text names and ``fields`` lacks (a programming error).
+    """
+    translated = catalog(language()).get(text, text)
+    return translated.format(**fields) if fields else translated

@@ -1,0 +1,137 @@
+"""The learner's language (course_utils.i18n), Hangul in charts, and the Korean edition's sync tool
+(tools/editions.py)."""
+import io
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+from course_utils import i18n
+from course_utils.plots import _style
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import editions  # noqa: E402
+
+
+@pytest.fixture
+def no_front_end(monkeypatch, tmp_path):
+    monkeypatch.delenv("COURSE_LANG", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_language_from_the_environment_then_the_notebook_edition(no_front_end, monkeypatch,
+                                                                    tmp_path):
+    assert i18n.language() == "en"
+    monkeypatch.setenv("JPY_SESSION_NAME", "/home/me/course/ko/notebooks/01_amp_review.ipynb")
+    assert i18n.language() == "ko"
+    monkeypatch.setenv("JPY_SESSION_NAME", "/home/ko/course/notebooks/01_amp_review.ipynb")
+    assert i18n.language() == "en"  # a folder named ko elsewhere in the path is no edition
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    (tmp_path / "ko" / "exercises").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "ko" / "exercises")  # nbclient and Jupyter start kernels here
+    assert i18n.language() == "ko"
+    monkeypatch.setenv("COURSE_LANG", "en")  # the environment decides first
+    assert i18n.language() == "en"
+    monkeypatch.setenv("COURSE_LANG", "fr")
+    with pytest.raises(ValueError, match="written in en, ko"):
+        i18n.language()
+
+
+def test_tr_translates_and_fills_fields_and_falls_back_to_english(no_front_end, monkeypatch):
+    i18n.catalog.cache_clear()
+    monkeypatch.setattr(i18n, "catalog", lambda lang: {"{n} rounds": "{n}회"} if lang == "ko" else {})
+    assert i18n.tr("{n} rounds", n=9) == "9 rounds"
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    assert i18n.tr("{n} rounds", n=9) == "9회"
+    assert i18n.tr("not in the catalog {x}", x=1) == "not in the catalog 1"
+
+
+def test_every_korean_message_keeps_the_fields_of_its_english_text():
+    import string
+    fields = lambda text: sorted(f for _, f, _, _ in string.Formatter().parse(text) if f)  # noqa: E731
+    i18n.catalog.cache_clear()
+    for en, ko in i18n.catalog("ko").items():
+        assert fields(en) == fields(ko), (en, ko)
+
+
+def _draw(text: str) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig = _style.new_figure((3, 1.5))
+        fig.add_subplot().set_title(text)
+        fig.savefig(io.BytesIO(), format="png")
+    return [str(w.message) for w in caught if "missing from" in str(w.message)]
+
+
+def test_hangul_is_drawn_in_a_font_that_has_it_and_would_be_boxes_without_it(monkeypatch):
+    """A Korean label renders with no glyph missing (matplotlib warns "Glyph ... missing from
+    font(s)" for each box it draws); the same label without the bundled font does warn."""
+    label = "활성화 체크포인팅: 피크 메모리 −12 MiB"
+    with matplotlib.rc_context():
+        assert _style.use_hangul_font()
+        assert _draw(label) == []
+    with matplotlib.rc_context({"font.family": ["DejaVu Sans"]}):
+        monkeypatch.setattr(_style, "use_hangul_font", lambda: False)
+        assert _draw(label), "DejaVu Sans alone has no Hangul: the check above could not fail"
+
+
+def _nb(cells):
+    return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _md(cid, text):
+    return {"cell_type": "markdown", "id": cid, "metadata": {}, "source": [text]}
+
+
+def _code(cid, text):
+    return {"cell_type": "code", "id": cid, "metadata": {}, "source": [text],
+            "outputs": [], "execution_count": None}
+
+
+@pytest.fixture
+def course(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "solutions").mkdir()
+    en = _nb([_md("title", "# Lesson\n[![Open In Colab](x)](https://colab.research.google.com/"
+                           "github/o/r/blob/main/notebooks/01_a.ipynb)"),
+              _code("c1", "x = 1\n"), _md("m1", "Some words.")])
+    (tmp_path / "notebooks" / "01_a.ipynb").write_text(json.dumps(en))
+    return tmp_path
+
+
+def test_editions_generate_check_and_accept(course):
+    found = editions.sync(course)
+    ko_path = course / "ko" / "notebooks" / "01_a.ipynb"
+    ko = json.loads(ko_path.read_text())
+    assert [c["id"] for c in ko["cells"]] == ["title", "c1", "m1"]
+    assert "blob/main/ko/notebooks/01_a.ipynb" in "".join(ko["cells"][0]["source"])
+    assert sorted(found) == sorted([f"ko/notebooks/01_a.ipynb [{i}]: not translated"
+                                    for i in ("title", "m1")])
+    ko["cells"][2]["source"] = ["몇 마디."]  # translate one cell and accept it
+    ko_path.write_text(json.dumps(ko))
+    assert editions.accept(ko_path, [], course) == ["m1"]
+    assert editions.sync(course, check=True) == ["ko/notebooks/01_a.ipynb [title]: not translated"]
+    # an English change makes the translation stale; a code change is carried over by a sync
+    en_path = course / "notebooks" / "01_a.ipynb"
+    en = json.loads(en_path.read_text())
+    en["cells"][2]["source"] = ["Some other words."]
+    en["cells"][1]["source"] = ["x = 2\n"]
+    en_path.write_text(json.dumps(en))
+    stale = editions.sync(course, check=True)
+    assert "ko/notebooks/01_a.ipynb [c1]: code differs from the English cell" in stale
+    assert "ko/notebooks/01_a.ipynb [m1]: the English cell changed since it was translated" in stale
+    after = editions.sync(course)
+    assert "ko/notebooks/01_a.ipynb [m1]: the English cell changed since it was translated" in after
+    assert not any("code differs" in f for f in after)
+    assert json.loads(ko_path.read_text())["cells"][2]["source"] == ["몇 마디."]  # kept
+    # a cell in one edition only
+    en["cells"].append(_md("m2", "New."))
+    en_path.write_text(json.dumps(en))
+    assert any("only in English: ['m2']" in f for f in editions.sync(course, check=True))
+    with pytest.raises(ValueError, match="no markdown cell"):
+        editions.accept(ko_path, ["nope"], course)
