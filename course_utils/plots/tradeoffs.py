@@ -45,9 +45,10 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     """Each configuration as a point (step time in ms, peak allocated memory in MiB = 2^20
     bytes; the step time is ``paired_step_time_s`` where the table has it, the first row's
     median times the row's ratio, as `course_utils.experiments.summary` prints it), the
-    non-dominated ones joined by a line (the Pareto front: nothing is both faster and smaller).
-    Two configurations whose times are within the noise of each other are a tie in time: the
-    smaller one dominates, and tied points on the front are joined by a dotted line. Emulated
+    non-dominated ones joined by a line: the Pareto front, where no other configuration has a
+    lower peak at a step time at least as short. Two configurations whose times are within the
+    noise of each other are a tie in time: the smaller one dominates, and tied points on the
+    front are joined by a dotted line. Emulated
     configurations are not drawn (their time is not this hardware's speed): a caption under the
     chart names them.
 
@@ -58,7 +59,7 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     a label placed away from its point is joined to it by a leader line
     (`course_utils.plots._style.place_point_labels`). Horizontal error bars show the ratio's spread
     (``time_ratio_low``/``time_ratio_high``) where given, else the interquartile range
-    (``step_time_iqr_s``) where one was measured; the axis label says which, or that none was.
+    (``step_time_iqr_s``) where one was measured; the legend says which, or that none was.
 
     Args:
         df: a `course_utils.experiments.compare` table (``label``, ``step_time_s``,
@@ -116,8 +117,11 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
 
     idx = [i for i in np.flatnonzero(ok) if not any(dominates(j, i) for j in np.flatnonzero(ok))]
     idx.sort(key=lambda i: t[i])
+    front = "Pareto front: no other policy is smaller at a step time as short"
     ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label="Pareto front")
-    handles = [Line2D([], [], color="#DD8452", label="Pareto front")]
+    handles = [Line2D([], [], color="#DD8452", label=front),
+               Line2D([], [], color="#9bb0d6" if err is not None else TIME_COLOR, marker="o",
+                      markerfacecolor=TIME_COLOR, markeredgecolor=TIME_COLOR, label=bars)]
     ties = [(a, b) for a, b in zip(idx, idx[1:]) if _tied(notes, bands, a, b)]
     for a, b in ties:  # a tie: the segment drawn dotted (white under it hides the solid line)
         ax.plot(t[[a, b]], peak[[a, b]], "-", color="white", lw=3, zorder=2.1)
@@ -125,7 +129,7 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     if ties:
         handles.append(Line2D([], [], color="#DD8452", ls=":",
                               label="tie: times within the noise of each other"))
-    ax.set_xlabel(f"step time (ms, as the table prints it; {bars})")
+    ax.set_xlabel("step time (ms)")
     ax.set_ylabel("peak allocated memory (MiB)")
     ax.set_title(with_size(title, size))
     lo = np.nanmin(t[ok] - (0 if err is None else err[0, ok]))
@@ -134,8 +138,7 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     ax.set_xlim(lo - pad, hi + 4 * pad)
     ax.set_ylim(0, np.nanmax(peak[ok]) * 1.25)
     ax.grid(alpha=0.3)
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8,
-               frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     caption = emulated_caption(labels, t, notes, None if emulated[0] else (labels[0], t[0]))
     if caption:
         put_caption(fig, caption, width=110)
