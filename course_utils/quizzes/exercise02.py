@@ -9,7 +9,8 @@ EXPLANATIONS = {
         "(a little less with PyTorch's early stop). On a small or busy machine the extra time can "
         "stay inside the timing noise, which is why lesson 02 section 3 prints it with its noise "
         "band. What checkpointing buys is memory: if the freed memory lets you raise the batch and "
-        "the hardware was underused, tokens per second can rise (lesson 03 section 4 measures it). "
+        "the hardware was underused, tokens per second can rise (lesson 03 measures it at the largest "
+        "batch under a memory budget). "
         "A compiler is another matter: torch.compile's partitioner recomputes cheap ops where that "
         "is faster than reading them back from memory (lesson 02 section 6, the memory budget)."),
     "ckpt-quiz-what-kept": (
@@ -23,7 +24,7 @@ EXPLANATIONS = {
         "torch.save(model.state_dict()): a different thing with a similar name."),
     "ckpt-quiz-extra-flops": (
         "One step costs F + 2F = 3F. One more forward adds F, so the step does F / 3F = 1/3, "
-        "about 33 %, more work: the '+33 %' of many posts and the '6ND to 8ND' of the JAX scaling "
+        "about 33 %, more work: the '+33 %' of many posts and the '6ND to 8ND' of the JAX scaling "
         "book. Lesson 02 section 3 ('Where the time goes') counted the real figure with "
         "FlopCounterMode. It comes out lower, because PyTorch's non-reentrant checkpoint stops "
         "recomputing once backward has what it needs, and the parts outside the checkpointed "
