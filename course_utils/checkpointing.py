@@ -18,16 +18,22 @@ The policies form a closed set:
 ``selective``          every block checkpointed with an op-level save list (selective
                        activation checkpointing, SAC): the outputs of matmuls and attention
                        (`SAVE`) are kept, the cheap pointwise ops are recomputed.
-``memory-budget:B``    all blocks compiled with ``torch.compile``, whose partitioner keeps at
-                       most the fraction B (0 to 1) of the activations
-                       (``torch._functorch.config.activation_memory_budget``).
+``memory-budget:B``    all blocks compiled with ``torch.compile`` as one region, whose
+                       partitioner picks the fastest plan that saves at most B (0 to 1) times
+                       the activations of its default plan
+                       (``torch._functorch.config.activation_memory_budget``): 1.0 is the
+                       default, which already recomputes cheap ops where that is faster
+                       (it "should always use less memory than eager"), 0.0 the activation
+                       memory of checkpointing the whole compiled region.
 =====================  ================================================================
 
 Sources: ``torch.utils.checkpoint`` docs (``use_reentrant`` must be passed explicitly,
 pytorch#65537; ``create_selective_checkpoint_contexts``); the PyTorch blog "Current and New
 Activation Checkpointing Techniques in PyTorch" (2025); torchtitan
 ``torchtitan/distributed/activation_checkpoint.py`` (one function per mode); Korthikanti et al.
-2022 (arXiv 2205.05198) for selective recomputation.
+2022 (arXiv 2205.05198) for selective recomputation; the comment on
+``activation_memory_budget`` in ``torch/_functorch/config.py`` (read in torch 2.13) for what a
+budget means.
 """
 from __future__ import annotations
 
@@ -156,9 +162,12 @@ class Checkpointed(nn.Module):
 
 
 class CompiledUnderBudget(nn.Module):
-    """Blocks compiled with ``torch.compile``, the partitioner told to keep at most ``budget``
-    (0 to 1) of their activations (``torch._functorch.config.activation_memory_budget``, read
-    when the graph is partitioned, at the first call).
+    """Blocks compiled with ``torch.compile`` as one region under the activation memory budget
+    ``budget`` (``torch._functorch.config.activation_memory_budget``, read when the graph is
+    partitioned, at the first call): the partitioner takes the fastest plan whose saved
+    activations are at most ``budget`` times those of its default, runtime-optimised plan (1.0:
+    the default, which already recomputes cheap pointwise ops; 0.0: the activation memory of
+    checkpointing the whole region, whose backward then rebuilds every block at once).
 
     Each instance compiles with a backend object of its own, which patches the budget around
     inductor's ``compile_fx``. Dynamo guards a compiled graph on its backend, so two instances

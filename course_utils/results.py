@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -13,11 +14,12 @@ import pandas as pd
 from .config import SIZE_PROFILES, config_for
 from .experiments import plain_label, time_cell
 from .measure import MEMORY_FIELDS
-from .step_timing import band_verdict
+from .step_timing import band_verdict, emulated_factor
 from .terms import MiB
 
-__all__ = ["committed_results", "committed_runs", "committed_memory_tools", "find_results",
-           "bench_rows", "check_out_dir", "write_bench"]
+__all__ = ["RUN_CLASSES", "BenchRun", "committed_bench_files", "committed_results",
+           "committed_runs", "committed_memory_tools", "find_results", "bench_rows",
+           "check_out_dir", "write_bench"]
 
 _RESULT_COLUMNS = ["run", "device", "size", "config", "step ms", "time x", "peak MiB", "peak x",
                    "saved MiB"]
@@ -43,9 +45,9 @@ def find_results(start: str | Path | None = None) -> Path | None:
 
 def committed_results(folder: str | Path | None = None,
                       devices: tuple[str, ...] | None = ("cuda",)) -> pd.DataFrame:
-    """The runs committed under ``results/*/bench.json`` (``course-bench --out``) on the given
-    kinds of device (default: GPUs only; the maintainers' CPU runs sit there too), one row per
-    configuration.
+    """The `course-bench` runs committed under ``results/`` (`committed_bench_files`: both
+    layouts) on the given kinds of device (default: GPUs only; the maintainers' CPU runs sit
+    there too), one row per configuration.
 
     Args:
         folder: the ``results`` folder (default: `find_results`, the one committed with the
@@ -53,21 +55,21 @@ def committed_results(folder: str | Path | None = None,
         devices: device kinds to keep (``"cuda"``, ``"cpu"``, ``"mps"``), or None for every run.
 
     Returns:
-        Columns ``run`` (the run's folder name), ``device``, ``size``, ``config``, ``step ms``,
-        ``time x``, ``peak MiB``, ``peak x``, ``saved MiB``; empty (same columns) when there is
-        no run.
+        Columns ``run`` (the run's folder name), ``device``, ``size``, ``config``, ``step ms``
+        (the row's own median), ``time x`` (median of the per-round ratios to the run's first
+        row), ``peak MiB``, ``peak x``, ``saved MiB``; empty (same columns) when there is no run.
 
     Raises:
         ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
     """
     rows = []
-    for path, payload, hw in _bench_runs(folder, devices):
+    for run in _bench_runs(folder, devices):
         try:
-            for r in payload["rows"]:
+            for r in run.payload["rows"]:
                 meas, ratios = r["measured"], r["ratios"]
                 rows.append({
-                    "run": path.parent.name, "device": hw.get("name"),
-                    "size": payload.get("size"), "config": r["label"],
+                    "run": run.name, "device": run.hardware.get("name"),
+                    "size": run.payload.get("size"), "config": r["label"],
                     "step ms": None if meas.get("step_time_s") is None
                     else meas["step_time_s"] * 1e3,
                     "time x": ratios.get("time_ratio"),
@@ -77,34 +79,81 @@ def committed_results(folder: str | Path | None = None,
                     "saved MiB": None if meas.get("saved_total") is None
                     else meas["saved_total"] / MiB})
         except (KeyError, TypeError) as e:
-            raise ValueError(f"{path} is not course-bench output ({e!r}).") from e
+            raise ValueError(f"{run.path} is not course-bench output ({e!r}).") from e
     return pd.DataFrame(rows, columns=_RESULT_COLUMNS)
 
 
-def _bench_runs(folder, devices):
-    """``(path, payload, hardware)`` of each ``*/bench.json`` under ``folder`` (default
-    `find_results`) whose device kind is one of ``devices`` (None: every run), in name order.
+#: The two classes of committed GPU run (``tools/gpu_results.sh``'s modes): a GPU measured at its
+#: own recipe and size profile, and a bigger GPU standing in for a Colab T4 (`course_utils.stand_in`).
+RUN_CLASSES = ("native", "t4")
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One committed ``bench.json``.
+
+    Attributes:
+        path: the file.
+        name: the run's folder under ``results/`` (``NVIDIA-H200-2026-11-27``).
+        mode: its class, one of `RUN_CLASSES`: the folder it sits in (``<run>/<mode>/course-bench/``)
+            or, in the older layout (``<run>/bench.json``), ``t4`` when the hardware was a
+            stand-in, else ``native``.
+        date: the ``YYYY-MM-DD`` in the run's folder name, or "" when it has none.
+        payload: the parsed file; hardware: its ``hardware`` record.
+    """
+
+    path: Path
+    name: str
+    mode: str
+    date: str
+    payload: dict
+    hardware: dict
+
+
+def committed_bench_files(folder: str | Path | None = None) -> list[Path]:
+    """Every ``bench.json`` committed under ``folder`` (default `find_results`), in both layouts:
+    ``<run>/bench.json`` (``course-bench --out results/<run>``, the first GPU runs) and
+    ``<run>/<mode>/course-bench/bench.json`` (``tools/gpu_results.sh``, mode ``native`` or
+    ``t4``); sorted by path; [] where there is no ``results/`` folder."""
+    root = Path(folder) if folder is not None else find_results()
+    if root is None or not root.is_dir():
+        return []
+    return sorted({*root.glob("*/bench.json"), *root.glob("*/*/course-bench/bench.json")})
+
+
+def _bench_runs(folder, devices) -> list[BenchRun]:
+    """The `BenchRun` of each file of `committed_bench_files` whose device kind is one of
+    ``devices`` (None: every run), in path order.
 
     Raises:
-        ValueError: a file that is not JSON or has no ``hardware`` (the file is named).
+        ValueError: a file that is not JSON, has no ``hardware``, or sits under a mode folder
+            that is not one of `RUN_CLASSES` (the file is named).
     """
-    root = Path(folder) if folder is not None else find_results()
-    for path in sorted(root.glob("*/bench.json")) if root is not None and root.is_dir() else []:
+    runs = []
+    for path in committed_bench_files(folder):
         try:
             payload = json.loads(path.read_text())
             hw = payload["hardware"]
             kind = str(hw["device"]).split(":")[0]
         except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"{path} is not course-bench output ({e!r}).") from e
+        new_layout = path.parent.name == "course-bench"
+        name = path.parents[2].name if new_layout else path.parent.name
+        mode = path.parents[1].name if new_layout else ("t4" if hw.get("stand_in") else "native")
+        if mode not in RUN_CLASSES:
+            raise ValueError(f"{path}: the mode folder {mode!r} is not one of "
+                             f"{', '.join(RUN_CLASSES)} (tools/gpu_results.sh's modes).")
+        date = re.search(r"\d{4}-\d{2}-\d{2}", name)
         if devices is None or kind in devices:
-            yield path, payload, hw
+            runs.append(BenchRun(path, name, mode, date.group(0) if date else "", payload, hw))
+    return runs
 
 
 def _ratio_between(row: dict, ref: dict) -> tuple[float | None, str]:
     """``row``'s step time over ``ref``'s, both stored as ratios to the run's first row, and its
     verdict: from the two stored noise bands, the quotient lies within ``[low_r / high_ref,
     high_r / low_ref]`` (a band at least as wide as one measured directly); a ratio is called
-    faster or slower only when that band, as printed, excludes 1.00."""
+    faster or slower only when that band, as printed, excludes 1.00; no band, no verdict word."""
     a, b = row["ratios"], ref["ratios"]
     if a.get("time_ratio") is None or not b.get("time_ratio"):
         return None, "not timed"
@@ -120,44 +169,80 @@ def _ratio_between(row: dict, ref: dict) -> tuple[float | None, str]:
     return ratio, band_verdict(ratio, parts[0] / parts[3], parts[1] / parts[2])
 
 
+def _run_table(run: BenchRun) -> pd.DataFrame:
+    """One run's rows as lesson 02 shows them (see `committed_runs`)."""
+    rows = run.payload["rows"]
+    want = (run.payload.get("recommendation") or {}).get("precision")
+    ref = next((r for r in rows if r["config"].get("precision") == want
+                and r["config"].get("checkpoint") == "none"), rows[0])
+    ref_s = ref["measured"].get("step_time_s")
+    table = []
+    for r in rows:
+        ratio, verdict = _ratio_between(r, ref)
+        meas = r["measured"]
+        if verdict == "emulated":  # printed once, rounded, with no verdict word (method.md)
+            ms, cell = None, f"emulated: about {emulated_factor(ratio)}"
+        else:
+            # the reference's median times the row's ratio: the milliseconds and the ratio
+            # beside them agree (a row's own median can come from another round)
+            paired = ref_s is not None and ratio is not None and verdict != "too few rounds"
+            own = meas.get("step_time_s")
+            ms = ref_s * ratio * 1e3 if paired else (None if own is None else own * 1e3)
+            cell = time_cell(ratio, verdict)
+        table.append({
+            "config": plain_label(r["label"]),
+            "step ms": None if ms is None else round(ms, 1),
+            f"time vs {ref['label']}": cell,
+            "peak MiB": None if meas.get("peak_allocated") is None
+            else round(meas["peak_allocated"] / MiB),
+            "saved MiB": None if meas.get("saved_total") is None
+            else round(meas["saved_total"] / MiB)})
+    return pd.DataFrame(table).set_index("config")
+
+
+def _run_title(run: BenchRun) -> str:
+    hw, p = run.hardware, run.payload
+    who = hw.get("stand_in") or hw.get("name") or "a GPU"
+    return (f"{who}; size '{p.get('size')}', torch {hw.get('torch_version', '?')}"
+            + (f"; run on {run.date}" if run.date else "") + f" (results/{run.name}):")
+
+
 def committed_runs(folder: str | Path | None = None,
-                   devices: tuple[str, ...] | None = ("cuda",)) -> list[tuple[str, pd.DataFrame]]:
-    """The runs of `committed_results`, one readable table each: ``(title, table)`` with the
-    title naming the device, size profile, torch and date (from the run's folder name), and the
-    table, indexed by the configuration in words (`course_utils.experiments.plain_label`), giving
-    ``step ms``, the time against the run's recommended precision without checkpointing
-    (``time vs bf16``: a ratio only outside the noise, `course_utils.experiments.time_cell`),
-    ``peak MiB`` and ``saved MiB``.
+                   devices: tuple[str, ...] | None = ("cuda",),
+                   newest: bool = True) -> list[tuple[str, pd.DataFrame]]:
+    """The committed `course-bench` runs (`committed_bench_files`) as lesson 02 shows them,
+    ``(title, table)`` each: by default only the newest run of each class of `RUN_CLASSES` (a
+    GPU at its own recipe and size profile, then a T4 stand-in), newest by the date in the run's
+    folder name (ties: by folder name); ``newest=False`` gives every run, in path order.
+
+    The title names the GPU (for a stand-in, the stand-in's words: "NVIDIA H200 standing in for
+    a Tesla T4: ..."), the size profile, torch, the date and the folder: someone else's run, on
+    another day. The table, indexed by the configuration in words
+    (`course_utils.experiments.plain_label`), gives ``step ms``, the time against the run's
+    recommended precision without checkpointing (``time vs bf16``: a ratio only outside the
+    noise, `course_utils.experiments.time_cell`; an emulated row's time once, rounded,
+    `course_utils.step_timing.emulated_factor`), ``peak MiB`` and ``saved MiB``. ``step ms`` is
+    the reference row's median step time times the row's ratio to it (the median of the
+    per-round ratios), so a printed ratio equals the quotient of the printed times; a row with
+    no band keeps its own median.
 
     Raises:
         ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
     """
+    runs = _bench_runs(folder, devices)
+    if newest:
+        latest = {}
+        for run in runs:
+            if run.mode not in latest or (run.date, run.name) >= (latest[run.mode].date,
+                                                                  latest[run.mode].name):
+                latest[run.mode] = run
+        runs = [latest[m] for m in RUN_CLASSES if m in latest]
     out = []
-    for path, payload, hw in _bench_runs(folder, devices):
+    for run in runs:
         try:
-            rows = payload["rows"]
-            want = (payload.get("recommendation") or {}).get("precision")
-            ref = next((r for r in rows if r["config"].get("precision") == want
-                        and r["config"].get("checkpoint") == "none"), rows[0])
-            table = []
-            for r in rows:
-                ratio, verdict = _ratio_between(r, ref)
-                meas = r["measured"]
-                table.append({
-                    "config": plain_label(r["label"]),
-                    "step ms": None if meas.get("step_time_s") is None
-                    else round(meas["step_time_s"] * 1e3, 1),
-                    f"time vs {ref['label']}": time_cell(ratio, verdict),
-                    "peak MiB": None if meas.get("peak_allocated") is None
-                    else round(meas["peak_allocated"] / MiB),
-                    "saved MiB": None if meas.get("saved_total") is None
-                    else round(meas["saved_total"] / MiB)})
+            out.append((_run_title(run), _run_table(run)))
         except (KeyError, TypeError, IndexError) as e:
-            raise ValueError(f"{path} is not course-bench output ({e!r}).") from e
-        date = re.search(r"\d{4}-\d{2}-\d{2}$", path.parent.name)
-        title = (f"{hw.get('name')}, size '{payload.get('size')}', torch "
-                 f"{hw.get('torch_version', '?')}" + (f", {date.group(0)}" if date else "") + ":")
-        out.append((title, pd.DataFrame(table).set_index("config")))
+            raise ValueError(f"{run.path} is not course-bench output ({e!r}).") from e
     return out
 
 

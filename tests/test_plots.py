@@ -474,16 +474,25 @@ def test_a_time_bar_and_its_whisker_say_what_its_label_says():
     assert lo > 1000 and lo <= 1300 <= hi
 
 
-def test_pareto_draws_the_bars_its_axis_label_names():
-    ax = figure("pareto").axes[0]
-    assert "interquartile" in ax.get_xlabel() and ax.collections  # errorbar LineCollections
-    ax = plots.pareto_chart(policy_table().assign(step_time_iqr_s=None)).axes[0]
-    assert "interquartile" not in ax.get_xlabel() and "no spread" in ax.get_xlabel()
-    assert not ax.collections
+def _legend_text(fig) -> str:
+    return " ".join(t.get_text() for leg in fig.legends for t in leg.get_texts())
+
+
+def test_pareto_draws_the_bars_its_legend_names():
+    """The bars are named in the legend; the axis names its subject alone ("step time (ms)",
+    no words about the method)."""
+    fig = figure("pareto")
+    assert "interquartile" in _legend_text(fig) and fig.axes[0].collections  # errorbars
+    assert fig.axes[0].get_xlabel() == "step time (ms)"
+    fig = plots.pareto_chart(policy_table().assign(step_time_iqr_s=None))
+    assert "interquartile" not in _legend_text(fig) and "no spread" in _legend_text(fig)
+    assert not fig.axes[0].collections
     spread = policy_table().assign(time_ratio_low=lambda d: d.time_ratio * 0.9,
                                    time_ratio_high=lambda d: d.time_ratio * 1.1)
-    ax = plots.pareto_chart(spread).axes[0]
-    assert "spread" in ax.get_xlabel() and ax.collections
+    fig = plots.pareto_chart(spread)
+    assert "spread" in _legend_text(fig) and fig.axes[0].collections
+    # the front's definition, as the chart draws it: ties in time count as equal
+    assert "no other policy is smaller at a step time as short" in _legend_text(fig)
 
 
 def test_pareto_point_labels_do_not_overlap():
@@ -869,3 +878,34 @@ def test_pareto_labels_sit_on_their_own_points():
                 assert j == i or dist(box, pts[i]) < dist(box, p), (
                     t.get_text(), "nearer the point of", texts[j].get_text())
     assert len(leaders) <= 2   # most labels sit beside their points
+
+
+def test_pareto_front_reads_ties_from_the_rows_own_rounds():
+    """Lesson 02 (2 loaded cores): selective at 1.08x and every-2 at 1.27x of none, their bands
+    against none overlapping, so the chart called them tied and left selective (faster, a little
+    larger) off the front. Timed in the same rounds, every-2 is slower than selective in every
+    round: not a tie, and selective is on the front."""
+    from types import SimpleNamespace
+    ref = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    sel = [1.08, 1.02, 1.12, 1.06, 1.09, 1.10, 1.07, 1.05, 1.11]
+    ev2 = [1.20, 1.45, 1.15, 1.30, 1.27, 1.60, 1.18, 1.35, 1.25]
+    table = pd.DataFrame({
+        "label": ["none", "sel", "ev2"], "step_time_s": [1.0, 1.08, 1.27],
+        "step_time_iqr_s": [0.01, 0.03, 0.1], "peak_allocated": [86 * MiB, 73 * MiB, 69 * MiB],
+        "time_ratio": [1.0, 1.08, 1.27], "time_ratio_low": [1.0, 1.05, 1.14],
+        "time_ratio_high": [1.0, 1.16, 1.52],
+        "time_verdict": ["reference", "slower", "slower"], "emulated": [False] * 3})
+
+    def front(df):  # the peaks (MiB) of the points on the front, fastest first
+        ax = plots.pareto_chart(df).axes[0]
+        line = [ln for ln in ax.lines if ln.get_label() == "Pareto front"][0]
+        return [round(v) for v in line.get_ydata()]
+
+    assert front(table) == [86, 69]                   # bands overlap: sel "tied" with ev2, dropped
+    table.attrs["measurements"] = [SimpleNamespace(step_times_s=t) for t in (ref, sel, ev2)]
+    table.attrs["size"] = "cpu"
+    assert front(table) == [86, 73, 69]               # its own rounds: ev2 slower than sel
+    tied = [SimpleNamespace(step_times_s=t) for t in (ref, sel, [v * 1.08 / 1.27 for v in ev2])]
+    table = table.assign(step_time_s=[1.0, 1.08, 1.08])
+    table.attrs.update(measurements=tied, size="cpu")
+    assert front(table) == [86, 69]                   # truly tied: the smaller one dominates

@@ -37,3 +37,29 @@ def test_author_prints_a_call_that_checks(capsys):
     capsys.readouterr()
     eval(call, {"quiz": quiz, "answer": "a"})
     assert capsys.readouterr().out.count("explained") == 1
+
+
+def test_an_explanation_from_the_question_bank_stays_out_of_the_cell(capsys, monkeypatch):
+    """Exercise cells call check() without an explanation: the bank's is printed only after a
+    right answer, and a question no bank (or two banks) explains is a clear error."""
+    from course_utils.quizzes import exercise02
+    key = quiz.answer_key("ckpt-quiz-faster", "b")
+    with pytest.raises(AssertionError, match="not this one"):
+        quiz.check("ckpt-quiz-faster", "a", key=key, hint="lesson 02 §3", choices="abcd")
+    assert capsys.readouterr().out == ""
+    quiz.check("ckpt-quiz-faster", "b", key=key, hint="lesson 02 §3", choices="abcd")
+    assert "eager mode" in capsys.readouterr().out
+    with pytest.raises(KeyError, match="needs one"):
+        quiz.explanation_of("no-such-question")
+    call = quiz.author("ckpt-quiz-faster", "b", hint="see §3")
+    assert "explanation=" not in call
+    monkeypatch.setitem(exercise02.EXPLANATIONS, "q-twice", "once")
+    import sys
+    import types
+    twin = types.ModuleType("course_utils.quizzes.twin")
+    twin.EXPLANATIONS = {"q-twice": "again"}
+    monkeypatch.setitem(sys.modules, "course_utils.quizzes.twin", twin)
+    monkeypatch.setattr(quiz.pkgutil, "iter_modules", lambda path: [
+        types.SimpleNamespace(name="exercise02"), types.SimpleNamespace(name="twin")])
+    with pytest.raises(KeyError, match="2 question banks"):
+        quiz.explanation_of("q-twice")

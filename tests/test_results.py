@@ -1,5 +1,6 @@
 """course_utils.results: committed course-bench results, read from where the course is installed."""
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -87,25 +88,36 @@ def test_results_are_found_beside_the_imported_course_not_from_the_working_folde
     assert results.find_results(stray / "notebooks") == stray / "results"
 
 
+def _row(label, prec, ckpt, t, r, lo, hi, emulated=False):
+    return {"label": label, "config": {"precision": prec, "checkpoint": ckpt},
+            "measured": {"step_time_s": t, "peak_allocated": 100 * MiB, "saved_total": 50 * MiB},
+            "ratios": {"time_ratio": r, "time_ratio_low": lo, "time_ratio_high": hi},
+            "time_verdict": "faster", "emulated": emulated}
+
+
+#: An H100's course-bench rows as committed on 2026-11-26 (own medians 773.4, 93.1, 98.0, 113.6
+#: and 109.3 ms; ratios to the first row are medians of per-round ratios).
+H100_ROWS = [_row("fp32", "fp32", "none", 0.7734, 1.0, 1.0, 1.0),
+             _row("bf16", "bf16", "none", 0.0931, 0.1202, 0.1198, 0.1237),
+             _row("fp16", "fp16", "none", 0.0980, 0.1269, 0.1199, 0.1269),
+             _row("bf16+full", "bf16", "full", 0.1136, 0.1470, 0.1459, 0.1472),
+             _row("bf16+selective", "bf16", "selective", 0.1093, 0.1412, 0.1400, 0.1420)]
+
+
+def _bench(path, gpu, rows, size="h100", stand_in="", precision="bf16"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "size": size, "recommendation": {"precision": precision},
+        "hardware": {"device": "cuda", "name": gpu, "torch_version": "2.11", "stand_in": stand_in},
+        "rows": rows}))
+
+
 def test_committed_runs_give_each_run_a_title_and_a_readable_table(tmp_path):
     """Lesson 02 showed a GPU run as nine columns of bare ratios to fp32 (0.12, 0.15): each run
     now has a title line and its times against the recommended precision, told as verdicts."""
-    def row(label, prec, ckpt, t, r, lo, hi):
-        return {"label": label, "config": {"precision": prec, "checkpoint": ckpt},
-                "measured": {"step_time_s": t, "peak_allocated": 100 * MiB, "saved_total": 50 * MiB},
-                "ratios": {"time_ratio": r, "time_ratio_low": lo, "time_ratio_high": hi},
-                "time_verdict": "faster", "emulated": False}
-    run = tmp_path / "Some-GPU-2026-01-02"
-    run.mkdir()
-    (run / "bench.json").write_text(json.dumps({
-        "size": "h100", "recommendation": {"precision": "bf16"},
-        "hardware": {"device": "cuda", "name": "Some GPU", "torch_version": "2.11"},
-        "rows": [row("fp32", "fp32", "none", 0.7734, 1.0, 1.0, 1.0),
-                 row("bf16", "bf16", "none", 0.0931, 0.1202, 0.1198, 0.1237),
-                 row("fp16", "fp16", "none", 0.0980, 0.1269, 0.1199, 0.1269),
-                 row("bf16+full", "bf16", "full", 0.1136, 0.1470, 0.1459, 0.1472)]}))
+    _bench(tmp_path / "Some-GPU-2026-01-02" / "bench.json", "Some GPU", H100_ROWS[:4])
     [(title, table)] = results.committed_runs(tmp_path)
-    assert title == "Some GPU, size 'h100', torch 2.11, 2026-01-02:"
+    assert title == "Some GPU; size 'h100', torch 2.11; run on 2026-01-02 (results/Some-GPU-2026-01-02):"
     assert list(table.index) == ["fp32", "bf16", "fp16", "bf16 + full checkpointing"]
     col = table["time vs bf16"]
     assert col["bf16"] == "1.00x (reference)" and col["fp16"] == "within noise"
@@ -114,3 +126,60 @@ def test_committed_runs_give_each_run_a_title_and_a_readable_table(tmp_path):
     assert col["fp32"].endswith("x slower") and not any("0." in c for c in col)
     assert table.shape[1] + 1 <= 7 and "saved MiB" in table.columns
     assert results.committed_runs(tmp_path, devices=("cpu",)) == []
+
+
+def test_a_committed_runs_printed_ratio_is_the_quotient_of_its_printed_times(tmp_path):
+    """The H100 table printed 109.3 and 93.1 ms beside "1.18x slower" (1.174) and 773.4 beside
+    "8.32x slower" (8.31): each row's own median beside a median of per-round ratios. A row's
+    milliseconds are now the reference's times the row's ratio."""
+    _bench(tmp_path / "NVIDIA-H100-80GB-HBM3-2026-11-26" / "bench.json", "NVIDIA H100", H100_ROWS)
+    [(_, table)] = results.committed_runs(tmp_path)
+    ref = table.loc["bf16", "step ms"]
+    assert ref == 93.1
+    for config, row in table.iterrows():
+        cell = row["time vs bf16"]
+        if cell.endswith(("slower", "faster")):
+            printed = float(cell.split("x")[0])
+            quotient = row["step ms"] / ref if cell.endswith("slower") else ref / row["step ms"]
+            assert round(quotient, 2) == pytest.approx(printed, abs=0.011), (config, row.to_dict())
+    assert table.loc["bf16 + selective checkpointing", "time vs bf16"] == "1.17x slower"
+    assert table.loc["fp32", "step ms"] == pytest.approx(93.1 / 0.1202, abs=0.1)
+
+
+def test_committed_runs_read_the_newest_run_of_each_class_in_both_layouts(tmp_path):
+    """results/ holds the first layout (<run>/bench.json) and tools/gpu_results.sh's
+    (<run>/<mode>/course-bench/bench.json, mode native or t4): lesson 02 shows the newest GPU run
+    at its own profile and the newest T4 stand-in, each titled with its GPU and date."""
+    _bench(tmp_path / "NVIDIA-H100-80GB-HBM3-2026-11-26" / "bench.json", "NVIDIA H100", H100_ROWS)
+    t4_rows = [_row("fp16", "fp16", "none", 0.015, 1.0, 1.0, 1.0),
+               _row("fp16+full", "fp16", "full", 0.026, 1.71, 1.49, 1.78),
+               _row("bf16", "bf16", "none", 0.300, 20.0, None, None, emulated=True)]
+    stand = "NVIDIA H200 standing in for a Tesla T4: its recipe, sizes and memory (14.75 GiB); not its speed"
+    for day in ("2026-11-20", "2026-11-27-first-look"):
+        _bench(tmp_path / f"NVIDIA-H200-{day}" / "t4" / "course-bench" / "bench.json",
+               "NVIDIA H200 as a Tesla T4", t4_rows, size="t4", stand_in=stand, precision="fp16")
+    _bench(tmp_path / "NVIDIA-H200-2026-11-27-first-look" / "native" / "course-bench" / "bench.json",
+           "NVIDIA H200", H100_ROWS)
+    runs = results.committed_runs(tmp_path)
+    assert [t for t, _ in runs] == [
+        "NVIDIA H200; size 'h100', torch 2.11; run on 2026-11-27 "
+        "(results/NVIDIA-H200-2026-11-27-first-look):",
+        f"{stand}; size 't4', torch 2.11; run on 2026-11-27 (results/NVIDIA-H200-2026-11-27-first-look):"]
+    t4 = runs[1][1]
+    assert t4.loc["fp16 + full checkpointing", "time vs fp16"] == "1.71x slower"
+    # an emulated time: once, rounded, no verdict word and no milliseconds to four figures
+    assert t4.loc["bf16", "time vs fp16"] == "emulated: about 20x"
+    assert pd.isna(t4.loc["bf16", "step ms"])
+    assert len(results.committed_runs(tmp_path, newest=False)) == 4
+    assert {r.mode for r in results._bench_runs(tmp_path, None)} == {"native", "t4"}
+    (tmp_path / "X-2026-01-01" / "colab" / "course-bench").mkdir(parents=True)
+    (tmp_path / "X-2026-01-01" / "colab" / "course-bench" / "bench.json").write_text(
+        (tmp_path / "NVIDIA-H100-80GB-HBM3-2026-11-26" / "bench.json").read_text())
+    with pytest.raises(ValueError, match="colab"):
+        results.committed_runs(tmp_path)
+
+
+def test_the_committed_runs_of_the_course_read_and_agree(tmp_path):
+    """The runs committed with the course: at most one per class, each titled with a date."""
+    for title, table in results.committed_runs():
+        assert re.search(r"run on \d{4}-\d{2}-\d{2}", title) and not table.empty

@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from ..experiments import _per_token, plain_label
+from ..step_timing import time_ratio
 from ..terms import MiB
 from ._style import (
     ALERT_COLOR,
@@ -29,25 +30,55 @@ from ._style import (
 from ._timing import NOT_DRAWN, emulated_caption, time_note, time_notes
 
 
-def _tied(notes, bands, i: int, j: int) -> bool:
-    """Rows ``i`` and ``j`` take the same time within the noise: both within noise of the first
-    row, or their noise bands ``bands[i]`` (ratios to the first row, or None) overlap."""
+def _tied(notes, bands, i: int, j: int, rounds=None) -> bool:
+    """Rows ``i`` and ``j`` take the same time within the noise. With ``rounds`` (each row's
+    step times, taken in the same rounds: `compare`'s measurements), from the two rows' own
+    per-round ratios (`course_utils.step_timing.time_ratio`): tied unless that says faster or
+    slower. Without them: both within noise of the first row, or their noise bands ``bands[i]``
+    (ratios to the first row, or None) overlap, which can call two rows tied whose direct
+    comparison is settled (lesson 02 once left selective off the front that way, 1.08x against
+    every-2's 1.27x)."""
     a, b = notes[i], notes[j]
     if a is None or b is None:
         return False
+    if rounds is not None:
+        return time_ratio(rounds[i], rounds[j], size=rounds.size).verdict not in ("faster", "slower")
     if {a.verdict, b.verdict} <= {"within noise", "reference"}:
         return True
     return bool(bands[i] and bands[j] and bands[i][0] <= bands[j][1]
                 and bands[j][0] <= bands[i][1])
 
 
+class _Rounds(list):
+    """Each row's step times (seconds), paired by round, and the table's size profile."""
+
+    size: str = ""
+
+
+def _paired_rounds(df) -> _Rounds | None:
+    """The step times of `compare`'s measurements (``df.attrs["measurements"]``) when every row
+    was timed in the same rounds, else None."""
+    ms = df.attrs.get("measurements") if hasattr(df, "attrs") else None
+    if not ms or len(ms) != len(df):
+        return None
+    times = [list(getattr(m, "step_times_s", []) or []) for m in ms]
+    if len({len(t) for t in times}) != 1 or len(times[0]) < 2:
+        return None
+    out = _Rounds(times)
+    out.size = df.attrs.get("size", "")
+    return out
+
+
 def pareto_chart(df, title: str = "step time vs peak memory", size: str | None = None):
     """Each configuration as a point (step time in ms, peak allocated memory in MiB = 2^20
     bytes; the step time is ``paired_step_time_s`` where the table has it, the first row's
     median times the row's ratio, as `course_utils.experiments.summary` prints it), the
-    non-dominated ones joined by a line (the Pareto front: nothing is both faster and smaller).
-    Two configurations whose times are within the noise of each other are a tie in time: the
-    smaller one dominates, and tied points on the front are joined by a dotted line. Emulated
+    non-dominated ones joined by a line: the Pareto front, where no other configuration has a
+    lower peak at a step time at least as short. Two configurations whose times are within the
+    noise of each other are a tie in time: the smaller one dominates, and tied points on the
+    front are joined by a dotted line. Two rows are tied unless their own per-round ratio
+    (`compare`'s measurements, timed in the same rounds) says faster or slower; a table without
+    them falls back on the rows' noise bands against the first row overlapping. Emulated
     configurations are not drawn (their time is not this hardware's speed): a caption under the
     chart names them.
 
@@ -58,7 +89,7 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     a label placed away from its point is joined to it by a leader line
     (`course_utils.plots._style.place_point_labels`). Horizontal error bars show the ratio's spread
     (``time_ratio_low``/``time_ratio_high``) where given, else the interquartile range
-    (``step_time_iqr_s``) where one was measured; the axis label says which, or that none was.
+    (``step_time_iqr_s``) where one was measured; the legend says which, or that none was.
 
     Args:
         df: a `course_utils.experiments.compare` table (``label``, ``step_time_s``,
@@ -106,26 +137,31 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
         texts.append(ax.annotate(text, (t[i], peak[i]), xytext=(6, 5), textcoords="offset points",
                                  fontsize=8))
 
+    rounds = _paired_rounds(df)
+
     def faster(j, i):  # j is faster than i, outside the noise
-        return t[j] < t[i] and not _tied(notes, bands, i, j)
+        return t[j] < t[i] and not _tied(notes, bands, i, j, rounds)
 
     def dominates(j, i):
-        same_time = _tied(notes, bands, i, j) or t[j] == t[i]
+        same_time = _tied(notes, bands, i, j, rounds) or t[j] == t[i]
         return ((faster(j, i) or same_time) and peak[j] <= peak[i]
                 and (faster(j, i) or peak[j] < peak[i]))
 
     idx = [i for i in np.flatnonzero(ok) if not any(dominates(j, i) for j in np.flatnonzero(ok))]
     idx.sort(key=lambda i: t[i])
+    front = "Pareto front: no other policy is smaller at a step time as short"
     ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label="Pareto front")
-    handles = [Line2D([], [], color="#DD8452", label="Pareto front")]
-    ties = [(a, b) for a, b in zip(idx, idx[1:]) if _tied(notes, bands, a, b)]
+    handles = [Line2D([], [], color="#DD8452", label=front),
+               Line2D([], [], color="#9bb0d6" if err is not None else TIME_COLOR, marker="o",
+                      markerfacecolor=TIME_COLOR, markeredgecolor=TIME_COLOR, label=bars)]
+    ties = [(a, b) for a, b in zip(idx, idx[1:]) if _tied(notes, bands, a, b, rounds)]
     for a, b in ties:  # a tie: the segment drawn dotted (white under it hides the solid line)
         ax.plot(t[[a, b]], peak[[a, b]], "-", color="white", lw=3, zorder=2.1)
         ax.plot(t[[a, b]], peak[[a, b]], ":", color="#DD8452", lw=1.5, zorder=2.2)
     if ties:
         handles.append(Line2D([], [], color="#DD8452", ls=":",
                               label="tie: times within the noise of each other"))
-    ax.set_xlabel(f"step time (ms, as the table prints it; {bars})")
+    ax.set_xlabel("step time (ms)")
     ax.set_ylabel("peak allocated memory (MiB)")
     ax.set_title(with_size(title, size))
     lo = np.nanmin(t[ok] - (0 if err is None else err[0, ok]))
@@ -134,8 +170,7 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     ax.set_xlim(lo - pad, hi + 4 * pad)
     ax.set_ylim(0, np.nanmax(peak[ok]) * 1.25)
     ax.grid(alpha=0.3)
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8,
-               frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
     caption = emulated_caption(labels, t, notes, None if emulated[0] else (labels[0], t[0]))
     if caption:
         put_caption(fig, caption, width=110)
