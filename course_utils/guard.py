@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from .config import RunConfig, step_flops
 from . import stand_in
+from .config import RunConfig, step_flops
 from .hardware import MPS_PEAK_NOTE, HardwareInfo, detect, is_emulated
 from .memory_model import estimate
 from .terms import GiB, MiB, cuda_index
