@@ -668,8 +668,8 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
                     n = steps_for_budget(first, budget) - 1
                     m.add_times([first] + [time_step(state.step, config.device) for _ in range(n)])
                     m.timing = f"{n + 1} steps (a budget of {budget:g} s)"
-                else:
-                    m.add_times(time_step(state.step, config.device) for _ in range(steps))
+                else:  # a list first: a step that runs out of memory adds no time at all
+                    m.add_times([time_step(state.step, config.device) for _ in range(steps)])
                     m.timing = f"{steps} step{'s' * (steps != 1)}"
     finally:
         state = None

@@ -149,14 +149,15 @@ class FakeCuda:
         return int(self.fraction[index] * self.total)
 
     def allocate(self, nbytes: int, index: int = 0, cached: int = 0) -> None:
-        """Allocate ``nbytes`` (and keep ``cached`` more reserved but unallocated), or raise
-        torch's out-of-memory error where the cap or the device's free memory ends."""
-        new_reserved = self.allocated[index] + nbytes + cached
+        """Allocate ``nbytes`` in a new segment (the cached blocks taken as too small to serve
+        it: split blocks) and keep ``cached`` more reserved but unallocated (blocks freed since),
+        or raise torch's out-of-memory error where the cap or the device's free memory ends."""
+        grow = nbytes + cached
         free = self.total - self.others - self.reserved[index]
-        if new_reserved > self.cap(index) or new_reserved - self.reserved[index] > free:
+        if self.reserved[index] + grow > self.cap(index) or grow > free:
             raise torch.OutOfMemoryError(self.oom_text(nbytes, index))
         self.allocated[index] += nbytes
-        self.reserved[index] = max(self.reserved[index], new_reserved)
+        self.reserved[index] += grow
         self.peak[index] = max(self.peak[index], self.allocated[index])
 
     def oom_text(self, nbytes: int, index: int = 0) -> str:
