@@ -21,7 +21,7 @@ LAYERS = {
     "course_utils": [
         ("terms", ["terms"]),
         ("machine and mechanisms", [
-            "store", "hardware", "data", "checkpointing", "step_timing", "memory_timeline",
+            "store", "hardware", "stand_in", "data", "checkpointing", "step_timing", "memory_timeline",
             "saved_tensors", "offload", "loss_scaling", "gradients", "formats", "autocast_ops", "quiz",
             "cli_args"]),
         ("run description", ["config"]),

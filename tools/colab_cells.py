@@ -128,7 +128,8 @@ def badge_target(path: str | os.PathLike) -> str:
 # with an underscore so that they stay out of the lesson's way. {{ and }} are literal braces.
 #: The setup cell's one visible line: Colab's form view (``cellView: form``) shows the ``#@title``
 #: and hides the code; JupyterLab collapses the source (``jupyter.source_hidden``) to the same line.
-SETUP_TITLE = "#@title Setup: run this cell first (fetches the course where it is missing, then names this machine's recipe)"
+SETUP_TITLE = ("#@title Setup: run this cell first (fetches the course where it is missing, then names "
+               "this machine's recipe)")
 SETUP_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
 
 _SETUP_TEMPLATE = SETUP_TITLE + '''
