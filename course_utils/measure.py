@@ -32,6 +32,7 @@ import dataclasses
 import gc
 import inspect
 import os
+import re
 import statistics
 import time
 import warnings
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import stand_in
 from .config import RunConfig, size_profile
 from .data import get_batch
 from .guard import check_feasible
@@ -52,8 +54,9 @@ from .training import setup, train_step
 __all__ = ["MEMORY_FIELDS", "EMULATED_TIMING", "Measurement", "warm_up", "memory_step", "measure",
            "OutOfMemory", "GAP_TOLERANCE", "EstimateGap", "estimate_gaps", "report_gaps",
            "Accepted", "accept", "new_measurement", "prepare", "measure_memory",
-           "time_in_alternation", "ran_out_of_memory", "out_of_memory_message",
-           "noting_out_of_memory"]
+           "time_in_alternation", "ran_out_of_memory", "describe_out_of_memory",
+           "out_of_memory_message", "noting_out_of_memory", "compile_failed",
+           "noting_failed_compile"]
 
 #: Memory fields (bytes) shared by `Measurement` and `MemoryEstimate`.
 MEMORY_FIELDS = ("parameters", "gradients", "optimizer_state", "activations",
@@ -407,23 +410,106 @@ def ran_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
 
 
+#: A size as torch's allocators print it: ``"24.00 MiB"`` (CUDA), ``"256.00 MB"`` (MPS, binary
+#: units despite the name), ``"1125899906842624 bytes"`` (the CPU allocator).
+_SIZE = r"([0-9.]+) ?(bytes|KiB|MiB|GiB|TiB|KB|MB|GB|TB)"
+_UNIT = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+         "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
+#: What the course reads from torch's out-of-memory text (c10's CUDACachingAllocator, the MPS
+#: allocator, ``DefaultCPUAllocator``), each a pattern around one size.
+_OOM_FIELDS = {"asked": r"[Tt]ried to allocate " + _SIZE,
+               "allowed": r"max allowed: " + _SIZE + "|" + _SIZE + r" allowed",
+               "allocated": _SIZE + r" is allocated by PyTorch",
+               "cached": _SIZE + r" is reserved by PyTorch but unallocated",
+               "total": r"total capacity of " + _SIZE,
+               "free": r"of which " + _SIZE + r" is free"}
+
+
+def _bytes_text(n: int) -> str:
+    """Bytes as the course prints an allocation: GiB from 1 GiB, MiB from 1 MiB (two decimals,
+    as torch prints them), else bytes."""
+    if n >= 2**30:
+        return f"{n / 2**30:,.2f} GiB"
+    return f"{n / MiB:.2f} MiB" if n >= MiB else f"{n:,} bytes"
+
+
+def _first_sentence(text: str, limit: int = 160) -> str:
+    """An error's first sentence on one line, at most ``limit`` characters."""
+    first = " ".join(text.split()).split(". ")[0].rstrip(".")
+    return first if len(first) <= limit else first[:limit - 3] + "..."
+
+
+def _oom_facts(text: str) -> dict:
+    """``{field: bytes or None}`` for `_OOM_FIELDS` found in an out-of-memory error's text."""
+    facts = {}
+    for name, pattern in _OOM_FIELDS.items():
+        found = re.search(pattern, text)
+        groups = [g for g in (found.groups() if found else ()) if g is not None]
+        facts[name] = int(float(groups[0]) * _UNIT[groups[1]]) if groups else None
+    return facts
+
+
+def _cap_words(allowed: int | None) -> str:
+    """What capped the allocator, after "beyond": a T4 stand-in's memory, a budget set inside
+    it, a cap set on the real device (``set_per_process_memory_fraction``; MPS's high-water
+    mark), or nothing ("")."""
+    card = stand_in.active()
+    held = "this process's allocator may hold"
+    if card is not None:
+        theirs = f"the {_bytes_text(card.memory_bytes)} of the {card.name} this GPU stands in for"
+        if allowed is None or abs(allowed - card.memory_bytes) <= 0.01 * card.memory_bytes:
+            return theirs
+        return f"the {_bytes_text(allowed)} {held} (a budget inside {theirs})"
+    return "" if allowed is None else f"the {_bytes_text(allowed)} {held}"
+
+
+def describe_out_of_memory(error: BaseException) -> str:
+    """What ran out, in the course's words and on one line: what the step asked for, what the
+    allocator held, and the cap it ran into (a T4 stand-in's memory, a budget in force, or the
+    device's free memory), read from torch's message (CUDA's caching allocator, MPS, the CPU
+    allocator). Torch's own text is several sentences long and, under a stand-in
+    (`course_utils.stand_in`), names the real GPU's capacity: it is never quoted whole.
+
+    Example: ``"the step asked for 24.00 MiB more with 1.17 GiB already reserved by PyTorch,
+    beyond the 14.75 GiB of the Tesla T4 this GPU stands in for"``. A message the course cannot
+    read gives its first sentence.
+    """
+    text = " ".join(str(error).split())
+    facts = _oom_facts(text)
+    if facts["asked"] is None:
+        return _first_sentence(text) or "out of memory"
+    words = f"the step asked for {_bytes_text(facts['asked'])} more"
+    held = (facts["allocated"] or 0) + (facts["cached"] or 0)
+    if held:
+        words += f" with {_bytes_text(held)} already reserved by PyTorch"
+    cap = _cap_words(facts["allowed"])
+    if cap:
+        return f"{words}, beyond {cap}"
+    if facts["total"] is not None and facts["free"] is not None:
+        return (f"{words}, and {_bytes_text(facts['free'])} of the device's "
+                f"{_bytes_text(facts['total'])} was free")
+    return words + (", more than the RAM left" if "CPUAllocator" in text else "")
+
+
 def out_of_memory_message(config, hw_name: str, error: BaseException, when: str = "") -> str:
-    """The course's one out-of-memory message, e.g. ``"out of memory on Tesla T4 at batch 64,
-    seq 512 (bf16+full): CUDA out of memory. Tried to allocate 2.00 GiB. Try a smaller batch or
-    sequence, a low precision, or a checkpoint policy such as 'full'."``
+    """The course's one out-of-memory message, on one line, e.g. ``"out of memory on NVIDIA
+    H200 as a Tesla T4 at batch 32, seq 512 (fp16): the step asked for 24.00 MiB more with
+    1.17 GiB already reserved by PyTorch, beyond the 14.75 GiB of the Tesla T4 this GPU stands
+    in for. Try a smaller batch or sequence, a low precision, or a checkpoint policy such as
+    'full'."`` (`describe_out_of_memory`: torch's own text is never quoted whole).
 
     Args:
         config: a `RunConfig` (or any config with ``batch_size`` and ``label``, ``seq_len`` where
             it has one: `course_utils.profiling.ProfileConfig`).
-        hw_name: the device's name; error: what was raised (its first line is quoted).
+        hw_name: the device's name; error: what was raised.
         when: words after the configuration, e.g. ``" while timing the configurations
             together"``.
     """
-    first = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
     seq = getattr(config, "seq_len", None)
     where = f"at batch {config.batch_size}" + (f", seq {seq}" if seq else "")
-    return (f"out of memory on {hw_name} {where} ({config.label}){when}: {first}. Try a smaller "
-            "batch or sequence, a low precision, or a checkpoint policy such as 'full'.")
+    return (f"out of memory on {hw_name} {where} ({config.label}){when}: "
+            f"{describe_out_of_memory(error)}. Try a smaller batch or sequence, a low precision, "
+            "or a checkpoint policy such as 'full'.")
 
 
 @contextlib.contextmanager
@@ -436,6 +522,36 @@ def noting_out_of_memory(m: Measurement, when: str = ""):
         if not ran_out_of_memory(e):
             raise
         m.oom, m.error = True, out_of_memory_message(m.config, m.device_name, e, when)
+
+
+def compile_failed(error: BaseException) -> bool:
+    """Whether ``error`` was raised by torch.compile's stack (TorchDynamo, Inductor), whose
+    exception classes live in ``torch._dynamo`` and ``torch._inductor``: e.g. Inductor's
+    ``InductorError`` ("InvalidCxxCompiler: No working C++ compiler found", a machine without a
+    C++ compiler) or a GPU without Triton."""
+    return any(c.__module__.startswith(("torch._dynamo", "torch._inductor"))
+               for c in type(error).__mro__)
+
+
+def _compiles(config) -> bool:
+    """``config`` runs through torch.compile: ``compile=True`` or the ``memory-budget`` policy."""
+    return bool(getattr(config, "compile", False)) or \
+        str(getattr(config, "checkpoint", "")).startswith("memory-budget")
+
+
+@contextlib.contextmanager
+def noting_failed_compile(m: Measurement):
+    """Inside the block, torch.compile failing (`compile_failed`) for a configuration that
+    compiles marks ``m``: ``error`` = ``"torch.compile failed here (InductorError: ...): bf16+compile
+    is not measured here"``, its memory and time None, instead of raising; any other error
+    passes through."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - re-raised unless torch.compile failed
+        if not (_compiles(m.config) and compile_failed(e)):
+            raise
+        m.error = (f"torch.compile failed here ({type(e).__name__}: {_first_sentence(str(e))}): "
+                   f"{m.config.label} is not measured here")
 
 
 def prepare(config: RunConfig, hw: HardwareInfo, step_fn=train_step, warmup: int = 1):
@@ -454,14 +570,15 @@ def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, wa
                    time_emulated: bool = True):
     """Set-up, warm-up and one memory step of ``accepted`` (`memory_step`), written into ``m``.
     Where the precision is emulated and ``time_emulated``, that step is also its one timed step
-    (`EMULATED_TIMING`). Running out of memory marks ``m`` (`noting_out_of_memory`).
+    (`EMULATED_TIMING`). Running out of memory marks ``m`` (`noting_out_of_memory`), and so
+    does torch.compile failing for a configuration that compiles (`noting_failed_compile`).
 
     Returns:
-        The live training state, for timing more steps; None after an out-of-memory error or
-        when the emulated precision's time was taken already.
+        The live training state, for timing more steps; None after an out-of-memory error, a
+        failed compile, or when the emulated precision's time was taken already.
     """
     state = None
-    with noting_out_of_memory(m):
+    with noting_out_of_memory(m), noting_failed_compile(m):
         state = prepare(accepted.config, accepted.hw, step_fn, warmup)
         mem = memory_step(state)
         profiled_s = mem.pop("step_s")
@@ -471,7 +588,7 @@ def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, wa
             m.add_times([profiled_s])
             m.timing = EMULATED_TIMING
             state = None
-    if m.oom:
+    if m.oom or m.error:
         state = None
         _free_memory(accepted.config.device)
     return state
@@ -524,6 +641,8 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
         A `Measurement`. Where the precision is emulated on this hardware, one step is timed
         and ``emulated`` is True. On an out-of-memory error it is marked ``oom=True`` with
         `out_of_memory_message` in ``error``; memory is released and no exception escapes.
+        Where torch.compile fails for a configuration that compiles, ``error`` says so and
+        that it is not measured here (`noting_failed_compile`).
 
     Raises:
         ValueError: ``steps`` or ``warmup`` not a positive integer, a non-positive
@@ -542,15 +661,15 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
         state = measure_memory(m, accepted, step_fn, warmup=warmup,
                                time_emulated=timed and steps is None)
         if timed and state is not None:
-            with noting_out_of_memory(m):
+            with noting_out_of_memory(m), noting_failed_compile(m):
                 if steps is None:
                     budget = budget_s or default_budget_s(size_profile())
                     first = time_step(state.step, config.device)
                     n = steps_for_budget(first, budget) - 1
                     m.add_times([first] + [time_step(state.step, config.device) for _ in range(n)])
                     m.timing = f"{n + 1} steps (a budget of {budget:g} s)"
-                else:
-                    m.add_times(time_step(state.step, config.device) for _ in range(steps))
+                else:  # a list first: a step that runs out of memory adds no time at all
+                    m.add_times([time_step(state.step, config.device) for _ in range(steps)])
                     m.timing = f"{steps} step{'s' * (steps != 1)}"
     finally:
         state = None

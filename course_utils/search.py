@@ -193,10 +193,10 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
         raise ValueError(f"largest_batch needs a peak-memory counter; device {config.device!r} "
                          "has none (use 'cpu' or 'cuda').")
     if kind == "cuda":
-        total = torch.cuda.get_device_properties(cuda_index(config.device)).total_memory
+        memory = stand_in.memory_text(cuda_index(config.device))
         method = (f"CUDA: allocator limited to the budget ({budget_bytes / GiB:.2f} GiB of "
-                  f"{total / GiB:.1f} GiB); a batch fits if its step raises no out-of-memory "
-                  "error and max_memory_allocated <= budget")
+                  f"{memory}); a batch fits if its step raises no out-of-memory error and "
+                  "max_memory_allocated <= budget")
     else:
         method = ("CPU: a batch fits if its measured peak (parameters + optimizer state + "
                   "profiler peak over one step) <= budget")

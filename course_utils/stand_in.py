@@ -22,7 +22,7 @@ import torch
 from .terms import GiB
 
 __all__ = ["STAND_IN_ENV", "StandIn", "STAND_INS", "active", "describe", "apply_memory_cap",
-           "cap_bytes", "free_bytes"]
+           "cap_bytes", "free_bytes", "memory_text"]
 
 STAND_IN_ENV = "COURSE_STAND_IN"
 
@@ -77,6 +77,16 @@ def cap_bytes(index: int) -> int | None:
         return None
     total = torch.cuda.get_device_properties(index).total_memory
     return min(card.memory_bytes, int(total))
+
+
+def memory_text(index: int) -> str:
+    """The memory of CUDA device ``index`` as the course plans with it, in words: its total
+    (``"139.8 GiB"``), or under a stand-in the card's (``"the 14.75 GiB of the Tesla T4 this
+    GPU stands in for"``), never the real GPU's beside a stand-in's sizes."""
+    card, cap = active(), cap_bytes(index)
+    if card is None or cap is None:
+        return f"{torch.cuda.get_device_properties(index).total_memory / GiB:.1f} GiB"
+    return f"the {cap / GiB:.2f} GiB of the {card.name} this GPU stands in for"
 
 
 def apply_memory_cap(index: int) -> None:

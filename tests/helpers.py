@@ -36,6 +36,148 @@ def fake_cuda(monkeypatch, name, cc, mem_gib):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
 
 
+class FakeCuda:
+    """A fake ``torch.cuda`` of ``count`` GPUs named ``name``, of compute capability ``cc`` and
+    ``total`` bytes each, with a caching allocator's counters, strict where torch 2.11 is:
+
+    * ``set_per_process_memory_fraction`` and ``mem_get_info`` refuse a device without an index
+      (``"cuda"``) with torch's ValueError (torch 2.11 on the lent H100; 2.13 lets
+      ``mem_get_info`` pass), and the fraction must be a float in [0, 1];
+    * the other calls take None, an index, ``"cuda"`` or ``"cuda:N"`` and read the current device;
+    * `allocate` reserves bytes as the caching allocator does: beyond the fraction's cap it
+      raises ``torch.OutOfMemoryError`` with torch's message (c10's CUDACachingAllocator), which
+      names the real GPU's capacity; ``empty_cache`` gives cached blocks back.
+
+    ``others``: bytes that other processes hold (the driver's free memory leaves them out).
+    """
+
+    FUNCTIONS = ("is_available", "device_count", "current_device", "get_device_properties",
+                 "get_device_capability", "is_bf16_supported", "mem_get_info",
+                 "memory_reserved", "memory_allocated", "max_memory_allocated",
+                 "max_memory_reserved", "reset_peak_memory_stats",
+                 "set_per_process_memory_fraction", "synchronize", "empty_cache")
+
+    def __init__(self, name="NVIDIA H200", cc=(9, 0), total=int(139.8 * 2**30), count=1,
+                 others=0):
+        self.name, self.cc, self.total, self.count, self.others = name, cc, total, count, others
+        self.fraction = dict.fromkeys(range(count), 1.0)
+        self.reserved, self.allocated = [0] * count, [0] * count
+        self.peak = [0] * count
+        self.calls = []  # (function, device index) of every call that names a device
+
+    def install(self, monkeypatch):
+        for fn in self.FUNCTIONS:
+            monkeypatch.setattr(torch.cuda, fn, getattr(self, fn))
+        return self
+
+    def _index(self, device=None, strict=False) -> int:
+        if device is None:
+            return 0
+        if isinstance(device, int):
+            index = device
+        else:
+            d = torch.device(device)
+            if d.type != "cuda":
+                raise ValueError(f"Expected a cuda device, but got: {device}")
+            if d.index is None and strict:
+                raise ValueError("Expected a torch.device with a specified index or an integer, "
+                                 f"but got:{device}")
+            index = 0 if d.index is None else d.index
+        if not 0 <= index < self.count:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {index}")
+        return index
+
+    def is_available(self):
+        return True
+
+    def device_count(self):
+        return self.count
+
+    def current_device(self):
+        return 0
+
+    def get_device_properties(self, device=None):
+        return SimpleNamespace(name=self.name, total_memory=self.total, major=self.cc[0],
+                               minor=self.cc[1], index=self._index(device))
+
+    def get_device_capability(self, device=None):
+        self._index(device)
+        return self.cc
+
+    def is_bf16_supported(self, including_emulation=True):
+        # What torch reports: True on a T4 when emulation counts.
+        return True if including_emulation else self.cc >= (8, 0)
+
+    def mem_get_info(self, device=None):
+        i = self._index(device, strict=device is not None)
+        self.calls.append(("mem_get_info", i))
+        return self.total - self.others - self.reserved[i], self.total
+
+    def memory_reserved(self, device=None):
+        return self.reserved[self._index(device)]
+
+    def memory_allocated(self, device=None):
+        return self.allocated[self._index(device)]
+
+    def max_memory_allocated(self, device=None):
+        return self.peak[self._index(device)]
+
+    def max_memory_reserved(self, device=None):
+        return self.reserved[self._index(device)]
+
+    def reset_peak_memory_stats(self, device=None):
+        i = self._index(device)
+        self.peak[i] = self.allocated[i]
+
+    def set_per_process_memory_fraction(self, fraction, device=None):
+        i = self._index(device, strict=device is not None)
+        if not isinstance(fraction, float):
+            raise TypeError("Invalid type for fraction argument, must be `float`")
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        self.calls.append(("set_per_process_memory_fraction", i))
+        self.fraction[i] = fraction
+
+    def synchronize(self, device=None):
+        self._index(device)
+
+    def empty_cache(self):
+        self.reserved = list(self.allocated)
+
+    def cap(self, index=0) -> int:
+        """Bytes the allocator of GPU ``index`` may reserve now."""
+        return int(self.fraction[index] * self.total)
+
+    def allocate(self, nbytes: int, index: int = 0, cached: int = 0) -> None:
+        """Allocate ``nbytes`` in a new segment (the cached blocks taken as too small to serve
+        it: split blocks) and keep ``cached`` more reserved but unallocated (blocks freed since),
+        or raise torch's out-of-memory error where the cap or the device's free memory ends."""
+        grow = nbytes + cached
+        free = self.total - self.others - self.reserved[index]
+        if self.reserved[index] + grow > self.cap(index) or grow > free:
+            raise torch.OutOfMemoryError(self.oom_text(nbytes, index))
+        self.allocated[index] += nbytes
+        self.reserved[index] += grow
+        self.peak[index] = max(self.peak[index], self.allocated[index])
+
+    def oom_text(self, nbytes: int, index: int = 0) -> str:
+        """Torch 2.11's out-of-memory message, sizes formatted as c10 formats them."""
+        def size(n):
+            return (f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB" if n >= 2**20
+                    else f"{n / 2**10:.2f} KiB" if n >= 2**10 else f"{n} bytes")
+        free = self.total - self.others - self.reserved[index]
+        allowed = f"{size(self.cap(index))} allowed; " if self.fraction[index] < 1 else ""
+        return (f"CUDA out of memory. Tried to allocate {size(nbytes)}. GPU {index} has a total "
+                f"capacity of {size(self.total)} of which {size(free)} is free. Including "
+                f"non-PyTorch memory, this process has {size(self.reserved[index])} memory in "
+                f"use. {allowed}Of the allocated memory {size(self.allocated[index])} is "
+                f"allocated by PyTorch, and {size(self.reserved[index] - self.allocated[index])} "
+                "is reserved by PyTorch but unallocated. If reserved but unallocated memory is "
+                "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+                "fragmentation.  See documentation for Memory Management  "
+                "(https://docs.pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+
+
 def fake_cpu(monkeypatch, **flags):
     """Make torch report a CPU with AVX2 and ``flags`` (e.g. ``amx_bf16=True``), no ISA cap."""
     caps = {"cpu_name": "Test CPU", "avx2": True, **flags}

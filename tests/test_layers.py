@@ -21,7 +21,7 @@ LAYERS = {
     "course_utils": [
         ("terms", ["terms", "i18n"]),
         ("machine and mechanisms", [
-            "store", "hardware", "data", "checkpointing", "step_timing", "memory_timeline",
+            "store", "hardware", "stand_in", "data", "checkpointing", "step_timing", "memory_timeline",
             "saved_tensors", "offload", "loss_scaling", "gradients", "formats", "autocast_ops", "quiz",
             "quizzes", "cli_args", "stand_in"]),
         ("run description", ["config"]),

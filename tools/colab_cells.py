@@ -128,8 +128,8 @@ def badge_target(path: str | os.PathLike) -> str:
 # with an underscore so that they stay out of the lesson's way. {{ and }} are literal braces.
 #: The setup cell's one visible line: Colab's form view (``cellView: form``) shows the ``#@title``
 #: and hides the code; JupyterLab collapses the source (``jupyter.source_hidden``) to the same line.
-SETUP_TITLE = ("#@title Setup: run this cell first (it fetches the course where it is missing, "
-               "then names this machine's recipe)")
+SETUP_TITLE = ("#@title Setup: run this cell first (fetches the course where it is missing, then names "
+               "this machine's recipe)")
 SETUP_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
 
 _SETUP_TEMPLATE = SETUP_TITLE + '''
@@ -355,7 +355,10 @@ class GPUSpec:
 
 
 #: NVIDIA T4 datasheet: 65 TFLOPS fp16 (tensor cores), 8.1 TFLOPS fp32, 320 GB/s, 16 GB (Colab
-#: shows 15 GiB usable).
+#: shows 15 GiB usable). Its fp16 efficiency (35 %) is about the most a T4 reaches: a 4096^3 fp16
+#: cuBLAS matmul sustains about 24 TFLOPS (37 %) under its 70 W power cap (NVIDIA developer forum,
+#: "About GPU peak performance", thread 264462), so the step times estimated are lower bounds
+#: (results/gpu-budget.md).
 T4 = GPUSpec("Tesla T4", fp16_tensor_tflops=65.0, fp32_tflops=8.1, bandwidth_gbs=320.0,
              memory_gib=15.0)
 

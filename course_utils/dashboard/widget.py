@@ -50,7 +50,7 @@ from ..config import RunConfig, config_for, size_profile
 from ..experiments import compare
 from ..guard import check_feasible
 from ..hardware import HardwareInfo, detect, recommend_precision
-from ..measure import ran_out_of_memory
+from ..measure import out_of_memory_message, ran_out_of_memory
 from ..memory_model import estimate
 from ..plots import dashboard_chart
 from ..step_timing import default_budget_s
@@ -428,8 +428,8 @@ class Dashboard:
         except Stopped:
             raise
         except Exception as e:  # noqa: BLE001 - OOM, or e.g. torch.compile without a compiler
-            text = first_line(e)
-            error = (ran_out_of_memory(e), text)
+            oom = ran_out_of_memory(e)  # in the course's words, as compare's rows say it
+            error = (oom, out_of_memory_message(config, self.hw.name, e) if oom else first_line(e))
         rows = self._append(configs, df, self.last_hook, error)
         t1 = time.perf_counter()
         self._stage(None, "drawing...")
