@@ -13,6 +13,10 @@ scale per tensor or per row (torchao's ``tensorwise`` and ``rowwise`` float8 tra
 MXFP8 (OCP Microscaling Formats v1.0: blocks of 32 E4M3 values sharing an E8M0 power-of-two scale)
 and NVFP4 (blocks of 16 E2M1 values with an E4M3 scale, times one fp32 scale per tensor). E8M0
 and E2M1, which ``torch.finfo`` does not describe, are in `SPEC_FORMATS`, from the MX spec.
+
+Over 400 lines because it is one concern, number formats: what each format represents and what
+storing values in it does, from a plain cast (lesson 01) to the scaled formats of FP8 training
+(lesson 04), on one rounding rule (`round_to_format`).
 """
 from __future__ import annotations
 
@@ -289,7 +293,7 @@ class Recipe:
 #: The recipes lesson 04 compares, by name.
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("bf16", "bf16", "none", "none", 16, "a plain cast (autocast's low precision)"),
-    Recipe("e4m3, no scale", "fp8 e4m3", "none", "none", 8, "a plain cast"),
+    Recipe("e4m3 unscaled", "fp8 e4m3", "none", "none", 8, "a plain cast"),
     Recipe("e4m3 tensorwise", "fp8 e4m3", "tensor", "fp32", 8,
            "torchao float8 'tensorwise' (its default; inputs and weights): scale = 448 / amax"),
     Recipe("e5m2 tensorwise", "fp8 e5m2", "tensor", "fp32", 8,

@@ -32,6 +32,9 @@ the saved tensors wherever they are kept, selective checkpointing's cache includ
 output). On CUDA they read the allocator's counters (``max_memory_allocated``,
 ``memory_allocated``) instead of a timeline. Phases do not nest.
 
+Over 400 lines because memory over one step is one protocol read two ways: the CPU profiler's
+events and the CUDA allocator's history and counters, with the phases marked in both.
+
 The tensors autograd saves for backward are counted by `course_utils.saved_tensors.SavedTensorMeter`
 (and `course_utils.saved_tensors.saved_by_module`), not here.
 """
