@@ -7,6 +7,16 @@ IEEE 754 binary formats (and bf16, FP8): a value is ``(-1)^s x 2^(e - bias) x 1.
 ``(-1)^s x 2^(1 - bias) x 0.m`` (subnormal). With ``p`` mantissa (fraction) bits, machine epsilon is
 ``2^-p`` and the smallest subnormal is ``smallest_normal x 2^-p`` (IEEE 754-2019 section 3.3;
 Micikevicius et al. 2022, "FP8 Formats for Deep Learning", arXiv 2209.05433, for E4M3 / E5M2).
+
+Scaled low-precision formats, emulated in plain torch (`fake_quantize`, `RECIPES`): FP8 with one
+scale per tensor or per row (torchao's ``tensorwise`` and ``rowwise`` float8 training recipes),
+MXFP8 (OCP Microscaling Formats v1.0: blocks of 32 E4M3 values sharing an E8M0 power-of-two scale)
+and NVFP4 (blocks of 16 E2M1 values with an E4M3 scale, times one fp32 scale per tensor). E8M0
+and E2M1, which ``torch.finfo`` does not describe, are in `SPEC_FORMATS`, from the MX spec.
+
+Over 400 lines because it is one concern, number formats: what each format represents and what
+storing values in it does, from a plain cast (lesson 01) to the scaled formats of FP8 training
+(lesson 04), on one rounding rule (`round_to_format`).
 """
 from __future__ import annotations
 
@@ -20,9 +30,11 @@ from torch.utils import benchmark
 from .hardware import require_device
 from .terms import PRECISION_DTYPES, short_dtype
 
-__all__ = ["FORMATS", "FormatInfo", "resolve_dtype", "format_info", "format_table",
-           "bits", "cast_table", "log2_histogram", "underflow_stats", "underflow_table",
-           "fp32_matmul_settings", "tf32_probe"]
+__all__ = ["FORMATS", "SPEC_FORMATS", "FormatInfo", "resolve_dtype", "format_info", "format_table",
+           "layout_table", "bits", "cast_table", "log2_histogram", "underflow_stats",
+           "underflow_table", "fp32_matmul_settings", "tf32_probe", "Recipe", "RECIPES",
+           "round_to_format", "mx_scale_exponents", "fake_quantize", "quantization_error",
+           "quantization_table"]
 
 #: The formats lesson 01 compares, by the course's short name (FP8 only where torch has it).
 FORMATS: dict[str, torch.dtype] = {
@@ -62,7 +74,7 @@ class FormatInfo:
 
     Attributes:
         name: the course's short name (``"bf16"``).
-        dtype: the ``torch.dtype``.
+        dtype: the ``torch.dtype`` (None for a format torch cannot hold one value of, E2M1).
         bits: total bits; ``sign_bits`` (1), ``exponent_bits``, ``mantissa_bits`` (stored
             fraction bits, without the implicit leading 1).
         eps: machine epsilon, the gap between 1 and the next larger value, ``2^-mantissa_bits``.
@@ -74,7 +86,7 @@ class FormatInfo:
     """
 
     name: str
-    dtype: torch.dtype
+    dtype: torch.dtype | None
     bits: int
     sign_bits: int
     exponent_bits: int
@@ -86,8 +98,25 @@ class FormatInfo:
     decimal_digits: float
 
 
+#: The two formats of the OCP Microscaling Formats (MX) Specification v1.0 (2023) that
+#: ``torch.finfo`` does not describe, with the spec's values: **E8M0**, the MX block scale (8
+#: exponent bits, no sign, no mantissa, bias 127: the powers of two 2^-127 to 2^127; section 5.4.1)
+#: and **E2M1**, the FP4 element (sign, 2 exponent bits, 1 mantissa bit, bias 1: 0, 0.5, 1, 1.5, 2,
+#: 3, 4, 6; no infinity or NaN; section 5.3.3), the element of MXFP4 and NVFP4.
+SPEC_FORMATS: dict[str, FormatInfo] = {
+    "e8m0": FormatInfo(name="e8m0", dtype=getattr(torch, "float8_e8m0fnu", None), bits=8,
+                       sign_bits=0, exponent_bits=8, mantissa_bits=0, eps=1.0, max=2.0 ** 127,
+                       smallest_normal=2.0 ** -127, smallest_subnormal=2.0 ** -127,
+                       decimal_digits=math.log10(2)),
+    "fp4 e2m1": FormatInfo(name="fp4 e2m1", dtype=None, bits=4, sign_bits=1, exponent_bits=2,
+                           mantissa_bits=1, eps=0.5, max=6.0, smallest_normal=1.0,
+                           smallest_subnormal=0.5, decimal_digits=2 * math.log10(2)),
+}
+
+
 def format_info(fmt) -> FormatInfo:
-    """The `FormatInfo` of a format name or floating dtype, computed from ``torch.finfo``.
+    """The `FormatInfo` of a format name or floating dtype, computed from ``torch.finfo``
+    (``"e8m0"`` and ``"fp4 e2m1"``: from the MX spec, `SPEC_FORMATS`).
 
     ``mantissa_bits = -log2(eps)``, ``exponent_bits = bits - 1 - mantissa_bits``,
     ``smallest_subnormal = smallest_normal x eps`` (see the module docstring).
@@ -95,6 +124,8 @@ def format_info(fmt) -> FormatInfo:
     Raises:
         ValueError: not a floating-point format (see `resolve_dtype`).
     """
+    if isinstance(fmt, str) and fmt in SPEC_FORMATS:
+        return SPEC_FORMATS[fmt]
     dt = resolve_dtype(fmt)
     fi = torch.finfo(dt)
     mant = int(round(-math.log2(fi.eps)))
@@ -129,6 +160,30 @@ def format_table(formats=None, detail: bool = False) -> pd.DataFrame:
                     "decimal digits": i.decimal_digits})
         rows.append(row)
     return pd.DataFrame(rows).set_index("format")
+
+
+def _power_of_two(v: float) -> str:
+    return f"2^{round(math.log2(v))}"
+
+
+def layout_table(formats) -> pd.DataFrame:
+    """The formats side by side as a reader compares them: ``bits``, ``exponent bits``,
+    ``mantissa bits``, ``max`` (an integer with thousands separators below a million, else two
+    significant figures), ``smallest normal`` and ``eps`` as powers of two (``"2^-6"``); one
+    row per format name, in the order given.
+
+    Raises:
+        ValueError: a name that is not a format (`format_info`).
+    """
+    rows = {}
+    for fmt in formats:
+        i = format_info(fmt)
+        rows[i.name] = {"bits": i.bits, "exponent bits": i.exponent_bits,
+                        "mantissa bits": i.mantissa_bits,
+                        "max": f"{i.max:,.0f}" if i.max < 1e6 else f"{i.max:.2g}",
+                        "smallest normal": _power_of_two(i.smallest_normal),
+                        "eps": _power_of_two(i.eps)}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 _INT_OF_WIDTH = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
@@ -169,6 +224,210 @@ def cast_table(values, formats=("fp32", "fp16", "bf16")) -> pd.DataFrame:
             row[f"{name} bits"] = bits(v, dt)
         rows.append(row)
     return pd.DataFrame(rows).set_index("value")
+
+
+# --- scaled low-precision formats: FP8 per tensor / per row, MXFP8, NVFP4 ----------------------
+
+def round_to_format(x: torch.Tensor, fmt) -> torch.Tensor:
+    """``x`` rounded to the nearest value of ``fmt`` (ties to even), saturating: a magnitude
+    beyond the format's max becomes its max (as the saturating casts of FP8 training do). Works
+    for formats torch cannot cast to (``"fp4 e2m1"``) and equals torch's cast for the others
+    within their range. Returns fp32 values (``x``'s shape).
+
+    The value is ``round(|x| / q) x q`` with ``q = 2^(e - mantissa_bits)``, ``e`` the exponent of
+    ``|x|`` (exact, from ``torch.frexp``), at least the smallest normal's: IEEE 754-2019
+    section 4.3.1 (roundTiesToEven), subnormals included.
+
+    Raises:
+        ValueError: an unknown format, E8M0 (no sign and no mantissa: a scale format, see
+            `mx_scale_exponents`), or ``x`` not a floating tensor of finite values.
+    """
+    info = format_info(fmt)
+    if info.sign_bits == 0:
+        raise ValueError(f"{info.name} is a scale format (powers of two, no sign): "
+                         "see mx_scale_exponents.")
+    x = _finite_float(x)
+    a = x.abs().clamp(max=info.max)
+    e = (torch.frexp(a).exponent - 1).float()                    # floor(log2 |x|), exact
+    e = e.clamp(min=math.log2(info.smallest_normal))             # subnormals share the lowest step
+    step = torch.exp2(e - info.mantissa_bits)
+    return torch.copysign((torch.round(a / step) * step).clamp(max=info.max), x)
+
+
+def _finite_float(x) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(f"expected a floating-point tensor, got {type(x).__name__}.")
+    x = x.detach().float()
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("the tensor holds inf or NaN: scaled formats need finite values.")
+    return x
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One way of storing a tensor in a low-precision format (`RECIPES`).
+
+    Attributes:
+        name: e.g. ``"MXFP8"``.
+        element: the format of each value (a `format_info` name).
+        granularity: what shares one scale: ``"none"`` (no scale), ``"tensor"``, ``"row"`` (the
+            last dimension) or ``"block"`` (``block`` consecutive values of the last dimension).
+        block: values per block (``"block"`` only).
+        scale: how a scale is stored: ``"none"``, ``"fp32"``, ``"power of two"`` (an fp32 power
+            of two), ``"e8m0"`` (MX) or ``"e4m3 x fp32"`` (NVFP4's block scale in E4M3 times one
+            fp32 scale per tensor).
+        bits_per_value: element bits plus the block scale's bits shared out (a per-tensor or
+            per-row scale adds a negligible share and is not counted).
+        source: where the recipe is defined.
+    """
+
+    name: str
+    element: str
+    granularity: str
+    scale: str
+    bits_per_value: float
+    source: str
+    block: int | None = None
+
+
+#: The recipes lesson 04 compares, by name.
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("bf16", "bf16", "none", "none", 16, "a plain cast (autocast's low precision)"),
+    Recipe("e4m3 unscaled", "fp8 e4m3", "none", "none", 8, "a plain cast"),
+    Recipe("e4m3 tensorwise", "fp8 e4m3", "tensor", "fp32", 8,
+           "torchao float8 'tensorwise' (its default; inputs and weights): scale = 448 / amax"),
+    Recipe("e5m2 tensorwise", "fp8 e5m2", "tensor", "fp32", 8,
+           "torchao float8 'tensorwise' for gradients: scale = 57344 / amax"),
+    Recipe("e4m3 rowwise", "fp8 e4m3", "row", "power of two", 8,
+           "torchao float8 'rowwise' (every tensor E4M3): scale = 448 / amax of the row, "
+           "rounded down to a power of two"),
+    Recipe("MXFP8", "fp8 e4m3", "block", "e8m0", 8 + 8 / 32,
+           "OCP MX v1.0 section 6.3: X = 2^(floor(log2 amax) - 8) per 32 values, elements "
+           "V / X saturated to E4M3", block=32),
+    Recipe("NVFP4", "fp4 e2m1", "block", "e4m3 x fp32", 4 + 8 / 16,
+           "NVIDIA NVFP4 (torchao nvfp4_quantize): s = amax / (448 x 6) per tensor, per 16 "
+           "values E4M3(amax_block / 6 / s) x s, elements V / scale saturated to E2M1",
+           block=16),
+)}
+
+
+def _recipe(recipe) -> Recipe:
+    if isinstance(recipe, Recipe):
+        return recipe
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}: expected one of {', '.join(RECIPES)}.")
+    return RECIPES[recipe]
+
+
+def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    if x.dim() == 0 or x.shape[-1] % block:
+        raise ValueError(f"a block format needs the last dimension divisible by {block}; this "
+                         f"tensor's shape is {tuple(x.shape)}.")
+    return x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+
+
+def mx_scale_exponents(x: torch.Tensor, element: str = "fp8 e4m3", block: int = 32) -> torch.Tensor:
+    """The shared E8M0 scale of each block of ``block`` values along the last dimension, as the
+    integer ``k`` of ``X = 2^k``: ``k = floor(log2(amax)) - emax``, ``emax`` the exponent of the
+    element format's largest power of two (8 for E4M3, 15 for E5M2, 2 for E2M1), clamped to
+    E8M0's range -127..127; an all-zero block gets -127 (OCP MX v1.0 section 6.3). Shape: ``x``'s
+    with the last dimension divided by ``block``.
+
+    Raises:
+        ValueError: an unknown element format, a last dimension not divisible by ``block``,
+            or ``x`` not a floating tensor of finite values.
+    """
+    emax = math.floor(math.log2(format_info(element).max))
+    amax = _blocks(_finite_float(x), block).abs().amax(dim=-1)
+    k = (torch.frexp(amax).exponent - 1) - emax
+    return torch.where(amax > 0, k, torch.full_like(k, -127)).clamp(-127, 127)
+
+
+def _scaled(x: torch.Tensor, r: Recipe) -> torch.Tensor:
+    """Tensor- or row-scaled round trip (torchao's float8 ``amax_to_scale``: scale =
+    max / max(amax, 1e-12) in fp64 then fp32; rowwise rounds it down to a power of two)."""
+    top = format_info(r.element).max
+    amax = x.abs().amax() if r.granularity == "tensor" else x.abs().amax(dim=-1, keepdim=True)
+    scale = (top / amax.double().clamp(min=1e-12)).float()
+    if r.scale == "power of two":
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return round_to_format(x * scale, r.element) / scale
+
+
+def _nvfp4(x: torch.Tensor, r: Recipe) -> torch.Tensor:
+    """NVFP4's two-level round trip, as torchao's ``nvfp4_quantize`` with a per-tensor scale."""
+    e4m3, e2m1 = format_info("fp8 e4m3"), format_info("fp4 e2m1")
+    amax = x.abs().amax()
+    if amax == 0:
+        return torch.zeros_like(x)
+    per_tensor = amax / (e4m3.max * e2m1.max)
+    v = _blocks(x, r.block)
+    block_scale = (v.abs().amax(dim=-1, keepdim=True) / e2m1.max / per_tensor)
+    block_scale = round_to_format(block_scale.clamp(e4m3.smallest_normal, e4m3.max), "fp8 e4m3")
+    total = per_tensor * block_scale
+    return (round_to_format(v / total, "fp4 e2m1") * total).reshape(x.shape)
+
+
+def fake_quantize(x: torch.Tensor, recipe) -> torch.Tensor:
+    """``x`` stored with ``recipe`` and read back (quantize, then dequantize), in fp32: what
+    a low-precision matmul or store sees of it. Blocks and rows run along the last dimension (a
+    matmul's inner dimension for an activation ``(..., in)`` and a weight ``(out, in)``).
+
+    Args:
+        x: a floating tensor of finite values.
+        recipe: a `Recipe` or a name in `RECIPES`.
+
+    Raises:
+        ValueError: an unknown recipe, a last dimension not divisible by the recipe's block, or
+            ``x`` not a floating tensor of finite values.
+    """
+    r = _recipe(recipe)
+    x = _finite_float(x)
+    if r.granularity == "none":
+        return round_to_format(x, r.element)
+    if r.granularity in ("tensor", "row"):
+        return _scaled(x, r)
+    if r.scale == "e8m0":
+        scale = torch.exp2(mx_scale_exponents(x, r.element, r.block).float()).unsqueeze(-1)
+        return (round_to_format(_blocks(x, r.block) / scale, r.element) * scale).reshape(x.shape)
+    return _nvfp4(x, r)
+
+
+def quantization_error(x: torch.Tensor, recipe) -> dict:
+    """What storing ``x`` with ``recipe`` loses: ``relative_error`` = ||q - x|| / ||x|| (L2
+    norms; 0 for an all-zero ``x``) and ``flushed`` = the share of its nonzero values that
+    became 0 (0 to 1).
+
+    Raises:
+        ValueError: as `fake_quantize`.
+    """
+    x = _finite_float(x)
+    q = fake_quantize(x, recipe)
+    norm = x.norm()
+    nonzero = x != 0
+    return {"relative_error": float((q - x).norm() / norm) if norm > 0 else 0.0,
+            "flushed": float(((q == 0) & nonzero).sum() / nonzero.sum()) if nonzero.any() else 0.0}
+
+
+def quantization_table(tensors: dict, recipes=tuple(RECIPES)) -> pd.DataFrame:
+    """`quantization_error` of each tensor under each recipe, one row per (recipe, tensor)
+    (index ``recipe``, ``tensor``, in the order given), columns ``bits per value``,
+    ``relative error`` and ``flushed to 0 (%)`` (percent of the tensor's nonzero values).
+
+    Raises:
+        ValueError: no tensors, or as `fake_quantize`.
+    """
+    if not tensors:
+        raise ValueError("quantization_table needs at least one tensor.")
+    rows = []
+    for name in recipes:
+        r = _recipe(name)
+        for label, t in tensors.items():
+            err = quantization_error(t, r)
+            rows.append({"recipe": r.name, "tensor": label, "bits per value": r.bits_per_value,
+                         "relative error": err["relative_error"],
+                         "flushed to 0 (%)": 100 * err["flushed"]})
+    return pd.DataFrame(rows).set_index(["recipe", "tensor"])
 
 
 def log2_histogram(values: torch.Tensor, lo: int | None = None, hi: int | None = None) -> pd.Series:
@@ -320,3 +579,4 @@ def tf32_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2) -> di
     finally:
         torch.set_float32_matmul_precision(before)
     return out
+

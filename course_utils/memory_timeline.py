@@ -20,11 +20,20 @@ How the events are taken (PyTorch docs of ``torch.profiler`` and ``torch.cuda.me
   cells on `course_utils.hardware.memory_device()` (the CPU in place of MPS);
   `course_utils.measure.memory_step` takes an MPS step's peak on a CPU copy by itself.
 
+`step_phases(state)` runs one training step of a `course_utils.training.TrainState` (the step
+`course_utils.measure.measure` measures) and splits its memory into forward, backward and
+optimizer step, marked from hooks on the model and the optimizer: the same events (CPU) or the
+same allocator counters (CUDA) as `course_utils.measure.memory_step`, so its peak is the peak
+``measure()`` reports for that configuration.
+
 `peak_bytes(fn)` and `allocated_after(fn)` are the two numbers most cells need: the peak above
 the start while ``fn`` runs, and what is still allocated when it returns (after a forward pass:
 the saved tensors wherever they are kept, selective checkpointing's cache included, plus the
 output). On CUDA they read the allocator's counters (``max_memory_allocated``,
 ``memory_allocated``) instead of a timeline. Phases do not nest.
+
+Over 400 lines because memory over one step is one protocol read two ways: the CPU profiler's
+events and the CUDA allocator's history and counters, with the phases marked in both.
 
 The tensors autograd saves for backward are counted by `course_utils.saved_tensors.SavedTensorMeter`
 (and `course_utils.saved_tensors.saved_by_module`), not here.
@@ -33,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import gc
 import os
 import sys
 from dataclasses import dataclass, field
@@ -42,8 +52,11 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from .saved_tensors import storage_bytes
+from .terms import MiB
+
 __all__ = ["Phase", "Timeline", "phase", "memory_timeline", "peak_bytes", "peak_during",
-           "allocated_after"]
+           "allocated_after", "STEP_PHASES", "StepPhases", "step_phases"]
 
 _PREFIX = "phase:"
 # The CUDA mark recorder of the running memory_timeline, scoped to it (None outside one).
@@ -117,6 +130,11 @@ class Timeline:
                 span = p.end_ms - p.start_ms
                 return p.name, (t - p.start_ms) / span if span > 0 else 0.0
         return None, None
+
+    def allocated_at(self, t_ms: float) -> int:
+        """``allocated`` after the last event at or before ``t_ms`` (0 before the first)."""
+        before = [a for t, a in zip(self.t_ms, self.allocated) if t <= t_ms]
+        return before[-1] if before else 0
 
     def to_frame(self) -> pd.DataFrame:
         """The events as a DataFrame with columns ``t_ms`` and ``allocated_bytes``."""
@@ -340,3 +358,153 @@ def allocated_after(fn: Callable[[], Any],
         tl = memory_timeline(fn, dev)
         return tl.result, tl.final_bytes
     return fn(), None
+
+
+# --- one training step, split into its phases -------------------------------------------------
+
+#: The phases of a training step, in order, as `step_phases` names them.
+STEP_PHASES = ("forward", "backward", "optimizer step")
+
+
+@dataclass
+class StepPhases:
+    """Memory over one training step, by phase (`step_phases`); bytes are allocated bytes on
+    the device, the training state alive at the step's start included.
+
+    Attributes:
+        device: the device measured. method: how, in words.
+        start_bytes: parameters + optimizer state alive when the step starts.
+        peak_bytes: the step's peak (the peak `course_utils.measure.measure` reports).
+        peaks: ``{phase: bytes}``, the highest allocation during each phase of `STEP_PHASES`
+            (over every micro-batch, with gradient accumulation); ``ends``: ``{phase: bytes}``
+            allocated when the phase last ended. The backward phase runs from the end of the
+            forward to the optimizer step, so it holds ``unscale_`` and gradient clipping.
+    """
+
+    device: str
+    method: str
+    start_bytes: int
+    peak_bytes: int
+    peaks: dict
+    ends: dict
+
+    @property
+    def peak_phase(self) -> str | None:
+        """The phase that holds the step's peak (None if no phase reached it)."""
+        return next((p for p, b in self.peaks.items() if b == self.peak_bytes), None)
+
+    def table(self) -> pd.DataFrame:
+        """One row per phase: ``peak MiB`` and ``allocated at its end MiB`` (2^20 bytes)."""
+        return pd.DataFrame({"peak MiB": self.peaks, "allocated at its end MiB": self.ends}) / MiB
+
+
+class _Marks:
+    """Opens and closes the phases of one step from hooks: ``switch(name)`` ends the open phase
+    and starts ``name`` (None: none). ``on_start(name)`` and ``on_end(name)`` do the measuring."""
+
+    def __init__(self, on_start: Callable, on_end: Callable):
+        self.open: str | None = None
+        self.on_start, self.on_end = on_start, on_end
+
+    def switch(self, name: str | None) -> None:
+        if self.open is not None:
+            self.on_end(self.open)
+        self.open = name
+        if name is not None:
+            self.on_start(name)
+
+    @contextlib.contextmanager
+    def hooked(self, state):
+        marks = [state.model.register_forward_pre_hook(lambda *_: self.switch("forward")),
+                 state.model.register_forward_hook(lambda *_: self.switch("backward")),
+                 state.optimizer.register_step_pre_hook(lambda *_: self.switch("optimizer step")),
+                 state.optimizer.register_step_post_hook(lambda *_: self.switch(None))]
+        try:
+            yield
+        finally:
+            self.switch(None)
+            for h in marks:
+                h.remove()
+
+
+def _cpu_phases(state) -> tuple[int, dict, dict]:
+    """CPU: the profiler's memory events of one step, the phases marked as profiler ranges."""
+    ranges: dict = {}
+
+    def start(name):
+        ranges[name] = torch.profiler.record_function(_PREFIX + name)
+        ranges[name].__enter__()
+
+    marks = _Marks(start, lambda name: ranges.pop(name).__exit__(None, None, None))
+
+    def run():
+        with marks.hooked(state):
+            return state.step()
+
+    tl = _cpu_timeline(run)
+    peaks = {n: tl.phase_peak(n) for n in STEP_PHASES if any(p.name == n for p in tl.phases)}
+    ends = {n: tl.allocated_at(max(p.end_ms for p in tl.phases if p.name == n)) for n in peaks}
+    return tl.peak_bytes, peaks, ends
+
+
+def _cuda_phases(state, dev: torch.device) -> tuple[int, dict, dict]:
+    """CUDA: the allocator's peak counter, read and reset at every phase boundary."""
+    peaks: dict = {}
+    ends: dict = {}
+    top = [0]
+
+    def segment_peak() -> int:             # the peak since the last boundary, then reset
+        torch.cuda.synchronize(dev)
+        p = int(torch.cuda.max_memory_allocated(dev)) - base
+        top[0] = max(top[0], p)
+        torch.cuda.reset_peak_memory_stats(dev)
+        return p
+
+    def end(name):
+        peaks[name] = max(peaks.get(name, 0), segment_peak())
+        ends[name] = int(torch.cuda.memory_allocated(dev)) - base
+
+    marks = _Marks(lambda name: segment_peak(), end)
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = int(torch.cuda.memory_allocated(dev))
+    with marks.hooked(state):
+        state.step()
+    segment_peak()
+    return top[0], peaks, ends
+
+
+def step_phases(state) -> StepPhases:
+    """Run one training step of ``state`` (a `course_utils.training.TrainState`, warmed up:
+    `course_utils.measure.prepare`) and measure its memory by phase: forward (from the model's
+    forward pre-hook to its forward hook), backward (to the optimizer's step pre-hook) and
+    optimizer step (to its step post-hook).
+
+    The bytes are those of `course_utils.measure.memory_step`: parameters + optimizer state
+    (distinct storages) at the step's start, plus the peak above it from the profiler's memory
+    events on a CPU or ``max_memory_allocated`` on CUDA; so ``peak_bytes`` equals the
+    ``peak_allocated`` of ``measure(config)`` (tested on a CPU at a fixed thread count).
+
+    Raises:
+        ValueError: a device with no memory events here (MPS: measure on the CPU).
+    """
+    dev = _device(state.config.device)
+    params = storage_bytes(state.module.parameters())
+    opt = storage_bytes(v for st in state.optimizer.state.values() for v in st.values()
+                        if isinstance(v, torch.Tensor))
+    start = params + opt
+    if dev.type == "cpu":
+        peak, peaks, ends = _cpu_phases(state)
+        method = "torch.profiler memory events, phases marked by module and optimizer hooks"
+    elif dev.type == "cuda" and torch.cuda.is_available():
+        peak, peaks, ends = _cuda_phases(state, dev)
+        method = "CUDA allocator: max_memory_allocated, read and reset at each phase boundary"
+    else:
+        raise ValueError(f"step_phases has no memory events for device {str(dev)!r}: measure "
+                         "on 'cpu' or an available 'cuda' device.")
+    return StepPhases(device=str(dev), method=method, start_bytes=start, peak_bytes=start + peak,
+                      peaks={n: start + b for n, b in peaks.items()},
+                      ends={n: start + b for n, b in ends.items()})
+

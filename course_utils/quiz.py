@@ -1,39 +1,45 @@
 """Auto-checked conceptual questions for the graded exercises ("interview questions").
 
 A question's answer is a choice (``"b"``) or a number. The test cell that checks it stores only
-a salted hash of the answer; the explanation, which gives the answer away, lives out of the
-learner's sight until the answer is right: in a question bank of `course_utils.quizzes` (a module
-per exercise, ``EXPLANATIONS = {question id: text}``), or, in older cells, base64 in the cell
-itself. A determined learner can still try every choice: these questions teach, they do not
-examine. When the answer is right, the explanation is printed; when it is wrong, an
+a salted hash of the answer and the explanation in base64, so the released exercise does not show
+the answer in plain text (a determined learner can still try every choice: these questions teach,
+they do not examine). When the answer is right, the explanation is printed; when it is wrong, an
 ``AssertionError`` gives the hint (where in the course to look), never the answer.
 
-Authoring (once, in a Python shell), after adding the explanation to the exercise's bank::
+Authoring (once, in a Python shell)::
 
     >>> from course_utils import quiz
-    >>> quiz.author("bf16-no-scaler", "b", hint="lesson 01 §3")
+    >>> quiz.author("bf16-no-scaler", "b", "bf16 has fp32's 8 exponent bits, so ...")
     # paste the printed check(...) call into the question's test cell
 
 In the exercise::
 
     answer_bf16 = "b"            # the learner's answer
-    quiz.check("bf16-no-scaler", answer_bf16, key="...", hint="...", choices="abcd")
+    quiz.check("bf16-no-scaler", answer_bf16, key="...", explanation="...", hint="...",
+               choices="abcd")
 
 Numbers are compared after rounding to ``digits`` decimals (``digits=0``: integers), so a
 question that asks for a number says how to round it.
+
+**Question banks** keep the explanation out of the cell the learner reads (issue 24 item 7): a
+bank is a JSON file ``course_utils/quizzes/<exercise>.json`` of ``{question: {"key", "hint",
+"explanation", "choices" | "digits"}}`` (the explanation in plain text, the answer only as its
+`answer_key`), and the test cell is just ``quiz.check("no-sync", answer_no_sync())``. Authors add
+an entry with ``quiz.author(question, answer, explanation, hint=..., bank="04_scaling_out")``.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
-import importlib
+import json
 import math
-import pkgutil
 import textwrap
+from pathlib import Path
 
-from . import quizzes
+__all__ = ["answer_key", "encode", "check", "author", "BANK_DIR", "question_bank"]
 
-__all__ = ["answer_key", "encode", "explanation_of", "check", "author"]
+#: Where the question banks are (one JSON file per exercise; see the module docstring).
+BANK_DIR = Path(__file__).resolve().parent / "quizzes"
 
 
 def _normalise(answer, digits: int | None) -> str:
@@ -67,35 +73,35 @@ def encode(text: str) -> str:
     return base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
-def explanation_of(question: str) -> str:
-    """The explanation of ``question`` from the question banks (the ``EXPLANATIONS`` dict of each
-    module of `course_utils.quizzes`).
+def question_bank(folder: str | Path | None = None) -> dict:
+    """Every question of the banks in ``folder`` (default `BANK_DIR`), by id.
 
     Raises:
-        KeyError: no bank explains ``question``, or two do (the modules are named).
+        ValueError: a question id in two banks, or an entry without ``key``, ``hint`` and
+            ``explanation``.
     """
-    found = {}
-    for info in pkgutil.iter_modules(quizzes.__path__):
-        bank = importlib.import_module(f"{quizzes.__name__}.{info.name}")
-        if question in getattr(bank, "EXPLANATIONS", {}):
-            found[info.name] = bank.EXPLANATIONS[question]
-    if len(found) != 1:
-        raise KeyError(f"question {question!r} is explained by {len(found)} question banks "
-                       f"({', '.join(found) or 'none'}) of course_utils.quizzes; it needs one.")
-    return next(iter(found.values()))
+    out: dict = {}
+    for path in sorted(Path(folder or BANK_DIR).glob("*.json")):
+        for qid, entry in json.loads(path.read_text(encoding="utf-8")).items():
+            if qid in out:
+                raise ValueError(f"question {qid!r} is in two banks ({path.name} and another).")
+            if not {"key", "hint", "explanation"} <= set(entry):
+                raise ValueError(f"{path.name}: question {qid!r} needs key, hint and explanation.")
+            out[qid] = entry
+    return out
 
 
-def check(question: str, answer, *, key: str, hint: str, explanation: str | None = None,
-          choices: str | None = None, digits: int | None = None) -> None:
+def check(question: str, answer, *, key: str | None = None, explanation: str | None = None,
+          hint: str | None = None, choices: str | None = None, digits: int | None = None) -> None:
     """Check a learner's answer; print the explanation (once) if it is right.
 
     Args:
         question: the question's id (as given to `answer_key`).
         answer: the learner's answer.
-        key: `answer_key` of the right answer.
+        key: `answer_key` of the right answer; None: the question comes from the banks
+            (`question_bank`), with its explanation, hint, choices and digits.
+        explanation: `encode`-d explanation, printed after a right answer.
         hint: where to look (shown with a wrong answer; never the answer itself).
-        explanation: None (default) to print the question bank's (`explanation_of`), or an
-            `encode`-d explanation stored in the cell.
         choices: for a choice question, the valid letters (e.g. ``"abcd"``).
         digits: for a number question, the decimals the answer is rounded to.
 
@@ -105,7 +111,16 @@ def check(question: str, answer, *, key: str, hint: str, explanation: str | None
 
     Raises:
         AssertionError: the answer is missing, not one of ``choices``, or wrong (with the hint).
+        ValueError: no ``key`` and no bank holds the question.
     """
+    if key is None:
+        bank = question_bank()
+        if question not in bank:
+            raise ValueError(f"no question bank in {BANK_DIR} holds {question!r}.")
+        entry = bank[question]
+        key, hint = entry["key"], entry["hint"]
+        explanation = encode(entry["explanation"])
+        choices, digits = entry.get("choices"), entry.get("digits")
     if answer is None or answer is Ellipsis:
         raise AssertionError(f"{question}: no answer yet. Set the answer variable above.")
     if choices is not None:
@@ -118,20 +133,31 @@ def check(question: str, answer, *, key: str, hint: str, explanation: str | None
         raise AssertionError(f"{question}: {e}") from None
     if got != key:
         raise AssertionError(f"{question}: not this one. Hint: {hint}")
-    text = (explanation_of(question) if explanation is None
-            else base64.b64decode(explanation.encode("ascii")).decode("utf-8"))
+    text = base64.b64decode(explanation.encode("ascii")).decode("utf-8")
     print(textwrap.fill(f"Right. {text}", width=100))
 
 
-def author(question: str, answer, explanation: str | None = None, digits: int | None = None,
-           choices: str | None = "abcd", hint: str = "...") -> str:
-    """The ``check(...)`` call to paste into a question's test cell (for course authors):
-    without ``explanation`` the call prints the question bank's (`explanation_of`); with one,
-    the call carries it `encode`-d."""
+def author(question: str, answer, explanation: str, digits: int | None = None,
+           choices: str | None = "abcd", hint: str = "...", bank: str | None = None) -> str:
+    """The ``check(...)`` call to paste into a question's test cell (for course authors).
+
+    With ``bank`` (an exercise's name, e.g. ``"04_scaling_out"``), the question is written into
+    ``BANK_DIR / f"{bank}.json"`` (added or replaced) and the call is just
+    ``quiz.check('<question>', answer)``.
+    """
+    if bank is not None:
+        path = BANK_DIR / f"{bank}.json"
+        entries = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        entries[question] = {"key": answer_key(question, answer, digits), "hint": hint,
+                             "explanation": explanation,
+                             **({"choices": choices} if digits is None else {"digits": digits})}
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        call = f"quiz.check({question!r}, answer)"
+        print(call)
+        return call
     args = [repr(question), "answer", f"key={answer_key(question, answer, digits)!r}",
-            f"hint={hint!r}"]
-    if explanation is not None:
-        args.insert(3, f"explanation={encode(explanation)!r}")
+            f"explanation={encode(explanation)!r}", f"hint={hint!r}"]
     if digits is None:
         args.append(f"choices={choices!r}")
     else:

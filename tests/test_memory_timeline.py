@@ -115,3 +115,52 @@ def test_trace_timeline_parses_allocator_history():
     assert tl.t_ms == [0.0, 0.05, 0.1, 0.2]
     assert tl.peak_bytes == 1500 and tl.final_bytes == 700
     assert tl.phases == [Phase("forward", 0.0, 0.05), Phase("backward", 0.08, 0.2)]
+
+
+# --------------------------------------------------------------------------- one step by phase
+
+@pytest.fixture
+def one_thread():
+    """CPU bytes are deterministic at a fixed number of threads (docs/method.md#memory)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"precision": "bf16", "checkpoint": "full"},
+                                       {"grad_accum_steps": 2}],
+                         ids=["fp32", "bf16-full", "accumulate-2"])
+def test_step_phases_peak_equals_measures_peak(one_thread, overrides):
+    """Lesson 04's phase table and measure() measure the same step the same way: the same peak,
+    to the byte (issue 24: lessons 01-02 printed 109.43 MiB and lesson 04 108.41 MiB for the
+    same fp32 step, one logits tensor apart)."""
+    from course_utils.config import config_for
+    from course_utils.hardware import detect
+    from course_utils.measure import measure, prepare
+    from course_utils.memory_model import estimate
+    from course_utils.memory_timeline import STEP_PHASES, step_phases
+
+    cfg = config_for("smoke", device="cpu", **overrides)
+    measured = measure(cfg, timed=False)
+    phases = step_phases(prepare(cfg, detect("cpu")))
+    assert phases.peak_bytes == measured.peak_allocated
+    assert list(phases.peaks) == list(phases.ends) == list(STEP_PHASES)
+    assert max(phases.peaks.values()) == phases.peak_bytes and phases.peak_phase in STEP_PHASES
+    est = estimate(cfg)
+    assert phases.start_bytes == est.parameters + est.optimizer_state
+    # after the optimizer step: weights, AdamW state and the gradients it used (freed later)
+    assert phases.ends["optimizer step"] >= phases.start_bytes + est.gradients
+    table = phases.table()
+    assert list(table.columns) == ["peak MiB", "allocated at its end MiB"]
+    assert table.loc["backward", "peak MiB"] * MiB == phases.peaks["backward"]
+
+
+def test_step_phases_refuses_a_device_without_events():
+    from types import SimpleNamespace
+
+    from course_utils.memory_timeline import step_phases
+    state = SimpleNamespace(config=SimpleNamespace(device="meta"),
+                            module=torch.nn.Linear(2, 2), optimizer=SimpleNamespace(state={}))
+    with pytest.raises(ValueError, match="no memory events"):
+        step_phases(state)

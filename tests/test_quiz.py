@@ -39,27 +39,33 @@ def test_author_prints_a_call_that_checks(capsys):
     assert capsys.readouterr().out.count("explained") == 1
 
 
-def test_an_explanation_from_the_question_bank_stays_out_of_the_cell(capsys, monkeypatch):
-    """Exercise cells call check() without an explanation: the bank's is printed only after a
-    right answer, and a question no bank (or two banks) explains is a clear error."""
-    from course_utils.quizzes import exercise02
-    key = quiz.answer_key("ckpt-quiz-faster", "b")
-    with pytest.raises(AssertionError, match="not this one"):
-        quiz.check("ckpt-quiz-faster", "a", key=key, hint="lesson 02 §3", choices="abcd")
-    assert capsys.readouterr().out == ""
-    quiz.check("ckpt-quiz-faster", "b", key=key, hint="lesson 02 §3", choices="abcd")
-    assert "eager mode" in capsys.readouterr().out
-    with pytest.raises(KeyError, match="needs one"):
-        quiz.explanation_of("no-such-question")
-    call = quiz.author("ckpt-quiz-faster", "b", hint="see §3")
-    assert "explanation=" not in call
-    monkeypatch.setitem(exercise02.EXPLANATIONS, "q-twice", "once")
-    import sys
-    import types
-    twin = types.ModuleType("course_utils.quizzes.twin")
-    twin.EXPLANATIONS = {"q-twice": "again"}
-    monkeypatch.setitem(sys.modules, "course_utils.quizzes.twin", twin)
-    monkeypatch.setattr(quiz.pkgutil, "iter_modules", lambda path: [
-        types.SimpleNamespace(name="exercise02"), types.SimpleNamespace(name="twin")])
-    with pytest.raises(KeyError, match="2 question banks"):
-        quiz.explanation_of("q-twice")
+def test_a_banked_question_keeps_its_explanation_out_of_the_cell(tmp_path, monkeypatch, capsys):
+    """Issue 24 item 7: the test cell holds only the question's id; the explanation comes from
+    the bank, printed after a right answer only, and the hint names a lesson section."""
+    monkeypatch.setattr(quiz, "BANK_DIR", tmp_path)
+    call = quiz.author("q9", "b", "bf16 keeps fp32's exponent.", hint="lesson 01 §2", bank="01_x")
+    assert call == "quiz.check('q9', answer)"
+    capsys.readouterr()
+    with pytest.raises(AssertionError, match="lesson 01 §2") as e:
+        quiz.check("q9", "a")
+    assert "exponent" not in str(e.value) and capsys.readouterr().out == ""
+    with pytest.raises(AssertionError, match="one of the letters"):
+        quiz.check("q9", "z")
+    quiz.check("q9", "b")
+    assert capsys.readouterr().out.count("fp32's exponent") == 1
+    with pytest.raises(ValueError, match="no question bank"):
+        quiz.check("q10", "b")
+    (tmp_path / "02_y.json").write_text('{"q9": {"key": "k", "hint": "h", "explanation": "e"}}')
+    with pytest.raises(ValueError, match="two banks"):
+        quiz.question_bank()
+
+
+def test_the_course_banks_answer_their_exercises():
+    """Every banked question names a lesson section in its hint, and its key is one letter's."""
+    bank = quiz.question_bank()
+    assert {"ddp-memory", "fsdp-activations", "no-sync", "ckpt-quiz-faster"} <= set(bank)
+    for qid, entry in bank.items():
+        assert "lesson" in entry["hint"] and "§" in entry["hint"], qid
+        if "choices" in entry:
+            letters = entry["choices"]
+            assert sum(quiz.answer_key(qid, c) == entry["key"] for c in letters) == 1, qid
