@@ -42,11 +42,19 @@ The embedding keeps the token indices (``8 B T``) and positions (``8 T``).
 low-precision weight, ``12 d^2 a`` per block, plus ``V d a`` for the head (0 in fp32).
 
 **Logits bucket** (final LayerNorm, head, loss): ``B T (4 d + 8 + a d + 4 V + 8) + 4``
-(LayerNorm input and stats, head input, fp32 log-softmax, targets, the loss's scalar).
+(LayerNorm input and stats, head input, fp32 log-softmax, targets, the loss's scalar). With the
+chunked cross-entropy (``loss_chunk`` C > 0, `course_utils.chunked_loss`) the ``4 V`` of the
+log-softmax becomes the 4-byte fp32 log-sum-exp of each token and the scalar goes:
+``B T (4 d + 8 + a d + 8 + 4)``. The head's weight copy (``V d a`` under autocast) is saved in
+both.
 
 **Peak** (a model of the step's timeline, not a bound; `peak_walk` lists its checkpoints).
 Parameters + AdamW state are alive throughout. The forward pass ends with every kept tensor
-alive; the loss's backward adds ``B T V (a + 8)`` bytes of logits gradients (start of backward).
+alive; the loss's backward adds ``B T V (a + 8)`` bytes of logits gradients (start of backward);
+with the chunked loss it adds instead the gradient of its input, the fp32 sum of the head's
+weight gradient and one chunk's fp32 logits turned gradient, ``B T d a + 4 V d + C V (4 + a)``
+(``C V 4`` in fp32; `course_utils.chunked_loss.chunked_loss_bytes` has the exact maximum, read
+from its code and equal to the CPU profiler's peak: ``tests/test_chunked_loss.py``).
 Then backward visits the units of the checkpoint policy from the last to the first: a
 checkpointed unit first recomputes its blocks' activations (the recompute bump), then each
 block's backward holds a transient of its gradient buffers, ``tau = 16 d`` bytes per token in
@@ -93,6 +101,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .checkpointing import parse_policy, segment_bounds
+from .chunked_loss import chunked_loss_bytes
 from .config import ModelShape, RunConfig
 from .terms import GiB, check_positive_int
 
@@ -181,6 +190,27 @@ def block_bytes_per_token(config: RunConfig) -> float:
     return per_token
 
 
+def _logits_bytes(config: RunConfig) -> int:
+    """The logits bucket's saved bytes (see the module docstring): the plain loss's fp32
+    log-softmax, or the chunked loss's log-sum-exp per token."""
+    a, d, BT = _elem_bytes(config.precision), config.d_model, config.batch_size * config.seq_len
+    if config.loss_chunk:
+        return BT * (4 * d + 8 + a * d + 8) + chunked_loss_bytes(
+            BT, d, config.vocab_size, config.loss_chunk, a)["saved"]
+    return BT * (4 * d + 8 + a * d + 4 * config.vocab_size + 8) + 4
+
+
+def _loss_backward_bytes(config: RunConfig) -> int:
+    """What the loss's backward allocates at its largest (start of backward): the plain loss's
+    gradients of the logits, ``B T V (a + 8)``, or the chunked loss's
+    (`course_utils.chunked_loss.chunked_loss_bytes`)."""
+    a, BT, V = _elem_bytes(config.precision), config.batch_size * config.seq_len, config.vocab_size
+    if config.loss_chunk:
+        return chunked_loss_bytes(BT, config.d_model, V, config.loss_chunk, a,
+                                  config.device_type)["backward"]
+    return BT * V * (a + 8)
+
+
 def _units(config: RunConfig) -> list[tuple[int, object]]:
     """The checkpoint policy as ``(blocks, mode)`` units in forward order: mode ``"plain"``,
     ``"checkpointed"``, ``"selective"`` or the memory budget B (a float)."""
@@ -241,7 +271,7 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
             kept = n * (4 * d * BT + mode * (block - 4 * d * BT) + mode * wcopy_block)
             units.append((kept, n * (block + wcopy_block) - kept + tau, n))
     embedding = 8 * BT + 8 * T
-    logits = BT * (4 * d + 8 + a * d + 4 * V + 8) + 4
+    logits = _logits_bytes(config)
     head_copy = V * d * a if low else 0
     kept = embedding + sum(u[0] for u in units)
     grads_all = 4 * parameter_count(config)
@@ -253,7 +283,7 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
         tag, held = (" (later micro-batch)", grads_all) if later else ("", 0)
         walk.append(("start of backward" + tag,
                      {**state, "gradients": held, "saved tensors": kept + logits + head_copy,
-                      "temporaries": BT * V * (a + 8)}))
+                      "temporaries": _loss_backward_bytes(config)}))
         grads = held + (0 if later else 4 * (V * d + 2 * d))
         saved = kept
         for i in range(len(units) - 1, -1, -1):
@@ -331,7 +361,7 @@ def estimate(config: RunConfig) -> MemoryEstimate:
             activations += n * (block_in + b * (block - block_in))
             wcopies += n * wcopy_block * b
             recompute = max(recompute, (1 - b) * (block - block_in))
-    logits = BT * (4 * d + 8 + a * d + 4 * V + 8) + 4
+    logits = _logits_bytes(config)
 
     parameters = 4 * N
     gradients = 4 * N

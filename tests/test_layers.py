@@ -23,7 +23,7 @@ LAYERS = {
         ("machine and mechanisms", [
             "store", "hardware", "data", "checkpointing", "step_timing", "memory_timeline",
             "saved_tensors", "offload", "loss_scaling", "gradients", "formats", "autocast_ops", "quiz",
-            "cli_args"]),
+            "cli_args", "chunked_loss"]),
         ("run description", ["config"]),
         ("model and estimate", ["models", "memory_model", "model_zoo"]),
         ("run guard", ["guard"]),

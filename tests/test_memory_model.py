@@ -166,3 +166,32 @@ def test_sharded_estimate_agrees_with_the_memory_model():
     for stage in range(4):
         assert sharded_estimate(cfg, 1, stage).total == e.parameters + e.gradients + e.optimizer_state
     assert sharded_estimate(cfg, 2, 3).parameters == e.parameters // 2
+
+
+#: A model whose logits set the peak: a 32,768-token vocabulary (Llama 2's 32,000 rounded up),
+#: 256 tokens per micro-batch, a width of 32 (the logits' B T V against the weights' V d).
+BIG_VOCAB = config_for("smoke", device="cpu", n_layers=1, d_model=32, n_heads=2, seq_len=32,
+                       batch_size=8, vocab_size=32_768)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_chunked_loss_keeps_and_peaks_as_estimated(precision):
+    """Plain loss vs chunked cross-entropy (``loss_chunk``, 128 tokens a chunk): the meter's saved
+    bytes equal the estimate's (the logits bucket keeps 4 bytes a token instead of the fp32
+    log-softmax's 4 V), and so does the peak, at the start of backward in both, up to a few bytes
+    a token of masks and indices; chunking lowers the peak by the estimated amount."""
+    got = {}
+    for chunk in (0, 128):
+        cfg = BIG_VOCAB.replace(precision=precision, loss_chunk=chunk)
+        m, e = measure(cfg, timed=False), estimate(cfg)
+        for f in ("activations", "autocast_weight_copies", "logits"):
+            assert getattr(m, f) == getattr(e, f), (cfg.label, f)
+        assert e.peak_moment == "start of backward"
+        print(f"{cfg.label}: peak measured {m.peak_allocated:,} B, estimated {e.peak_allocated:,}")
+        assert abs(m.peak_allocated - e.peak_allocated) <= 32 * cfg.batch_size * cfg.seq_len
+        got[chunk] = m, e
+    (plain, plain_est), (chunked, chunked_est) = got[0], got[128]
+    assert chunked.logits < plain.logits / 100
+    assert chunked.peak_allocated < 0.8 * plain.peak_allocated
+    assert chunked_est.peak_allocated < 0.8 * plain_est.peak_allocated
+
