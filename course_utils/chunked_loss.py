@@ -7,14 +7,16 @@ block. `chunked_cross_entropy` computes ``F.cross_entropy(hidden @ weight.T + bi
 chunk by chunk, keeps one number per token (its log-sum-exp) for backward, and in backward
 recomputes each chunk's logits to turn them into that chunk's gradients.
 
-The same idea ships as torchtune's ``CEWithChunkedOutputLoss`` (chunks of logits upcast one at
-a time; torchtune PR 1390) and ``LinearCrossEntropyLoss`` (head + loss per chunk), Liger
-Kernel's ``LigerFusedLinearCrossEntropyLoss`` (a fused Triton kernel that computes the gradients
-during forward), Apple's Cut Cross-Entropy (Wijmans et al. 2024, arXiv 2411.09009: keeps the
-log-sum-exp, recomputes logits blockwise in backward, as here) and, in torch 2.13,
-``F.linear_cross_entropy(..., options=torch.nn.LinearCrossEntropyOptions(...))``. This module
-is the course's own, in plain PyTorch, so that it runs on every torch the course supports
-(>= 2.7) and its bytes can be stated exactly (`chunked_loss_bytes`).
+Relatives: NVIDIA NeMo AutoModel's ``ChunkedCrossEntropy`` (head + loss per chunk, each chunk
+recomputed in backward, as here); Apple's Cut Cross-Entropy (Wijmans et al. 2024, arXiv
+2411.09009: the log-sum-exp kept, logits recomputed blockwise in backward, inside Triton
+kernels); torchtune's ``CEWithChunkedOutputLoss`` (logits upcast to fp32 one chunk at a time;
+torchtune PR 1390) and ``LinearCrossEntropyLoss`` (head + loss per chunk of tokens); Liger
+Kernel's ``LigerFusedLinearCrossEntropyLoss`` and torch 2.13's ``F.linear_cross_entropy(...,
+options=torch.nn.LinearCrossEntropyOptions(...))``, which compute the gradients during forward
+instead of recomputing. This module is the course's own, in plain PyTorch, so that it runs on
+every torch the course supports (>= 2.7) and its bytes can be stated exactly
+(`chunked_loss_bytes`).
 """
 from __future__ import annotations
 
@@ -158,8 +160,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         ValueError: ``chunk_tokens`` not a positive integer; shapes that do not fit (``hidden``
             not 2-D or 3-D, ``weight`` not ``(V, d)``, ``targets`` not one per token, ``bias``
             not ``(V,)``); ``targets`` not int64, or outside ``[0, V)`` where not
-            ``ignore_index`` (checked on the targets' device, as ``F.cross_entropy`` refuses
-            them); without autocast, inputs of different dtypes.
+            ``ignore_index``, as ``F.cross_entropy`` refuses them (one host-device
+            synchronisation on a GPU; not checked inside ``torch.compile``); without autocast,
+            inputs of different dtypes.
     """
     check_positive_int("chunk_tokens", chunk_tokens)
     if hidden.dim() not in (2, 3):
@@ -209,9 +212,14 @@ def chunked_loss_bytes(tokens: int, d_model: int, vocab_size: int, chunk_tokens:
           state ``N d a`` and the fp32 sum of the head's weight gradient ``4 V d``, plus the
           largest of: a chunk's fp32 logits turned gradient and its low-precision copy,
           ``C V (4 + a')``; that copy and one chunk's weight gradient, ``a' (C V + V d)``, plus
-          on a CPU ``4 V d`` (adding a low-precision tensor into an fp32 one in place, the CPU's
-          kernels first make an fp32 copy of it: measured); the weight gradient cast back to
-          ``a`` bytes at the end, ``a' V d``.
+          on a CPU ``4 V d``: adding a low-precision tensor into an fp32 one in place, ATen's
+          TensorIterator first copies it to fp32 on a CPU, where CUDA kernels cast as they read
+          (``compute_types`` in aten/src/ATen/TensorIterator.cpp; measured: 0 bytes on an
+          H200); the weight gradient cast back to ``a`` bytes at the end, ``a' V d``.
+
+        Measured: within 32 bytes a token of the CPU profiler's peaks (tests/test_chunked_loss.py,
+        tests/test_memory_model.py); on an H200 (torch 2.11, the allocator's peak, 4,096 and
+        8,192 tokens, d 1,024 and 2,048, V 128,256, chunks of 1,024) backward within 0.1 %.
 
     Raises:
         ValueError: a size that is not a positive integer, ``elem_bytes`` not 2 or 4.

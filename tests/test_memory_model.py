@@ -1,10 +1,13 @@
 """course_utils.memory_model: the analytic peak against the measured one (issue 9: the old model was
 off by +19 % for every-2 and -9 % for full at the cpu profile, and lessons plotted it as
 "estimate"), the estimates at model scale, and the ZeRO arithmetic of sharded training state."""
+import json
+from pathlib import Path
+
 import pytest
 
 from course_utils import memory_model
-from course_utils.config import RunConfig, config_for
+from course_utils.config import ModelShape, RunConfig, config_for
 from course_utils.measure import measure
 from course_utils.memory_model import (
     estimate,
@@ -195,3 +198,18 @@ def test_the_chunked_loss_keeps_and_peaks_as_estimated(precision):
     assert chunked.peak_allocated < 0.8 * plain.peak_allocated
     assert chunked_est.peak_allocated < 0.8 * plain_est.peak_allocated
 
+
+
+def test_the_logits_bucket_on_cuda_is_the_h100_runs():
+    """CUDA's autocast list keeps ``cross_entropy``'s log-softmax in low precision and
+    ``nll_loss`` keeps an fp32 copy of it (a CPU's runs the whole loss in fp32): the estimate's
+    logits bucket equals the one the committed H100 run measured, in fp32, bf16 and fp16."""
+    run = Path(__file__).resolve().parent.parent / "results" / "NVIDIA-H100-80GB-HBM3-2026-11-26"
+    rows = json.loads((run / "bench.json").read_text())["rows"]
+    assert {r["config"]["precision"] for r in rows} == {"fp32", "bf16", "fp16"}
+    for row in rows:
+        c = row["config"]
+        shape = ModelShape(**{k: c[k] for k in ("n_layers", "d_model", "n_heads", "seq_len")})
+        cfg = RunConfig(shape=shape, batch_size=c["batch_size"], precision=c["precision"],
+                        checkpoint=c["checkpoint"], device="cuda")
+        assert estimate(cfg).logits == row["measured"]["logits"], row["label"]
