@@ -20,7 +20,8 @@ Submodules not imported here (import them by name): ``plots`` (matplotlib), ``da
 (lesson 01's tools), ``memory_timeline``, ``learner_checks`` (the exercises' checks),
 ``evidence``, ``lora``, ``distributed``, ``search`` (largest batch under a budget),
 ``results``, ``quiz``, ``cli``, ``extrapolate``, ``card``, ``model_zoo`` (lesson 05's models),
-``offload``, ``cli_profile``. The words every module shares (precision names, units) are in
+``offload``, ``cli_profile``, ``chunked_loss`` (the chunked cross-entropy that
+``RunConfig.loss_chunk`` turns on). The words every module shares (precision names, units) are in
 ``terms``; the layers are in CONTRIBUTING.md.
 """
 from .checkpointing import MODES, apply_checkpointing, segment_bounds

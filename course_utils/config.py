@@ -116,6 +116,10 @@ class RunConfig(PrecisionOnDevice):
             ``batch_size * grad_accum_steps``.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
         seed: seed for weights and data.
+        loss_chunk: tokens per chunk of the chunked cross-entropy
+            (`course_utils.chunked_loss.chunked_cross_entropy`: the head and the loss computed
+            a chunk at a time, so the full logits never exist); 0 (default) is the plain
+            ``head`` + ``F.cross_entropy``.
 
     Raises:
         ValueError: on construction, for any invalid field, with the valid values named.
@@ -129,11 +133,13 @@ class RunConfig(PrecisionOnDevice):
     grad_accum_steps: int = 1
     device: str = "cpu"
     seed: int = 0
+    loss_chunk: int = 0
 
     def __post_init__(self):
         if not isinstance(self.shape, ModelShape):
             raise ValueError(f"shape must be a ModelShape, got {type(self.shape).__name__}.")
         _check_dimensions(self, ("batch_size", "grad_accum_steps"))
+        check_positive_int("loss_chunk", self.loss_chunk, minimum=0)  # 0: the plain loss
         autocast_dtype(self.precision)  # raises on an unknown precision
         if device_kind(self.device) not in DEVICE_KINDS:
             raise ValueError(f"unknown device {self.device!r}: expected 'cpu', 'cuda', 'cuda:N' "
@@ -170,7 +176,8 @@ class RunConfig(PrecisionOnDevice):
 
     @property
     def label(self) -> str:
-        """A short name such as ``bf16+full`` or ``fp32`` for tables and charts."""
+        """A short name such as ``bf16+full``, ``fp32`` or ``fp32+loss-chunk:64`` for tables and
+        charts."""
         s = self.precision
         if self.checkpoint != "none":
             s += f"+{self.checkpoint}"
@@ -178,6 +185,8 @@ class RunConfig(PrecisionOnDevice):
             s += "+compile"
         if self.grad_accum_steps > 1:
             s += f"+accum{self.grad_accum_steps}"
+        if self.loss_chunk:
+            s += f"+loss-chunk:{self.loss_chunk}"
         return s
 
     def as_dict(self) -> dict:

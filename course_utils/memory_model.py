@@ -42,11 +42,25 @@ The embedding keeps the token indices (``8 B T``) and positions (``8 T``).
 low-precision weight, ``12 d^2 a`` per block, plus ``V d a`` for the head (0 in fp32).
 
 **Logits bucket** (final LayerNorm, head, loss): ``B T (4 d + 8 + a d + 4 V + 8) + 4``
-(LayerNorm input and stats, head input, fp32 log-softmax, targets, the loss's scalar).
+(LayerNorm input and stats, head input, fp32 log-softmax, targets, the loss's scalar). That is
+a CPU's autocast, whose list runs ``cross_entropy`` in fp32; CUDA's list puts only ``nll_loss``
+there, so under autocast on CUDA the log-softmax stays in ``a`` bytes and ``nll_loss`` keeps an
+fp32 copy of it: ``(a + 4) V`` instead of ``4 V`` (the H100 run in ``results/``: 2 V bytes a
+token above this model's ``4 V`` in bf16 and fp16, exactly). With the
+chunked cross-entropy (``loss_chunk`` C > 0, `course_utils.chunked_loss`) the ``4 V`` of the
+log-softmax term becomes the 4-byte fp32 log-sum-exp of each token and the scalar goes:
+``B T (4 d + 8 + a d + 8 + 4)``. The head's weight copy (``V d a`` under autocast) is saved in
+both.
 
 **Peak** (a model of the step's timeline, not a bound; `peak_walk` lists its checkpoints).
 Parameters + AdamW state are alive throughout. The forward pass ends with every kept tensor
-alive; the loss's backward adds ``B T V (a + 8)`` bytes of logits gradients (start of backward).
+alive; the loss's backward adds ``B T V (a + 8)`` bytes: the logits the training step still holds
+(``a``) and two fp32 gradients of them (CUDA under autocast: ``B T V (a + 4)``, one fp32
+gradient: measured on an H200 with torch 2.11, 4 bytes a logit above the start of backward);
+with the chunked loss it adds instead the gradient of its input, the fp32 sum of the head's
+weight gradient and one chunk's fp32 logits turned gradient, ``B T d a + 4 V d + C V (4 + a)``
+(``C V 4`` in fp32; `course_utils.chunked_loss.chunked_loss_bytes` has the exact maximum, read
+from its code and equal to the CPU profiler's peak: ``tests/test_chunked_loss.py``).
 Then backward visits the units of the checkpoint policy from the last to the first: a
 checkpointed unit first recomputes its blocks' activations (the recompute bump), then each
 block's backward holds a transient of its gradient buffers, ``tau = 16 d`` bytes per token in
@@ -93,6 +107,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .checkpointing import parse_policy, segment_bounds
+from .chunked_loss import chunked_loss_bytes
 from .config import ModelShape, RunConfig
 from .terms import GiB, check_positive_int
 
@@ -181,6 +196,33 @@ def block_bytes_per_token(config: RunConfig) -> float:
     return per_token
 
 
+def _cuda_low(config: RunConfig) -> bool:
+    """Autocast on CUDA, whose list keeps ``cross_entropy``'s log-softmax in low precision."""
+    return config.device_type == "cuda" and config.precision != "fp32"
+
+
+def _logits_bytes(config: RunConfig) -> int:
+    """The logits bucket's saved bytes (see the module docstring): the plain loss's log-softmax
+    (``4 V`` a token; ``(a + 4) V`` under CUDA's autocast), or the chunked loss's log-sum-exp."""
+    a, d, BT = _elem_bytes(config.precision), config.d_model, config.batch_size * config.seq_len
+    if config.loss_chunk:
+        return BT * (4 * d + 8 + a * d + 8) + chunked_loss_bytes(
+            BT, d, config.vocab_size, config.loss_chunk, a)["saved"]
+    log_softmax = (a + 4) if _cuda_low(config) else 4
+    return BT * (4 * d + 8 + a * d + log_softmax * config.vocab_size + 8) + 4
+
+
+def _loss_backward_bytes(config: RunConfig) -> int:
+    """What the loss adds at the start of backward: the plain loss's logits and their
+    gradients, ``B T V (a + 8)`` (``(a + 4)`` under CUDA's autocast), or the chunked loss's
+    buffers (`course_utils.chunked_loss.chunked_loss_bytes`)."""
+    a, BT, V = _elem_bytes(config.precision), config.batch_size * config.seq_len, config.vocab_size
+    if config.loss_chunk:
+        return chunked_loss_bytes(BT, config.d_model, V, config.loss_chunk, a,
+                                  config.device_type)["backward"]
+    return BT * V * (a + (4 if _cuda_low(config) else 8))
+
+
 def _units(config: RunConfig) -> list[tuple[int, object]]:
     """The checkpoint policy as ``(blocks, mode)`` units in forward order: mode ``"plain"``,
     ``"checkpointed"``, ``"selective"`` or the memory budget B (a float)."""
@@ -209,9 +251,9 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
 
     ``saved tensors`` are what forward kept for backward and has not been freed yet (block
     activations, autocast weight copies, the logits bucket); ``temporaries`` are what exists
-    only at that moment: the loss's gradient with respect to the logits (start of backward),
-    a checkpointed unit's recomputation plus one block's backward buffers and the gradient of
-    the hidden state (backward of a unit), AdamW's temporaries (optimizer step).
+    only at that moment: the logits and their gradients, or the chunked loss's buffers (start of
+    backward), a checkpointed unit's recomputation plus one block's backward buffers and the
+    gradient of the hidden state (backward of a unit), AdamW's temporaries (optimizer step).
 
     Raises:
         ValueError: through `RunConfig` validation only.
@@ -241,7 +283,7 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
             kept = n * (4 * d * BT + mode * (block - 4 * d * BT) + mode * wcopy_block)
             units.append((kept, n * (block + wcopy_block) - kept + tau, n))
     embedding = 8 * BT + 8 * T
-    logits = BT * (4 * d + 8 + a * d + 4 * V + 8) + 4
+    logits = _logits_bytes(config)
     head_copy = V * d * a if low else 0
     kept = embedding + sum(u[0] for u in units)
     grads_all = 4 * parameter_count(config)
@@ -253,7 +295,7 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
         tag, held = (" (later micro-batch)", grads_all) if later else ("", 0)
         walk.append(("start of backward" + tag,
                      {**state, "gradients": held, "saved tensors": kept + logits + head_copy,
-                      "temporaries": BT * V * (a + 8)}))
+                      "temporaries": _loss_backward_bytes(config)}))
         grads = held + (0 if later else 4 * (V * d + 2 * d))
         saved = kept
         for i in range(len(units) - 1, -1, -1):
@@ -331,7 +373,7 @@ def estimate(config: RunConfig) -> MemoryEstimate:
             activations += n * (block_in + b * (block - block_in))
             wcopies += n * wcopy_block * b
             recompute = max(recompute, (1 - b) * (block - block_in))
-    logits = BT * (4 * d + 8 + a * d + 4 * V + 8) + 4
+    logits = _logits_bytes(config)
 
     parameters = 4 * N
     gradients = 4 * N

@@ -4,6 +4,8 @@ Written to be read, in the spirit of nanoGPT's ``model.py`` (Karpathy): token an
 position embeddings, ``n_layers`` blocks in ``model.layers``, a final LayerNorm and a linear head
 over the 256 byte values (not tied to the embedding, so that parameter counts are plain).
 Checkpointing is not in here: `course_utils.checkpointing.apply_checkpointing` wraps blocks.
+With ``loss_chunk`` the head and the loss run as one chunked cross-entropy
+(`course_utils.chunked_loss`): the full logits never exist.
 
 Shapes: input ``idx`` is ``(batch, seq)`` int64 bytes; logits are ``(batch, seq, vocab)``.
 """
@@ -16,8 +18,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpointing import apply_checkpointing
+from .chunked_loss import chunked_cross_entropy
 from .config import ModelShape
 from .hardware import require_device
+from .terms import check_positive_int
 
 __all__ = ["CausalSelfAttention", "MLP", "Block", "GPT", "build_model"]
 
@@ -88,11 +92,18 @@ class GPT(nn.Module):
     Args:
         shape: the dimensions (`course_utils.config.ModelShape`); ``shape.seq_len`` is the
             longest input.
+        loss_chunk: tokens per chunk of the chunked cross-entropy (0: the plain loss; see
+            `forward`).
+
+    Raises:
+        ValueError: ``loss_chunk`` is not an integer >= 0.
     """
 
-    def __init__(self, shape: ModelShape):
+    def __init__(self, shape: ModelShape, loss_chunk: int = 0):
         super().__init__()
+        check_positive_int("loss_chunk", loss_chunk, minimum=0)
         self.shape = shape
+        self.loss_chunk = loss_chunk
         d = shape.d_model
         self.tok_emb = nn.Embedding(shape.vocab_size, d)
         self.pos_emb = nn.Embedding(shape.seq_len, d)
@@ -111,8 +122,13 @@ class GPT(nn.Module):
             nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Logits ``(B, T, vocab)`` and, if ``targets`` ``(B, T)`` is given, the mean
-        cross-entropy (else None).
+        """``(logits, loss)``: logits ``(B, T, vocab)`` and, if ``targets`` ``(B, T)`` is given,
+        the mean cross-entropy (else None).
+
+        With ``loss_chunk`` > 0 and ``targets`` given, the loss is
+        `course_utils.chunked_loss.chunked_cross_entropy` and the logits returned are **None**:
+        the full logits are never computed (that is the point). A caller that needs them calls
+        the model without targets, or uses a model with ``loss_chunk=0``.
 
         Raises:
             ValueError: ``idx`` is longer than ``shape.seq_len``.
@@ -125,7 +141,10 @@ class GPT(nn.Module):
         x = self.tok_emb(idx) + self.pos_emb(pos)
         for block in self.layers:
             x = block(x)
-        logits = self.head(self.ln_f(x))
+        x = self.ln_f(x)
+        if targets is not None and self.loss_chunk:
+            return None, chunked_cross_entropy(x, self.head.weight, targets, self.loss_chunk)
+        logits = self.head(x)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
@@ -138,13 +157,14 @@ class GPT(nn.Module):
 
 def build_model(config) -> GPT:
     """The reference model of a `RunConfig`: seeded by ``config.seed``, its checkpoint policy
-    applied, on ``config.device`` (parameters stay fp32: autocast casts per op).
+    and ``loss_chunk`` applied, on ``config.device`` (parameters stay fp32: autocast casts per
+    op).
 
     Raises:
         ValueError: ``config.device`` is not available on this machine.
     """
     require_device(config.device)
     torch.manual_seed(config.seed)
-    model = GPT(config.shape)
+    model = GPT(config.shape, config.loss_chunk)
     apply_checkpointing(model, config.checkpoint)
     return model.to(config.device)

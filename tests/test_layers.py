@@ -23,7 +23,7 @@ LAYERS = {
         ("machine and mechanisms", [
             "store", "hardware", "stand_in", "data", "checkpointing", "step_timing", "memory_timeline",
             "saved_tensors", "offload", "loss_scaling", "gradients", "formats", "autocast_ops", "quiz",
-            "cli_args", "stand_in"]),
+            "cli_args", "stand_in", "chunked_loss"]),
         ("run description", ["config"]),
         ("model and estimate", ["models", "memory_model", "model_zoo"]),
         ("run guard", ["guard"]),

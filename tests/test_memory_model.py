@@ -1,10 +1,13 @@
 """course_utils.memory_model: the analytic peak against the measured one (issue 9: the old model was
 off by +19 % for every-2 and -9 % for full at the cpu profile, and lessons plotted it as
 "estimate"), the estimates at model scale, and the ZeRO arithmetic of sharded training state."""
+import json
+from pathlib import Path
+
 import pytest
 
 from course_utils import memory_model
-from course_utils.config import RunConfig, config_for
+from course_utils.config import ModelShape, RunConfig, config_for
 from course_utils.measure import measure
 from course_utils.memory_model import (
     estimate,
@@ -166,3 +169,47 @@ def test_sharded_estimate_agrees_with_the_memory_model():
     for stage in range(4):
         assert sharded_estimate(cfg, 1, stage).total == e.parameters + e.gradients + e.optimizer_state
     assert sharded_estimate(cfg, 2, 3).parameters == e.parameters // 2
+
+
+#: A model whose logits set the peak: a 32,768-token vocabulary (Llama 2's 32,000 rounded up),
+#: 256 tokens per micro-batch, a width of 32 (the logits' B T V against the weights' V d).
+BIG_VOCAB = config_for("smoke", device="cpu", n_layers=1, d_model=32, n_heads=2, seq_len=32,
+                       batch_size=8, vocab_size=32_768)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_chunked_loss_keeps_and_peaks_as_estimated(precision):
+    """Plain loss vs chunked cross-entropy (``loss_chunk``, 128 tokens a chunk): the meter's saved
+    bytes equal the estimate's (the logits bucket keeps 4 bytes a token instead of the fp32
+    log-softmax's 4 V), and so does the peak, at the start of backward in both, up to a few bytes
+    a token of masks and indices; chunking lowers the peak by the estimated amount."""
+    got = {}
+    for chunk in (0, 128):
+        cfg = BIG_VOCAB.replace(precision=precision, loss_chunk=chunk)
+        m, e = measure(cfg, timed=False), estimate(cfg)
+        for f in ("activations", "autocast_weight_copies", "logits"):
+            assert getattr(m, f) == getattr(e, f), (cfg.label, f)
+        assert e.peak_moment == "start of backward"
+        print(f"{cfg.label}: peak measured {m.peak_allocated:,} B, estimated {e.peak_allocated:,}")
+        assert abs(m.peak_allocated - e.peak_allocated) <= 32 * cfg.batch_size * cfg.seq_len
+        got[chunk] = m, e
+    (plain, plain_est), (chunked, chunked_est) = got[0], got[128]
+    assert chunked.logits < plain.logits / 100
+    assert chunked.peak_allocated < 0.8 * plain.peak_allocated
+    assert chunked_est.peak_allocated < 0.8 * plain_est.peak_allocated
+
+
+
+def test_the_logits_bucket_on_cuda_is_the_h100_runs():
+    """CUDA's autocast list keeps ``cross_entropy``'s log-softmax in low precision and
+    ``nll_loss`` keeps an fp32 copy of it (a CPU's runs the whole loss in fp32): the estimate's
+    logits bucket equals the one the committed H100 run measured, in fp32, bf16 and fp16."""
+    run = Path(__file__).resolve().parent.parent / "results" / "NVIDIA-H100-80GB-HBM3-2026-11-26"
+    rows = json.loads((run / "bench.json").read_text())["rows"]
+    assert {r["config"]["precision"] for r in rows} == {"fp32", "bf16", "fp16"}
+    for row in rows:
+        c = row["config"]
+        shape = ModelShape(**{k: c[k] for k in ("n_layers", "d_model", "n_heads", "seq_len")})
+        cfg = RunConfig(shape=shape, batch_size=c["batch_size"], precision=c["precision"],
+                        checkpoint=c["checkpoint"], device="cuda")
+        assert estimate(cfg).logits == row["measured"]["logits"], row["label"]

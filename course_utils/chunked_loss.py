@@ -1,0 +1,240 @@
+r"""Chunked cross-entropy: the head matmul and the loss of a language model, a few tokens at a
+time, so that the full ``(tokens, vocabulary)`` logits never exist.
+
+At a 128k-256k vocabulary the logits and the loss's fp32 copies are the largest tensors of a
+training step, and activation checkpointing never touches them: they are made after the last
+block. `chunked_cross_entropy` computes ``F.cross_entropy(hidden @ weight.T + bias, targets)``
+chunk by chunk, keeps one number per token (its log-sum-exp) for backward, and in backward
+recomputes each chunk's logits to turn them into that chunk's gradients.
+
+Relatives: NVIDIA NeMo AutoModel's ``ChunkedCrossEntropy`` (head + loss per chunk, each chunk
+recomputed in backward, as here); Apple's Cut Cross-Entropy (Wijmans et al. 2024, arXiv
+2411.09009: the log-sum-exp kept, logits recomputed blockwise in backward, inside Triton
+kernels); torchtune's ``CEWithChunkedOutputLoss`` (logits upcast to fp32 one chunk at a time;
+torchtune PR 1390) and ``LinearCrossEntropyLoss`` (head + loss per chunk of tokens); Liger
+Kernel's ``LigerFusedLinearCrossEntropyLoss`` and torch 2.13's ``F.linear_cross_entropy(...,
+options=torch.nn.LinearCrossEntropyOptions(...))``, which compute the gradients during forward
+instead of recomputing. This module is the course's own, in plain PyTorch, so that it runs on
+every torch the course supports (>= 2.7) and its bytes can be stated exactly
+(`chunked_loss_bytes`).
+"""
+from __future__ import annotations
+
+import torch
+
+from .terms import check_positive_int
+
+__all__ = ["IGNORE_INDEX", "chunked_cross_entropy", "chunked_loss_bytes"]
+
+#: The target value that does not count, as ``F.cross_entropy``'s default ``ignore_index``.
+IGNORE_INDEX = -100
+
+
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype the head matmul runs in: autocast's where autocast is on for ``hidden``'s device
+    (``linear`` is on every device's lower-precision list), else the inputs' own.
+
+    Raises:
+        ValueError: without autocast, ``hidden`` and ``weight`` of different dtypes (as
+            ``F.linear`` refuses them).
+    """
+    kind = hidden.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden is {hidden.dtype} and weight {weight.dtype}: run under "
+                         "torch.autocast or give both one dtype.")
+    return hidden.dtype
+
+
+def _logits_fp32(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """One chunk's logits ``(c, V)`` in fp32: the matmul in ``h``'s dtype, then upcast (in fp32
+    the matmul's output itself; otherwise its low-precision output is freed after the copy)."""
+    logits = torch.mm(h, w.t()) if b is None else torch.addmm(b, h, w.t())
+    return logits.float()
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """``mean(logsumexp(h W^T + b) - (h W^T + b)[target])`` over the tokens whose target is not
+    ``ignore_index``, chunk by chunk; backward recomputes each chunk's logits.
+
+    Saves for backward: ``h`` (its storage), ``W``, ``b``, the targets and the per-token
+    log-sum-exp (fp32, 4 bytes a token). Autocast is off inside: the caller casts ``h``, ``W``
+    and ``b`` to the compute dtype, and the softmax arithmetic is fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, h, w, b, targets, chunk, ignore_index):
+        with torch.autocast(h.device.type, enabled=False):
+            n = h.shape[0]
+            valid = targets != ignore_index
+            safe = torch.where(valid, targets, 0)
+            lse = torch.empty(n, dtype=torch.float32, device=h.device)
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            for s in range(0, n, chunk):
+                e = min(s + chunk, n)
+                x = _logits_fp32(h[s:e], w, b)
+                picked = x.gather(1, safe[s:e, None]).squeeze(1)
+                m = x.amax(1, keepdim=True)
+                x.sub_(m).exp_()                                  # in place: no second (c, V)
+                lse[s:e] = x.sum(1).log_().add_(m.squeeze(1))
+                del x
+                total += ((lse[s:e] - picked) * valid[s:e]).sum()
+            ctx.save_for_backward(h, w, b, targets, lse)
+            ctx.chunk, ctx.ignore_index = chunk, ignore_index
+            return total / valid.sum()                            # 0/0 = nan, as F.cross_entropy
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        h, w, b, targets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        with torch.autocast(h.device.type, enabled=False):
+            valid = targets != ctx.ignore_index
+            safe = torch.where(valid, targets, 0)
+            coef = valid * (grad_loss.float() / valid.sum())      # d loss / d (token's term)
+            grad_h = torch.empty_like(h) if need_h else None
+            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
+            grad_b = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_b else None
+            for s in range(0, h.shape[0], ctx.chunk):
+                e = min(s + ctx.chunk, h.shape[0])
+                x = _logits_fp32(h[s:e], w, b)
+                x.sub_(lse[s:e, None]).exp_()                     # softmax, in place
+                x.scatter_add_(1, safe[s:e, None], -valid[s:e, None].float())  # minus one-hot
+                x.mul_(coef[s:e, None])                           # the logits' gradient, fp32
+                if need_b:
+                    grad_b += x.sum(0)
+                g = x.to(h.dtype)
+                del x
+                if need_h:
+                    torch.mm(g, w, out=grad_h[s:e])
+                if need_w:
+                    if g.dtype == torch.float32:
+                        grad_w.addmm_(g.t(), h[s:e])
+                    else:
+                        grad_w += torch.mm(g.t(), h[s:e])         # accumulated in fp32
+                del g
+        grad_w = grad_w.to(w.dtype) if need_w else None
+        grad_b = grad_b.to(b.dtype) if need_b else None
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          chunk_tokens: int, bias: torch.Tensor | None = None,
+                          ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    r"""``F.cross_entropy(F.linear(hidden, weight, bias), targets)`` (the mean over tokens whose
+    target is not ``ignore_index``) computed ``chunk_tokens`` tokens at a time, so that the full
+    ``(N, V)`` logits are never alive, in forward or in backward.
+
+    Args:
+        hidden: the final hidden states, ``(B, T, d)`` or ``(N, d)`` (``N`` tokens).
+        weight: the head's weight, ``(V, d)`` (``V``: vocabulary).
+        targets: int64 token ids, ``(B, T)`` or ``(N,)``; ``ignore_index`` marks tokens that do
+            not count (their gradient is zero; no counted token gives ``nan``, as
+            ``F.cross_entropy``).
+        chunk_tokens: tokens per chunk (>= 1); at least ``N`` gives one chunk.
+        bias: the head's bias ``(V,)``, or None.
+
+    Returns:
+        The loss, a 0-dim fp32 tensor.
+
+    How it works, and why not ``torch.utils.checkpoint`` per chunk: a custom
+    ``torch.autograd.Function`` whose forward computes each chunk's logits, upcasts them to fp32,
+    reduces them to the per-token log-sum-exp and frees them; its backward recomputes each chunk's
+    logits once and turns them in place into the gradient ``(softmax - one_hot) / n`` before the
+    two matmuls of ``hidden``'s and ``weight``'s gradients (the head's weight gradient is summed
+    over chunks in fp32). The bytes it saves and allocates are therefore ours to state
+    (`chunked_loss_bytes`), on every device: one fp32 copy of one chunk's logits at a time.
+    Checkpointing each chunk would recompute the same matmul, but autograd would then hold, per
+    chunk, the loss's own saved fp32 log-softmax and its fp32 gradient buffers beside the
+    low-precision logits, whose number and dtype vary with the device's autocast lists.
+
+    Autocast: the head matmul runs in autocast's dtype when autocast is on (``linear`` is on every
+    device's lower-precision list), with ``hidden``, ``weight`` and ``bias`` cast outside the
+    function, as autocast casts them for ``F.linear`` (so the weight's low-precision copy is saved
+    for backward as the plain head saves it); the softmax and the loss are fp32 on every device,
+    as the CPU's autocast list runs ``cross_entropy`` (CUDA's list puts only ``nll_loss`` in fp32:
+    there the chunked loss is the more precise one). Numerically equal to the plain loss within
+    rounding: tests/test_chunked_loss.py states the tolerances. Memory: `chunked_loss_bytes`.
+
+    Raises:
+        ValueError: ``chunk_tokens`` not a positive integer; shapes that do not fit (``hidden``
+            not 2-D or 3-D, ``weight`` not ``(V, d)``, ``targets`` not one per token, ``bias``
+            not ``(V,)``); ``targets`` not int64, or outside ``[0, V)`` where not
+            ``ignore_index``, as ``F.cross_entropy`` refuses them (one host-device
+            synchronisation on a GPU; not checked inside ``torch.compile``); without autocast,
+            inputs of different dtypes.
+    """
+    check_positive_int("chunk_tokens", chunk_tokens)
+    if hidden.dim() not in (2, 3):
+        raise ValueError(f"hidden must be (B, T, d) or (N, d), got shape {tuple(hidden.shape)}.")
+    d = hidden.shape[-1]
+    if weight.dim() != 2 or weight.shape[1] != d:
+        raise ValueError(f"weight must be (V, {d}) for hidden of width {d}, got shape "
+                         f"{tuple(weight.shape)}.")
+    V = weight.shape[0]
+    if bias is not None and tuple(bias.shape) != (V,):
+        raise ValueError(f"bias must be ({V},), got shape {tuple(bias.shape)}.")
+    if targets.shape != hidden.shape[:-1]:
+        raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])} (one per token), "
+                         f"got {tuple(targets.shape)}.")
+    if targets.dtype != torch.int64:
+        raise ValueError(f"targets must be int64 token ids, got {targets.dtype}.")
+    t = targets.reshape(-1)
+    if not torch.compiler.is_compiling():
+        bad = ((t < 0) | (t >= V)) & (t != ignore_index)
+        if bool(bad.any()):
+            raise ValueError(f"target {int(t[bad][0])} is outside the vocabulary [0, {V}) and is "
+                             f"not ignore_index ({ignore_index}).")
+    dtype = _compute_dtype(hidden, weight)
+    h = hidden.reshape(-1, d).to(dtype)
+    w = weight.to(dtype)
+    b = bias.to(dtype) if bias is not None else None
+    return _ChunkedLinearCrossEntropy.apply(h, w, b, t, chunk_tokens, ignore_index)
+
+
+def chunked_loss_bytes(tokens: int, d_model: int, vocab_size: int, chunk_tokens: int,
+                       elem_bytes: int, device_type: str = "cpu") -> dict:
+    """Bytes of `chunked_cross_entropy` in one training step, without bias, for ``tokens``
+    tokens (``N``), width ``d``, vocabulary ``V``, chunks of ``C = min(chunk_tokens, N)`` tokens
+    and the head matmul in a dtype of ``a = elem_bytes`` bytes (4 fp32, 2 bf16/fp16). Read from
+    the code above, and equal to the course's meters (tests/test_chunked_loss.py).
+
+    Returns:
+        ``{"saved": bytes, "forward": bytes, "backward": bytes}``:
+
+        * ``saved``, what forward keeps for backward besides the hidden state, the head's weight
+          (or autocast's copy of it) and the targets, which the plain loss keeps too: the fp32
+          log-sum-exp, ``4 N``.
+        * ``forward``, the largest transient of forward: one chunk's logits and their fp32 copy,
+          ``C V (4 + a')`` with ``a' = 0`` in fp32 (the matmul's output is the fp32 buffer) and
+          ``a`` otherwise.
+        * ``backward``, the largest transient of the loss's backward: the gradient of the hidden
+          state ``N d a`` and the fp32 sum of the head's weight gradient ``4 V d``, plus the
+          largest of: a chunk's fp32 logits turned gradient and its low-precision copy,
+          ``C V (4 + a')``; that copy and one chunk's weight gradient, ``a' (C V + V d)``, plus
+          on a CPU ``4 V d``: adding a low-precision tensor into an fp32 one in place, ATen's
+          TensorIterator first copies it to fp32 on a CPU, where CUDA kernels cast as they read
+          (``compute_types`` in aten/src/ATen/TensorIterator.cpp; measured: 0 bytes on an
+          H200); the weight gradient cast back to ``a`` bytes at the end, ``a' V d``.
+
+        Measured: within 32 bytes a token of the CPU profiler's peaks (tests/test_chunked_loss.py,
+        tests/test_memory_model.py); on an H200 (torch 2.11, the allocator's peak, 4,096 and
+        8,192 tokens, d 1,024 and 2,048, V 128,256, chunks of 1,024) backward within 0.1 %.
+
+    Raises:
+        ValueError: a size that is not a positive integer, ``elem_bytes`` not 2 or 4.
+    """
+    for name, v in (("tokens", tokens), ("d_model", d_model), ("vocab_size", vocab_size),
+                    ("chunk_tokens", chunk_tokens)):
+        check_positive_int(name, v)
+    if elem_bytes not in (2, 4):
+        raise ValueError(f"elem_bytes must be 2 or 4, got {elem_bytes!r}.")
+    N, d, V, a = tokens, d_model, vocab_size, elem_bytes
+    C = min(chunk_tokens, N)
+    low = 0 if a == 4 else a
+    cast_copy = 4 * V * d if low and device_type == "cpu" else 0
+    return {"saved": 4 * N,
+            "forward": C * V * (4 + low),
+            "backward": N * d * a + 4 * V * d + max(C * V * (4 + low),
+                                                    low * (C * V + V * d) + cast_copy,
+                                                    low * V * d)}
