@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from .experiments import plain_label, size_text
-from .extrapolate import check_prediction, extrapolate
+from .extrapolate import CUDA_PLANNING_SHARE, check_prediction, extrapolate
 from .hardware import detect, recommend_precision
 from .offload import PCIE_GBPS, transfer_time_estimate
 from .profiling import profile
@@ -75,9 +75,6 @@ __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "r
 #: more than the matmuls it spares), so this order only breaks ties that time cannot.
 PREFERENCE = ("none", "selective", "offload", "every-", "full", "hf", "offload+checkpoint")
 
-#: On CUDA, the share of the budget that the predicted (allocated) peak may fill: the rest is
-#: left to the caching allocator's reserved-but-unallocated blocks (module docstring).
-CUDA_PLANNING_SHARE = 0.95
 #: After a real step ran out of memory, the next micro-batch tried is this share of the last one.
 BACK_OFF = 0.9
 #: Real steps the check may run on CUDA before the card gives up stepping down.

@@ -22,9 +22,10 @@ one you name) and each block is replaced, in place, by a wrapper (`wrap_blocks`)
 ``offload``                every block's saved tensors moved to CPU memory
                            (`course_utils.offload.OffloadedBlock`, ``save_on_cpu``).
 ``offload+checkpoint``     every block checkpointed, its input moved to CPU memory.
-``hf``                     a Hugging Face model's own ``gradient_checkpointing_enable()``
-                           (``activation_checkpointing_enable()`` in transformers 5), to
-                           compare with ``full``.
+``hf``                     a Hugging Face model's own checkpointing, to compare with
+                           ``full``: the method `hf_method` names
+                           (``activation_checkpointing_enable()`` in transformers 5.24,
+                           ``gradient_checkpointing_enable()`` in older releases).
 =========================  ==============================================================
 
 How each number is taken (as `course_utils.measure.measure` takes them for the course's GPT):
@@ -235,19 +236,28 @@ def _selective_block(block: nn.Module) -> CheckpointedBlock:
 
 
 def hf_method(model) -> str | None:
-    """The name of the method policy ``hf`` calls on ``model`` (an instance or a class):
-    ``activation_checkpointing_enable`` in transformers >= 5 (``gradient_checkpointing_enable``
-    is its deprecated alias there), ``gradient_checkpointing_enable`` in 4.x; None without."""
+    """The name of the method policy ``hf`` calls on ``model`` (an instance or a class), or None
+    without one: ``activation_checkpointing_enable`` where it exists, else
+    ``gradient_checkpointing_enable``.
+
+    What the sources say: transformers 5.24's ``PreTrainedModel`` has
+    ``activation_checkpointing_enable(activation_checkpointing_kwargs=None, every_n_layers=1,
+    offload=False)`` (``every_n_layers``: checkpoint every n-th decoder layer; ``offload``: keep
+    what the checkpoints save in pinned host memory, ``save_on_cpu``) and keeps
+    ``gradient_checkpointing_enable(gradient_checkpointing_kwargs=None, **kwargs)`` as a
+    deprecated alias "removed in v6" (a FutureWarning). Older releases have only
+    ``gradient_checkpointing_enable``. The course passes ``{"use_reentrant": False}`` to either,
+    so the default of a version does not matter."""
     return next((name for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable")
                  if hasattr(model, name)), None)
 
 
 def _enable_hf(model: nn.Module) -> None:
     name = hf_method(model)
-    if name == "activation_checkpointing_enable":  # transformers >= 5
+    if name == "activation_checkpointing_enable":  # transformers 5.24 (see hf_method)
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False})
-    elif name == "gradient_checkpointing_enable":  # transformers 4.x
+    elif name == "gradient_checkpointing_enable":  # older releases
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         raise ValueError(f"policy 'hf' calls a Hugging Face model's gradient_checkpointing_enable(),"
@@ -859,6 +869,27 @@ class Profile:
         return (g / MiB).to_frame("MiB")
 
 
+def _measure_all(prof: Profile, spec: ModelSpec, configs: list, *, lr: float, hw,
+                 keep_states: bool, progress: bool) -> dict:
+    """Measure the memory of every configuration in turn (`measure_config`), ``none`` first in
+    each precision so that the others' gradients are compared with its; append the
+    measurements to ``prof``. Returns ``{index in prof.measurements: training state}`` of the
+    rows to time (none when ``keep_states`` is False; emulated rows are timed by their one
+    step)."""
+    states, reference = {}, {}
+    for i, cfg in enumerate(tqdm(configs, desc="memory", disable=not progress, leave=False)):
+        m, st, grads = measure_config(spec, cfg, lr=lr, hw=hw,
+                                      reference_grads=reference.get(cfg.precision),
+                                      keep_state=keep_states)
+        if cfg.checkpoint == "none":
+            reference[cfg.precision] = grads
+            m.grad_max_diff = 0.0
+        prof.measurements.append(m)
+        if st is not None and not m.emulated:
+            states[i] = st
+    return states
+
+
 def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = None, *,
             batch_size: int = 4, precisions=("fp32",), policies=("none", "full"),
             device: str | None = None, blocks: str | nn.Module | None = None,
@@ -923,17 +954,7 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
     del template
     configs = [ProfileConfig(spec.name, pr, po, batch_size, spec.device, unit, per, seed=seed)
                for pr in precisions for po in policies]
-    states, reference = {}, {}
-    for i, cfg in enumerate(tqdm(configs, desc="memory", disable=not progress, leave=False)):
-        ref = reference.get(cfg.precision)
-        m, st, grads = measure_config(spec, cfg, lr=lr, hw=hw, reference_grads=ref,
-                                      keep_state=timed)
-        if cfg.checkpoint == "none":
-            reference[cfg.precision] = grads
-            m.grad_max_diff = 0.0
-        prof.measurements.append(m)
-        if st is not None and not m.emulated:
-            states[i] = st
+    states = _measure_all(prof, spec, configs, lr=lr, hw=hw, keep_states=timed, progress=progress)
     if states:
         order = list(states)
         budget = budget_s or default_budget_s(prof.size)
