@@ -171,9 +171,11 @@ class Extrapolation:
         return int(round(out + plain * (C + S * batch) + ckpt * In * batch))
 
     def table(self, batches) -> pd.DataFrame:
-        """Predicted peak (MiB) per batch (rows) and measured policy (columns)."""
+        """Predicted peak (MiB) per batch (rows) and measured policy (columns, under the label
+        ``predicted peak MiB``)."""
         return pd.DataFrame({p: [f.peak(b) / MiB for b in batches] for p, f in self.fits.items()},
-                            index=pd.Index(list(batches), name="batch")).round(2)
+                            index=pd.Index(list(batches), name="batch")).round(2).rename_axis(
+                                columns="predicted peak MiB")
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,8 @@ class PredictionCheck:
         fits: the measured peak is at most the budget (False after an out-of-memory error).
         oom: the step ran out of device memory (CUDA, under the enforced budget).
         note: what happened, in words.
+        measured_saved: the step's saved tensors (bytes, the meter's count as
+            `Extrapolation.saved` predicts it; None if not measured).
     """
 
     policy: str
@@ -199,6 +203,7 @@ class PredictionCheck:
     fits: bool
     oom: bool
     note: str
+    measured_saved: int | None = None
 
 
 #: On a CPU, `check_prediction` does not run a step whose predicted peak exceeds this fraction of
@@ -280,7 +285,7 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
                          f"{batches!r}.") from None
     spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,
                             device=device, seed=seed, name=name)
-    _, container = find_blocks(spec.build(), spec.blocks)
+    _, container = find_blocks(spec.skeleton(), spec.blocks)
     L = len(container)
     policies = list(dict.fromkeys(["none", *policies]))
     for p in policies:
@@ -371,9 +376,13 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
     measured = m.peak_allocated
     err = (predicted - measured) / measured
     fits = measured <= budget_bytes
-    note = (f"batch {b} with {policy}: predicted {size_text(predicted)}, measured "
+    planned = "" if batch_size else (
+        f" (the largest predicted to fit {CUDA_PLANNING_SHARE:.0%} of the budget)" if on_cuda
+        else " (the largest predicted to fit the budget)")
+    note = (f"batch {b}{planned} with {policy}: predicted {size_text(predicted)}, measured "
             f"{size_text(measured)} ({err:+.1%}); "
             + ("within the budget." if fits else
                f"over the {size_text(budget_bytes)} budget by {size_text(measured - budget_bytes)}: the "
                "prediction was too low."))
-    return PredictionCheck(policy, b, budget_bytes, predicted, measured, err, fits, False, note)
+    return PredictionCheck(policy, b, budget_bytes, predicted, measured, err, fits, False, note,
+                           m.saved_total)

@@ -94,6 +94,7 @@ from .terms import (
 __all__ = ["POLICIES", "GRADIENT_ROUNDING", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
            "wrap_blocks", "hf_method", "parse_model_policy", "block_of", "default_loss", "call_model",
+           "to_device",
            "profile", "measure_config", "static_bytes"]
 
 #: The policies `profile` takes (K: an integer from 1 to the number of blocks).
@@ -362,14 +363,29 @@ def _batch_info(batch) -> tuple[int, str, int]:
     return n, "samples", 1
 
 
-def _to(batch, device):
+def to_device(batch, device):
+    """``batch`` with every tensor in it moved to ``device``: a tensor, or a dict, tuple or list
+    of them (nested), other values kept (``use_cache=False``)."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
     if isinstance(batch, dict):
-        return {k: _to(v, device) for k, v in batch.items()}
+        return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_to(v, device) for v in batch)
+        return type(batch)(to_device(v, device) for v in batch)
     return batch
+
+
+def _built_on(device: str, build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` with the tensors it creates placed on ``device`` (a ``torch.device`` context):
+    on ``meta`` a model costs no memory and no initialisation; on a GPU it is initialised there,
+    not on the CPU first (building lesson 05's models on a 2-thread CPU took most of its time on
+    an H200). A factory that cannot build there (one that reads its tensors' values) is built as
+    it is."""
+    try:
+        with torch.device(device):
+            return build()
+    except Exception:  # noqa: BLE001 - built again without the context, where errors are its own
+        return build()
 
 
 # --- records -----------------------------------------------------------------------------------
@@ -492,6 +508,7 @@ class ModelSpec:
     blocks: str | None
     device: str
     seed: int = 0
+    template: nn.Module | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, model, make_batch, loss_fn=None, *, forward=None, blocks=None, device=None,
@@ -508,7 +525,7 @@ class ModelSpec:
         if not callable(make_batch):
             raise TypeError("make_batch must be a function: make_batch(batch_size) -> batch.")
         if isinstance(model, nn.Module):
-            template = model
+            template = given = model
 
             def build(template=template):
                 return copy.deepcopy(template)
@@ -520,21 +537,27 @@ class ModelSpec:
                     raise TypeError(f"the model factory returned {type(m).__name__}, not an "
                                     "nn.Module.")
                 return m
-            template = build()
+            given, template = None, _built_on("meta", build)
         else:
             raise TypeError(f"profile needs an nn.Module or a function returning one, got "
                             f"{type(model).__name__}.")
         path, _ = find_blocks(template, blocks)
         return cls(build, make_batch, loss_fn or default_loss, forward or call_model,
-                   name or type(template).__name__, path, device, seed)
+                   name or type(template).__name__, path, device, seed, given)
 
     def batch(self, batch_size: int):
         torch.manual_seed(self.seed + 1)
-        return _to(self.make_batch(batch_size), self.device)
+        return to_device(self.make_batch(batch_size), self.device)
+
+    def skeleton(self) -> nn.Module:
+        """The model to read, not to run: its blocks, parameter counts and bytes. The module
+        given, or the factory's model built on the ``meta`` device (`_built_on`)."""
+        return self.template if self.template is not None else _built_on("meta", self.build)
 
     def fresh(self, policy: str) -> nn.Module:
-        """A fresh copy of the model with ``policy`` applied, on the device, in train mode."""
-        model = self.build()
+        """A fresh copy of the model with ``policy`` applied, on the device, in train mode (a
+        factory's model is built on the device: `_built_on`)."""
+        model = self.build() if self.template is not None else _built_on(self.device, self.build)
         wrap_blocks(model, policy, self.blocks)
         return model.to(self.device).train()
 
@@ -627,9 +650,7 @@ def _size(n: int) -> str:
 
 
 def _fits_or_raise(spec: ModelSpec, budget_bytes: int | None, hw) -> None:
-    model = spec.build()
-    need = static_bytes(model)
-    del model
+    need = static_bytes(spec.skeleton())
     free = available_memory_bytes(hw)
     limits = [(budget_bytes, "the budget")] if budget_bytes else []
     if free:
@@ -936,7 +957,7 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
     check_positive_int("batch_size", batch_size)
     spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,
                             device=device, seed=seed, name=name)
-    template = spec.build()
+    template = spec.skeleton()
     path, container = find_blocks(template, spec.blocks)
     for p in precisions:
         autocast_dtype(p)

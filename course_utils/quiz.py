@@ -1,22 +1,23 @@
 """Auto-checked conceptual questions for the graded exercises ("interview questions").
 
 A question's answer is a choice (``"b"``) or a number. The test cell that checks it stores only
-a salted hash of the answer and the explanation in base64, so the released exercise does not show
-the answer in plain text (a determined learner can still try every choice: these questions teach,
-they do not examine). When the answer is right, the explanation is printed; when it is wrong, an
+a salted hash of the answer; the explanation, which gives the answer away, lives out of the
+learner's sight until the answer is right: in a question bank of `course_utils.quizzes` (a module
+per exercise, ``EXPLANATIONS = {question id: text}``), or, in older cells, base64 in the cell
+itself. A determined learner can still try every choice: these questions teach, they do not
+examine. When the answer is right, the explanation is printed; when it is wrong, an
 ``AssertionError`` gives the hint (where in the course to look), never the answer.
 
-Authoring (once, in a Python shell)::
+Authoring (once, in a Python shell), after adding the explanation to the exercise's bank::
 
     >>> from course_utils import quiz
-    >>> quiz.author("bf16-no-scaler", "b", "bf16 has fp32's 8 exponent bits, so ...")
+    >>> quiz.author("bf16-no-scaler", "b", hint="lesson 01 §3")
     # paste the printed check(...) call into the question's test cell
 
 In the exercise::
 
     answer_bf16 = "b"            # the learner's answer
-    quiz.check("bf16-no-scaler", answer_bf16, key="...", explanation="...", hint="...",
-               choices="abcd")
+    quiz.check("bf16-no-scaler", answer_bf16, key="...", hint="...", choices="abcd")
 
 Numbers are compared after rounding to ``digits`` decimals (``digits=0``: integers), so a
 question that asks for a number says how to round it.
@@ -25,10 +26,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import math
+import pkgutil
 import textwrap
 
-__all__ = ["answer_key", "encode", "check", "author"]
+from . import quizzes
+
+__all__ = ["answer_key", "encode", "explanation_of", "check", "author"]
 
 
 def _normalise(answer, digits: int | None) -> str:
@@ -62,7 +67,25 @@ def encode(text: str) -> str:
     return base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
-def check(question: str, answer, *, key: str, explanation: str, hint: str,
+def explanation_of(question: str) -> str:
+    """The explanation of ``question`` from the question banks (the ``EXPLANATIONS`` dict of each
+    module of `course_utils.quizzes`).
+
+    Raises:
+        KeyError: no bank explains ``question``, or two do (the modules are named).
+    """
+    found = {}
+    for info in pkgutil.iter_modules(quizzes.__path__):
+        bank = importlib.import_module(f"{quizzes.__name__}.{info.name}")
+        if question in getattr(bank, "EXPLANATIONS", {}):
+            found[info.name] = bank.EXPLANATIONS[question]
+    if len(found) != 1:
+        raise KeyError(f"question {question!r} is explained by {len(found)} question banks "
+                       f"({', '.join(found) or 'none'}) of course_utils.quizzes; it needs one.")
+    return next(iter(found.values()))
+
+
+def check(question: str, answer, *, key: str, hint: str, explanation: str | None = None,
           choices: str | None = None, digits: int | None = None) -> None:
     """Check a learner's answer; print the explanation (once) if it is right.
 
@@ -70,8 +93,9 @@ def check(question: str, answer, *, key: str, explanation: str, hint: str,
         question: the question's id (as given to `answer_key`).
         answer: the learner's answer.
         key: `answer_key` of the right answer.
-        explanation: `encode`-d explanation, printed after a right answer.
         hint: where to look (shown with a wrong answer; never the answer itself).
+        explanation: None (default) to print the question bank's (`explanation_of`), or an
+            `encode`-d explanation stored in the cell.
         choices: for a choice question, the valid letters (e.g. ``"abcd"``).
         digits: for a number question, the decimals the answer is rounded to.
 
@@ -94,15 +118,20 @@ def check(question: str, answer, *, key: str, explanation: str, hint: str,
         raise AssertionError(f"{question}: {e}") from None
     if got != key:
         raise AssertionError(f"{question}: not this one. Hint: {hint}")
-    text = base64.b64decode(explanation.encode("ascii")).decode("utf-8")
+    text = (explanation_of(question) if explanation is None
+            else base64.b64decode(explanation.encode("ascii")).decode("utf-8"))
     print(textwrap.fill(f"Right. {text}", width=100))
 
 
-def author(question: str, answer, explanation: str, digits: int | None = None,
+def author(question: str, answer, explanation: str | None = None, digits: int | None = None,
            choices: str | None = "abcd", hint: str = "...") -> str:
-    """The ``check(...)`` call to paste into a question's test cell (for course authors)."""
+    """The ``check(...)`` call to paste into a question's test cell (for course authors):
+    without ``explanation`` the call prints the question bank's (`explanation_of`); with one,
+    the call carries it `encode`-d."""
     args = [repr(question), "answer", f"key={answer_key(question, answer, digits)!r}",
-            f"explanation={encode(explanation)!r}", f"hint={hint!r}"]
+            f"hint={hint!r}"]
+    if explanation is not None:
+        args.insert(3, f"explanation={encode(explanation)!r}")
     if digits is None:
         args.append(f"choices={choices!r}")
     else:

@@ -185,11 +185,22 @@ def test_the_setup_cell_chooses_the_threads_once(path):
     assert "use_threads()" in cell(path, "setup").source
 
 
+#: Lessons whose "How this lesson measures" box gave way to one sentence linking the method page
+#: (issue 24: docs/method.md says it once for every lesson).
+METHOD_PAGE = {"05"}
+
+
 @pytest.mark.parametrize("path", LESSONS, ids=lesson_ids(LESSONS))
 def test_machinery_words_stay_in_the_measuring_box(path):
     nb = notebook(path)
     boxes = [c for c in nb.cells if c.get("id") == "how-measured"]
-    assert len(boxes) == 1 and "How this lesson measures" in boxes[0].source
+    markdown = [c.source for c in nb.cells if c.cell_type == "markdown"]
+    if path.stem[:2] in METHOD_PAGE:
+        assert not boxes and not any("How this lesson measures" in s for s in markdown)
+        links = [s for s in markdown if "](../docs/method.md" in s]
+        assert links and (ROOT / "docs" / "method.md").is_file(), "one sentence links the method page"
+    else:
+        assert len(boxes) == 1 and "How this lesson measures" in boxes[0].source
     assert machinery_share(nb) <= 0.05, f"{machinery_share(nb):.1%} machinery words"
 
 
@@ -529,6 +540,33 @@ def test_exercise05_policy_keeps_the_librarys_save_list():
     ctx = SelectiveCheckpointContext(is_recompute=False)
     for op in SAVE:  # the course's save list (matmuls and every attention kernel)
         assert ns["matmul_policy"](ctx, op) == CheckpointPolicy.MUST_SAVE, op
+
+
+def test_exercise05_quiz_explanations_stay_out_of_the_cells(capsys):
+    # issue 24: an explanation gives the answer away, so it is not in the cell the learner reads
+    # (not even as base64); the question bank prints it after a right answer, and the hint names
+    # the lesson section to read again.
+    from course_utils import quiz
+    from course_utils.quizzes import exercise05
+    calls = [c for c in notebook(SOLUTION["05_llama_block"]).cells if "quiz.check(" in c.source]
+    assert len(calls) == 2
+    for c in calls:
+        tree = ast.parse(python(c.source))
+        call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                    and getattr(n.func, "attr", "") == "check")
+        kw = {k.arg: k.value.value for k in call.keywords}
+        assert "explanation" not in kw and "lesson 05 section" in kw["hint"]
+        question = call.args[0].value
+        assert question in exercise05.EXPLANATIONS
+        with pytest.raises(AssertionError, match="lesson 05 section"):
+            quiz.check(question, "a" if "choices" in kw else 1, **kw)
+        assert capsys.readouterr().out == ""
+    right = {"ex05-offload-or-recompute": "c", "ex05-largest-batch": 18}
+    for question, answer in right.items():
+        kw = {"choices": "abcd"} if isinstance(answer, str) else {"digits": 0}
+        quiz.check(question, answer, key=quiz.answer_key(question, answer, kw.get("digits")),
+                   hint="-", **kw)
+        assert capsys.readouterr().out.startswith("Right. ")
 
 
 def _run(cell_id: str, namespace: dict) -> str:
