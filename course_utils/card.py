@@ -39,9 +39,8 @@ says so, since it would train another model.
 On CUDA the budget caps the caching allocator's *reserved* memory
 (``torch.cuda.set_per_process_memory_fraction``), which holds more than the *allocated* peak that
 the extrapolation predicts (freed blocks stay cached and split). The micro-batch is therefore
-planned against `CUDA_PLANNING_SHARE` of the budget: on an H100 the plan at 99.9% of a 70.8 GiB
-budget ran out of memory with 0.45 GiB reserved but unallocated
-(``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.txt``).
+planned against `course_utils.extrapolate.CUDA_PLANNING_SHARE` of the budget (its comment gives
+the runs that set it).
 
 Over 400 lines because the card is one rule in four steps, each a function here, and its record
 (`Card`) whose every sentence and table is generated from the same numbers; split into modules,

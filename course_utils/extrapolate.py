@@ -211,12 +211,15 @@ class PredictionCheck:
 RAM_FRACTION = 0.8
 
 #: On CUDA, the share of a budget that a predicted (allocated) peak may fill when a batch is
-#: planned for it: the budget caps the caching allocator's *reserved* memory, which holds freed
-#: blocks beside the allocated ones. At 100% lesson 05's check on an H200 ran out of memory at the
-#: batch predicted for an 8.32 GiB budget with 7.91 GiB allocated and 0.24 GiB reserved but
-#: unallocated; on an H100 the card's plan at 99.9% of 70.8 GiB did with 0.45 GiB
-#: (``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.txt``).
-CUDA_PLANNING_SHARE = 0.95
+#: planned for it: the budget caps the caching allocator's *reserved* memory, which also holds
+#: freed blocks it cannot hand out whole (fragmentation). Measured on an H200 (lesson 05, a
+#: Llama-style model, 2 blocks of width 1536): under an 8.32 GiB budget, batch 32 ran out of
+#: memory with 7.91 GiB allocated and 0.24 GiB reserved but unallocated, and batch 30 (7.87 GiB
+#: predicted, planned at 95 %) too, so more than 0.45 GiB went to blocks the allocator kept; on an
+#: H100 the card's plan at 99.9 % of 70.8 GiB ran out with 0.45 GiB
+#: (``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.txt``). The overhead is of the order of
+#: the largest tensors of a step, not of the budget, so the share matters most at small budgets.
+CUDA_PLANNING_SHARE = 0.9
 
 #: What to try when reserved-but-unallocated memory runs a step out of memory: the allocator
 #: setting of PyTorch's CUDA memory-management notes, under its torch 2.13 name

@@ -247,7 +247,8 @@ def hf_method(model) -> str | None:
     what the checkpoints save in pinned host memory, ``save_on_cpu``) and keeps
     ``gradient_checkpointing_enable(gradient_checkpointing_kwargs=None, **kwargs)`` as a
     deprecated alias "removed in v6" (a FutureWarning). Older releases have only
-    ``gradient_checkpointing_enable``. The course passes ``{"use_reentrant": False}`` to either,
+    ``gradient_checkpointing_enable`` (transformers 5.17, the GPU image lesson 05 ran on in
+    November 2026, is one). The course passes ``{"use_reentrant": False}`` to either,
     so the default of a version does not matter."""
     return next((name for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable")
                  if hasattr(model, name)), None)
@@ -587,8 +588,9 @@ class _State:
             del out
         with phase("backward"):
             self.scaler.scale(loss).backward()
-        if grads is not None:
-            grads.extend(None if p.grad is None else p.grad.detach().float().clone()
+        if grads is not None:  # unscaled: fp16's GradScaler multiplies them by its scale (2^16 at first)
+            inv = 1.0 / self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+            grads.extend(None if p.grad is None else p.grad.detach().float() * inv
                          for p in self.module.parameters())
         with phase("optimizer"):
             self.scaler.step(self.optimizer)
@@ -672,7 +674,7 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
     Returns:
         ``(measurement, state, grads)``: a `ProfileMeasurement` (memory fields, one step's
         time in ``step_times_s`` only if the precision is emulated), the training state (None
-        unless ``keep_state``), and the first step's gradients (fp32 copies).
+        unless ``keep_state``), and the first step's gradients (fp32 copies, unscaled).
         An out-of-memory error is caught: ``oom=True``, ``error`` says what to try
         (`course_utils.measure.out_of_memory_message`).
     """
