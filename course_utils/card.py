@@ -335,9 +335,10 @@ def _why_policy(profile, pick: _Pick | None, mine: list, ex, want: int, need: in
 
 
 def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str, hw,
-                measured_batch: int) -> list[str]:
+                measured_batch: int, stated=()) -> list[str]:
     """The sentences after the choice: every policy's largest micro-batch, the same policy in
-    another precision, what offloading moves, the CUDA planning share."""
+    another precision, what offloading moves (its step time only if not in ``stated``, the
+    policies whose time the sentences before gave), the CUDA planning share."""
     reasons = []
     policy = chosen["policy"]
     others = sorted((o for o in mine if o is not chosen), key=lambda o: -o["largest batch"])
@@ -353,10 +354,10 @@ def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str
                 and mm.config.precision == precision), None)
     if off is not None and off.bytes_to_host:
         moved = off.bytes_to_host
-        if hw.device == "cuda":
+        if hw.device == "cuda":  # its step time is said once: above, if it was a candidate
+            timed = "" if "offload" in stated else f": {_ratio_words(profile.ratio(off))}"
             reasons.append(f"Offloading moved {moved / MiB:.1f} MiB per step to the host and back "
-                           f"(measured at micro-batch {measured_batch}): "
-                           f"{_ratio_words(profile.ratio(off))}.")
+                           f"(measured at micro-batch {measured_batch}){timed}.")
         else:
             reasons.append(f"Offloading would move {moved / MiB:.1f} MiB per step to the host and "
                            f"back at micro-batch {measured_batch}: about "
@@ -447,7 +448,8 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
                f"(largest difference {o['m'].grad_max_diff:.2g}, the largest gradient "
                f"{o['m'].grad_scale:.3g}), so it would train another model." for o in changed]
     reasons += _why_policy(profile, pick, mine, ex, want, need, accum)
-    reasons += _side_notes(profile, options, chosen, mine, precision, hw, measured_batch)
+    stated = {policy, *(pick.beaten if pick else ()), *(pick.versus if pick else ())}
+    reasons += _side_notes(profile, options, chosen, mine, precision, hw, measured_batch, stated)
     measured_peak, note = None, "not checked"
     if check:
         micro, accum, want, measured_peak, note, checked = _checked(

@@ -99,12 +99,14 @@ def test_on_cuda_the_card_plans_below_the_budget_and_steps_down_after_an_out_of_
 
 # --- the card ranks qualifying policies by their measured time ------------------------------------
 
-def _card_for(times: dict, budget_between=("full", "none"), size="cpu", per_sample=None):
+def _card_for(times: dict, budget_between=("full", "none"), size="cpu", per_sample=None, hw=None,
+              moved=0):
     """A card for a synthetic profile, with an extrapolation whose peaks follow the profile's
     (none the largest): the budget sits between two policies' peaks at the measured batch."""
     from course_utils.extrapolate import Extrapolation, PolicyFit
     from course_utils.hardware import HardwareInfo
-    prof = synthetic_profile(times, size=size)
+    prof = synthetic_profile(times, size=size, moved=moved,
+                             device="cuda" if hw is not None and hw.device == "cuda" else "cpu")
     ex = Extrapolation("toy", "fp32", "cpu", "tokens", 128, 2, 0.0, 0.0, (0.0, 0.0))
     per_sample = per_sample or {"none": 10 * MiB, "selective": 6 * MiB, "full": 4 * MiB,
                                 "offload": 9 * MiB}
@@ -115,7 +117,7 @@ def _card_for(times: dict, budget_between=("full", "none"), size="cpu", per_samp
     hi, lo = (ex.peak(4, p) for p in budget_between[::-1])
     budget = (hi + lo) // 2
     cpu = HardwareInfo(device="cpu", name="a CPU", compute_capability=None, native_bf16=False)
-    return recommend(prof, {"fp32": ex}, budget, target_batch=16, check=False, hw=cpu)
+    return recommend(prof, {"fp32": ex}, budget, target_batch=16, check=False, hw=hw or cpu)
 
 
 def test_the_card_picks_the_fastest_measured_policy_that_fits():
@@ -179,6 +181,27 @@ def test_within_noise_the_tie_rule_decides_and_is_stated():
     card = _card_for(close, budget_between=("selective", "none"), per_sample=roomy)
     assert card.micro_batch * card.accum_steps == 16 and card.accum_steps == 1
     assert card.policy == "selective" and "(selective 16, full 16)" in card.text()
+
+
+def test_on_cuda_offloading_moves_its_bytes_and_its_time_is_said_once():
+    from course_utils.hardware import HardwareInfo
+    gpu = HardwareInfo(device="cuda", name="a GPU", compute_capability=(9, 0), native_bf16=True)
+    times = {"none": [1.0] * 6, "full": [1.3, 1.31, 1.29, 1.3, 1.32, 1.28],
+             "offload": [6.0, 6.1, 5.9, 6.0, 6.2, 5.8]}
+    roomy_offload = {"none": 10 * MiB, "full": 4 * MiB, "offload": 2 * MiB}
+    card = _card_for(times, budget_between=("full", "none"), hw=gpu, moved=100 * MiB,
+                     per_sample=roomy_offload)
+    text = card.text()
+    assert card.policy == "full"
+    assert "Offloading moved 100.0 MiB per step to the host and back (measured at micro-batch 4)." in text
+    # a candidate: its time is said once, against the policy chosen, not again against none's
+    assert "offload fits too, with a step time 4.62x slower than full (noise band" in text
+    assert text.count("x slower") == 2, text  # full's against none, offload's against full
+    # not a candidate (it does not reach the measured micro-batch): its time, once, in that sentence
+    text = _card_for(times, budget_between=("full", "none"), hw=gpu, moved=100 * MiB).text()
+    assert "offload does not reach a micro-batch of 4" in text
+    assert "(measured at micro-batch 4): a step time 6.00x slower than no checkpointing" in text
+    assert text.count("6.00x slower") == 1
 
 
 def test_the_cards_options_table_is_readable():
