@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from .experiments import plain_label, size_text
+from .experiments import plain_label, sig_text, size_text
 from .extrapolate import CUDA_PLANNING_SHARE, check_prediction, extrapolate
 from .hardware import detect, recommend_precision
 from .offload import PCIE_GBPS, transfer_time_estimate
@@ -164,7 +164,7 @@ class Card:
                  f"  peak        : predicted {size_text(self.predicted_peak)}"
                  + (f", measured {size_text(self.measured_peak)}" if self.measured_peak else "")]
         if self.throughput:
-            lines.append(f"  throughput  : {self.throughput:,.0f} {self.unit}/s (measured at "
+            lines.append(f"  throughput  : {sig_text(self.throughput)} {self.unit}/s (measured at "
                          f"micro-batch {self.measured_batch})")
         lines.append("  why:")
         lines += [f"   - {r}" for r in self.reasons]

@@ -73,7 +73,7 @@ from tqdm.auto import tqdm
 
 from .checkpointing import SelectiveContexts, save_matmuls_and_attention
 from .config import size_profile
-from .experiments import paired_step_s, plain_label, time_cell
+from .experiments import paired_step_s, plain_label, sig_text, time_cell
 from .guard import available_memory_bytes
 from .hardware import detect, is_emulated, require_device
 from .measure import EMULATED_TIMING, Measurement, noting_out_of_memory, time_in_alternation
@@ -710,15 +710,6 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
     return m, state, grads
 
 
-def _sig_text(v: float, digits: int = 3) -> str:
-    """``v`` at ``digits`` significant figures, with thousands separators: 434853.8 ->
-    ``"435,000"``, 11836.4 -> ``"11,800"``, 13.94 -> ``"13.9"``."""
-    if not v or not math.isfinite(v):
-        return f"{v:g}"
-    places = digits - 1 - int(math.floor(math.log10(abs(v))))
-    return f"{round(v, places):,.{max(0, places)}f}"
-
-
 @dataclass
 class Profile:
     """What `profile` measured on one model.
@@ -865,7 +856,7 @@ class Profile:
         steps = [self.step_s(m) for m in self.measurements]
         out["step ms"] = [None if s is None else round(s * 1e3, 1) for s in steps]
         out["time vs none"] = [self.time_text(m) for m in self.measurements]
-        out[f"{self.unit}/s"] = [None if not s else _sig_text(m.config.tokens_per_step / s)
+        out[f"{self.unit}/s"] = [None if not s else sig_text(m.config.tokens_per_step / s)
                                  for m, s in zip(self.measurements, steps)]
         out["peak MiB"] = mib("peak_allocated")
         out["saved MiB"] = mib("saved_total")
