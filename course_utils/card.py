@@ -12,19 +12,17 @@ The rule, in order:
    recommended for speed; its memory is reported.
 2. **Policy**: the largest micro-batch each policy fits under the budget comes from the
    extrapolation (``largest_batch``). Policies whose micro-batch reaches ``min(target, measured
-   batch)`` qualify (at the measured batch the throughput is known); among them the one whose
-   step time measured fastest wins (`course_utils.profiling.Profile.ratio`, the per-round ratio
-   to no checkpointing). Among the fastest and the policies whose step times are within noise
-   of its (compared round by round with it), or not told apart from it, the card takes the one
-   with the **largest micro-batch under the budget, then the lowest median step-time ratio**
-   to no checkpointing, then the order `PREFERENCE`: a rule a learner can check from the
-   card's options table (its "largest batch" and "time vs none" columns). Only when no
-   qualifying policy's time was told apart from no checkpointing's (not timed, too few rounds,
-   the ``smoke`` size) does `PREFERENCE` alone decide: the policy that recomputes the fewest
-   FLOPs, which is not necessarily the least time. When none qualifies, the policy with the
-   largest micro-batch wins. Off CUDA the offloading policies are not
-   candidates: device and host are the same memory there, so they save nothing (the card gives
-   the bytes they would move instead).
+   batch)`` qualify (at the measured batch the step time is known). Every two qualifying
+   policies are compared round by round (`course_utils.step_timing.time_ratio`, the per-round
+   ratio and its noise band); a policy that another one is measured **faster** than (the band
+   excludes 1.00x, `course_utils.step_timing.band_verdict`) drops out. The rest are tied: within
+   noise of each other, or not told apart (too few rounds, the ``smoke`` size, emulated). The
+   tie goes to the **larger micro-batch under the budget, up to the target**, then to **fewer
+   recomputed FLOPs** (the order `PREFERENCE`). A difference of medians that the band calls noise
+   never decides; the card prints the tie, its bands and the rule. When no policy qualifies, the
+   one with the largest micro-batch wins. Off CUDA the offloading policies are not candidates:
+   device and host are the same memory there, so they save nothing (the card gives the bytes
+   they would move instead).
 3. **Micro-batch and accumulation**: ``accumulation = ceil(target / min(largest batch,
    target))``, ``micro = ceil(target / accumulation)``; effective batch ``micro x
    accumulation``. Without a target, the target is the largest micro-batch of the first policy in
@@ -41,13 +39,12 @@ says so, since it would train another model.
 On CUDA the budget caps the caching allocator's *reserved* memory
 (``torch.cuda.set_per_process_memory_fraction``), which holds more than the *allocated* peak that
 the extrapolation predicts (freed blocks stay cached and split). The micro-batch is therefore
-planned against `CUDA_PLANNING_SHARE` of the budget: on an H100 the plan at 99.9% of a 70.8 GiB
-budget ran out of memory with 0.45 GiB reserved but unallocated
-(``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.txt``).
+planned against `course_utils.extrapolate.CUDA_PLANNING_SHARE` of the budget (its comment gives
+the runs that set it).
 
 Over 400 lines because the card is one rule in four steps, each a function here, and its record
-(`Card`) whose every sentence and table is generated from the same numbers; split, the rule's
-steps and the sentences that state them would drift apart.
+(`Card`) whose every sentence and table is generated from the same numbers; split into modules,
+the rule's steps and the sentences that state them would drift apart.
 """
 from __future__ import annotations
 
@@ -57,8 +54,8 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from .experiments import plain_label, size_text
-from .extrapolate import check_prediction, extrapolate
+from .experiments import plain_label, sig_text, size_text
+from .extrapolate import CUDA_PLANNING_SHARE, check_prediction, extrapolate
 from .hardware import detect, recommend_precision
 from .offload import PCIE_GBPS, transfer_time_estimate
 from .profiling import profile
@@ -69,17 +66,14 @@ from .terms import MiB, check_positive_int, default_device
 __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "recommend",
            "budget_from_device", "profile_and_recommend"]
 
-#: Policies from the fewest recomputed FLOPs to the most: none; selective (recomputes pointwise
-#: ops); offload (copies every saved tensor to the host and back); every-K; full and HF's own
-#: (recompute whole blocks); offload+checkpoint (both). Fewest FLOPs is not least time: every run
-#: of lessons 02 and 05 measured ``selective`` slower than ``full`` on a CPU and an H100 (its save
-#: list costs more than the matmuls it spares). So it decides alone only where no time was told
-#: apart, and otherwise breaks only ties of micro-batch and median ratio.
+#: Policies from the fewest recomputed FLOPs to the most, the tie rule's last key: none; selective
+#: (recomputes pointwise ops); offload (recomputes nothing, but copies every saved tensor to the
+#: host and back: ranked after selective's cheap recomputation); every-K; full and HF's own
+#: (recompute whole blocks); offload+checkpoint (both). Fewer FLOPs is not less time: lessons 02
+#: and 05 measured ``selective`` slower than ``full`` on a CPU and an H100 (its save list costs
+#: more than the matmuls it spares), so this order only breaks ties that time cannot.
 PREFERENCE = ("none", "selective", "offload", "every-", "full", "hf", "offload+checkpoint")
 
-#: On CUDA, the share of the budget that the predicted (allocated) peak may fill: the rest is
-#: left to the caching allocator's reserved-but-unallocated blocks (module docstring).
-CUDA_PLANNING_SHARE = 0.95
 #: After a real step ran out of memory, the next micro-batch tried is this share of the last one.
 BACK_OFF = 0.9
 #: Real steps the check may run on CUDA before the card gives up stepping down.
@@ -170,7 +164,7 @@ class Card:
                  f"  peak        : predicted {size_text(self.predicted_peak)}"
                  + (f", measured {size_text(self.measured_peak)}" if self.measured_peak else "")]
         if self.throughput:
-            lines.append(f"  throughput  : {self.throughput:,.0f} {self.unit}/s (measured at "
+            lines.append(f"  throughput  : {sig_text(self.throughput)} {self.unit}/s (measured at "
                          f"micro-batch {self.measured_batch})")
         lines.append("  why:")
         lines += [f"   - {r}" for r in self.reasons]
@@ -211,78 +205,59 @@ def _ratio_words(r, of: str = "no checkpointing") -> str:
     return f"a step time not told apart from {of} ({r.verdict}; {band})"
 
 
-def _median_words(profile, m) -> str:
-    """``"median 1.22x none's time"`` (the options table's ratio), or "not timed"."""
-    r = profile.ratio(m)
-    return "not timed" if r.ratio is None else f"median {r.ratio:.2f}x none's time"
+def _name(policy: str) -> str:
+    return "no checkpointing" if policy == "none" else policy
 
 
-def _pick(cands: list, profile) -> tuple[dict, dict, dict | None]:
-    """The choice among ``cands`` (option dicts) by the module's rule: the fastest measured and
-    the policies whose time is within noise of its, or not told apart from it, ranked by the
-    largest micro-batch under the budget, then the lowest median ratio to no checkpointing,
-    then `PREFERENCE`; by `PREFERENCE` alone where no candidate's time was told apart from no
-    checkpointing's. Returns the choice; per other candidate, the `TimeRatio` of its step time
-    to the choice's (paired by round), or None in that last case; and the tie: ``{"fastest":
-    option, "told": all ties within noise (not merely not told apart), "ties": {policy:
-    option}}`` of the policies ranked with the choice (None when none was)."""
-    def against(o, ref):
+def _flops_order(policies) -> str:
+    """``policies`` in `PREFERENCE` order, as the tie rule's last key is printed."""
+    order = sorted(policies, key=_rank)
+    note = (" (offload recomputes nothing but copies every saved tensor to the host and back: "
+            "it ranks after selective)" if "offload" in order and "selective" in order else "")
+    return ", ".join(order) + note
+
+
+@dataclass
+class _Pick:
+    """The choice among the candidates (option dicts) and why: ``beaten`` maps each candidate
+    that another one was measured faster than to ``(that option, TimeRatio of the beaten to
+    it)``; ``tied`` are the candidates no other was measured faster than, in the tie rule's order
+    (the choice first); ``versus`` the `TimeRatio` of each other tied candidate to the choice."""
+
+    chosen: dict
+    beaten: dict
+    tied: list
+    versus: dict
+
+
+def _pick(cands: list, profile, want: int) -> _Pick:
+    """The module's rule 2 among ``cands``: every pair compared round by round
+    (`course_utils.step_timing.time_ratio`); a candidate another one is measured faster than
+    (its band excludes 1.00x) drops out; the rest are tied, ranked by the larger micro-batch
+    under the budget (up to ``want``), then `PREFERENCE` (fewer recomputed FLOPs). A difference
+    of medians inside the noise never ranks them."""
+    def versus(o, ref):
         return time_ratio(o["m"].step_times_s, ref["m"].step_times_s, size=profile.size,
                           emulated=o["m"].emulated or ref["m"].emulated)
-
-    def measured(o):
-        r = profile.ratio(o["m"])
-        return r.ratio if r.settled or r.verdict == "within noise" else None
-    timed = [o for o in cands if measured(o) is not None]
-    if not timed:
-        chosen = min(cands, key=lambda o: _rank(o["policy"]))
-        return chosen, {o["policy"]: None for o in cands if o is not chosen}, None
-    fastest = min(timed, key=lambda o: (measured(o), _rank(o["policy"])))
-    versus_fastest = {o["policy"]: against(o, fastest) for o in cands if o is not fastest}
-    ties = [o for o in cands if o is fastest or versus_fastest[o["policy"]].verdict != "slower"]
-    chosen = min(ties, key=lambda o: (-o["largest batch"], measured(o) if measured(o) is not None
-                                      else math.inf, _rank(o["policy"])))
-    tie = None
-    if len(ties) > 1:
-        tie = {"fastest": fastest, "ties": {o["policy"]: o for o in ties},
-               "versus_fastest": versus_fastest,
-               "told": all(versus_fastest[o["policy"]].verdict == "within noise"
-                           for o in ties if o is not fastest)}
-    return chosen, {o["policy"]: against(o, chosen) for o in cands if o is not chosen}, tie
+    beaten = {}
+    for o in cands:
+        slower = [(ref, r) for ref in cands if ref is not o
+                  for r in [versus(o, ref)] if r.verdict == "slower"]
+        if slower:  # said against the one it lost to by the most
+            beaten[o["policy"]] = max(slower, key=lambda x: x[1].ratio)
+    tied = [o for o in cands if o["policy"] not in beaten]
+    if not tied:  # a cycle of "faster" (noise can do that): time decides nothing
+        beaten, tied = {}, list(cands)
+    tied.sort(key=lambda o: (-min(o["largest batch"], want), _rank(o["policy"])))
+    chosen = tied[0]
+    return _Pick(chosen, beaten, tied, {o["policy"]: versus(o, chosen) for o in tied[1:]})
 
 
-def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch: int | None = None,
-              budget_source: str = "given", check: bool = True, hw=None) -> Card:
-    """The card for ``profile`` (timed at one batch) and its ``extrapolations`` (one
-    `course_utils.extrapolate.Extrapolation` per precision, fitted for the same policies).
-
-    Args:
-        profile: a `course_utils.profiling.Profile`.
-        extrapolations: ``{precision: Extrapolation}``.
-        budget_bytes: the memory budget in bytes (`budget_from_device` reads a GPU's).
-        target_batch: the effective batch wanted (default: the chosen policy's largest
-            micro-batch, no accumulation).
-        budget_source: where the budget comes from, in words.
-        check: run one real step at the chosen micro-batch.
-        hw: `course_utils.hardware.HardwareInfo` (default: detected).
-
-    Raises:
-        ValueError: a non-positive budget or target; no configuration fits the budget even at
-            batch 1 (the message gives the smallest predicted peak and what to try).
-    """
-    if not budget_bytes or budget_bytes <= 0:
-        raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
-    check_positive_int("target_batch", target_batch, allow_none=True)
-    first = profile.measurements[0]
-    hw = hw or detect(first.config.device)
-    recipe = recommend_precision(hw).precision
-    native = [p for p in extrapolations if not any(
-        m.emulated for m in profile.measurements if m.config.precision == p)]
-    precision = recipe if recipe in native else (native[0] if native else next(iter(extrapolations)))
-    ex = extrapolations[precision]
-    measured_batch = first.config.batch_size
-    on_cuda = hw.device == "cuda"
-    plan_bytes = int(budget_bytes * CUDA_PLANNING_SHARE) if on_cuda else budget_bytes
+def _options(profile, extrapolations: dict, plan_bytes: int, measured_batch: int) -> list:
+    """One dict per (precision, policy) both profiled and extrapolated: the largest micro-batch
+    under ``plan_bytes``, the predicted peak at it, the step time and its ratio to ``none`` at
+    the measured micro-batch (`Profile.step_s`, `Profile.time_text`), and the measurement
+    (``m``, removed before the card is returned)."""
     options = []
     for pr, e in extrapolations.items():
         for policy in e.fits:
@@ -299,42 +274,32 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
                                 None if step is None else round(step * 1e3, 1),
                             "time vs none": profile.time_text(m),
                             "emulated": m.emulated, "m": m})
-    changed = [o for o in options if o["precision"] == precision and o["m"].gradients_changed]
-    mine = [o for o in options if o["precision"] == precision and o["largest batch"] > 0
-            and (on_cuda or not o["policy"].startswith("offload")) and o not in changed]
-    if not mine:
-        smallest = min(ex.peak(1, p) for p in ex.fits)
-        raise ValueError(f"nothing fits {budget_bytes / MiB:.1f} MiB in {precision}, even at "
-                         f"batch 1: the smallest predicted peak is {smallest / MiB:.1f} MiB. Give a "
-                         "larger budget, a shorter sequence, or profile 'full' and 'offload'.")
-    # no target: the largest micro-batch of the policy first in PREFERENCE (no accumulation)
-    want = target_batch or min(mine, key=lambda o: _rank(o["policy"]))["largest batch"]
-    need = min(want, measured_batch)
-    qualified = [o for o in mine if o["largest batch"] >= need]
-    if qualified:
-        chosen, versus, tie = _pick(qualified, profile)
-    else:
-        chosen, versus, tie = max(mine, key=lambda o: o["largest batch"]), {}, None
-    policy = chosen["policy"]
-    accum = math.ceil(want / min(chosen["largest batch"], want))
-    micro = math.ceil(want / accum)  # the smallest micro-batch that reaches the target in accum steps
-    m = profile.get(precision, policy)
-    r = profile.ratio(m)
-    predicted = ex.peak(micro, policy)
+    return options
 
-    reasons = [f"{o['policy']} is left out: it changed the first step's gradients beyond rounding "
-               f"(largest difference {o['m'].grad_max_diff:.2g}, the largest gradient "
-               f"{o['m'].grad_scale:.3g}), so it would train another model." for o in changed]
+
+def _precision(profile, extrapolations: dict, hw) -> str:
+    """Rule 1: this machine's recipe if profiled natively, else the first native precision,
+    else the first extrapolated one."""
+    recipe = recommend_precision(hw).precision
+    native = [p for p in extrapolations if not any(
+        m.emulated for m in profile.measurements if m.config.precision == p)]
+    return recipe if recipe in native else (native[0] if native else next(iter(extrapolations)))
+
+
+def _why_policy(profile, pick: _Pick | None, mine: list, ex, want: int, need: int,
+                accum: int) -> list[str]:
+    """The sentences of rule 2: why this policy, and why not each other candidate."""
+    chosen = pick.chosen if pick else max(mine, key=lambda o: o["largest batch"])
+    policy = chosen["policy"]
     plain = next((o for o in mine if o["policy"] == "none"), None)
     none_b = plain["largest batch"] if plain else 0
+    reasons = []
     if policy == "none":
-        if none_b >= want:
-            reasons.append(f"Without checkpointing a micro-batch of {none_b} fits the budget, "
-                           f"enough for the target of {want}: nothing needs recomputing.")
-        else:
-            reasons.append(f"Without checkpointing a micro-batch of {none_b} fits, at least the "
-                           f"{need} at which throughput was measured; {accum} accumulation steps "
-                           f"reach the target of {want} with no recomputation.")
+        reasons.append(f"Without checkpointing a micro-batch of {none_b} fits the budget, enough "
+                       f"for the target of {want}: nothing needs recomputing." if none_b >= want else
+                       f"Without checkpointing a micro-batch of {none_b} fits, at least the {need} at "
+                       f"which throughput was measured; {accum} accumulation steps reach the "
+                       f"target of {want} with no recomputation.")
     else:
         if none_b == 0:
             reasons.append(f"Without checkpointing not even a batch of 1 fits "
@@ -348,44 +313,34 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
             reasons.append(f"{', '.join(short)} do{'es' * (len(short) == 1)} not reach a "
                            f"micro-batch of {need} under the budget.")
         reasons.append(f"With {policy} a micro-batch of {chosen['largest batch']} fits, at "
-                       f"{_ratio_words(r)}.")
-    name = "no checkpointing" if policy == "none" else policy
-    untold = []
-    for other, tr in versus.items():
-        if tie is not None and other in tie["ties"]:
-            continue  # told in the tie's sentence below
-        if tr is not None and tr.verdict == "slower":
-            who = "No checkpointing fits too, but measured" if other == "none" else \
-                f"{other} fits too, with"
-            reasons.append(f"{who} {_ratio_words(tr, name)}.")
-        elif tie is not None:  # slower than the fastest, which the choice tied with
-            f = tie["fastest"]["policy"]
-            f = "no checkpointing" if f == "none" else f
-            who = "No checkpointing fits too, but measured" if other == "none" else \
-                f"{other} fits too, with"
-            reasons.append(f"{who} {_ratio_words(tie['versus_fastest'][other], f)}.")
-        else:
-            untold.append((other, tr))
-    if untold:
-        told = all(tr is not None and tr.verdict == "within noise" for _, tr in untold)
-        head = (f"{', '.join(o for o, _ in untold)} fit{'s' * (len(untold) == 1)} too, with a "
-                f"step time {'within the noise of' if told else 'not told apart from'} {name}'s")
-        order = ", ".join(p + "K" if p.endswith("-") else p for p in PREFERENCE)
-        reasons.append(f"{head}: with no step time told apart from no checkpointing's, the card "
-                       f"takes the policy that recomputes the fewest FLOPs (not necessarily the "
-                       f"least time), in the order {order}.")
-    if tie is not None:
-        fastest = tie["fastest"]["policy"]
-        rest = [p for p in tie["ties"] if p != fastest]
-        fastest_name = "no checkpointing" if fastest == "none" else fastest
-        facts = "; ".join(f"{o['policy']}: micro-batch {o['largest batch']}, "
-                          f"{_median_words(profile, o['m'])}" for o in tie["ties"].values())
+                       f"{_ratio_words(profile.ratio(chosen['m']))}.")
+    if pick is None:
+        return reasons
+    for other, (ref, r) in pick.beaten.items():
+        who = "No checkpointing fits too, but measured" if other == "none" else f"{other} fits too, with"
+        reasons.append(f"{who} {_ratio_words(r, _name(ref['policy']))}.")
+    if pick.versus:
+        rest = list(pick.versus)
+        told = all(r.verdict == "within noise" for r in pick.versus.values())
+        bands = "; ".join(f"{p} against {policy}: {r.band_text() if told else r.verdict}"
+                          for p, r in pick.versus.items())
+        sizes = ", ".join(f"{o['policy']} {min(o['largest batch'], want)}" for o in pick.tied)
         reasons.append(
-            f"{', '.join(rest)} {'has' if len(rest) == 1 else 'have'} a step time "
-            f"{'within the noise of' if tie['told'] else 'not told apart from'} {fastest_name}'s, "
-            f"the lowest median: among policies within noise of each other the card takes the "
-            f"largest micro-batch under the budget, then the lowest median step-time ratio to no "
-            f"checkpointing ({facts}); so {policy}.")
+            f"{', '.join(rest)} {'has a step time' if len(rest) == 1 else 'have step times'} "
+            f"{'within the noise of' if told else 'not told apart from'} {_name(policy)}'s "
+            f"({bands}), so time does not decide. The tie goes to the larger micro-batch under the "
+            f"budget, up to the target of {want} ({sizes}), then to fewer recomputed FLOPs "
+            f"({_flops_order(o['policy'] for o in pick.tied)}): {policy}.")
+    return reasons
+
+
+def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str, hw,
+                measured_batch: int, stated=()) -> list[str]:
+    """The sentences after the choice: every policy's largest micro-batch, the same policy in
+    another precision, what offloading moves (its step time only if not in ``stated``, the
+    policies whose time the sentences before gave), the CUDA planning share."""
+    reasons = []
+    policy = chosen["policy"]
     others = sorted((o for o in mine if o is not chosen), key=lambda o: -o["largest batch"])
     if others:
         reasons.append("Largest micro-batch under the budget by policy: " + ", ".join(
@@ -399,45 +354,114 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
                 and mm.config.precision == precision), None)
     if off is not None and off.bytes_to_host:
         moved = off.bytes_to_host
-        if hw.device == "cuda":
-            ro = profile.ratio(off)
+        if hw.device == "cuda":  # its step time is said once: above, if it was a candidate
+            timed = "" if "offload" in stated else f": {_ratio_words(profile.ratio(off))}"
             reasons.append(f"Offloading moved {moved / MiB:.1f} MiB per step to the host and back "
-                           f"(measured at micro-batch {measured_batch}): {_ratio_words(ro)}.")
+                           f"(measured at micro-batch {measured_batch}){timed}.")
         else:
             reasons.append(f"Offloading would move {moved / MiB:.1f} MiB per step to the host and "
                            f"back at micro-batch {measured_batch}: about "
                            f"{transfer_time_estimate(moved) * 1e3:.1f} ms over a {PCIE_GBPS:g} GB/s "
                            "PCIe link (an estimate: on a CPU nothing is moved).")
-    if on_cuda:
+    if hw.device == "cuda":
         reasons.append(f"Planned to {CUDA_PLANNING_SHARE:.0%} of the budget: the allocator "
                        "keeps freed blocks cached, so it reserves more than the peak it allocates.")
+    return reasons
+
+
+def _checked(ex, budget_bytes: int, policy: str, micro: int, accum: int, want: int,
+             target_given: bool, on_cuda: bool) -> tuple:
+    """Rule 4: one real step at ``micro``; on CUDA, after an out-of-memory step, the micro-batch
+    steps down by `BACK_OFF` (at most `CHECKS` steps). Returns ``(micro, accum, want,
+    measured peak or None, note, sentences)``."""
+    reasons, measured, note = [], None, "not checked"
+    for _ in range(CHECKS if on_cuda else 1):
+        c = check_prediction(ex, budget_bytes, policy, batch_size=micro)
+        measured, note = c.measured_peak, c.note
+        reasons.append(f"Checked with one real step: {note}" if c.measured_peak or c.oom
+                       else f"Not checked: {note}")
+        if not (c.oom and on_cuda and micro > 1):
+            break
+        # the step ran out of memory: never recommend it; step down and check again
+        smaller = max(1, int(micro * BACK_OFF))
+        if not target_given:  # the target was the largest micro-batch: it shrinks too
+            want = smaller
+        accum = math.ceil(want / smaller)
+        micro = math.ceil(want / accum)  # <= smaller
+        reasons.append(f"So the micro-batch steps down to {micro} ({accum} accumulation "
+                       f"step{'s' if accum > 1 else ''}).")
+    if measured is None and on_cuda and c.oom:
+        note = (f"{note} No micro-batch checked fits: give a smaller budget or a policy that "
+                "saves more.")
+    return micro, accum, want, measured, note, reasons
+
+
+def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch: int | None = None,
+              budget_source: str = "given", check: bool = True, hw=None) -> Card:
+    """The card for ``profile`` (timed at one batch) and its ``extrapolations`` (one
+    `course_utils.extrapolate.Extrapolation` per precision, fitted for the same policies).
+
+    Args:
+        profile: a `course_utils.profiling.Profile`.
+        extrapolations: ``{precision: Extrapolation}``.
+        budget_bytes: the memory budget in bytes (`budget_from_device` reads a GPU's).
+        target_batch: the effective batch wanted (default: the largest micro-batch of the
+            policy first in `PREFERENCE`, no accumulation).
+        budget_source: where the budget comes from, in words.
+        check: run one real step at the chosen micro-batch.
+        hw: `course_utils.hardware.HardwareInfo` (default: detected).
+
+    Raises:
+        ValueError: a non-positive budget or target; no configuration fits the budget even at
+            batch 1 (the message gives the smallest predicted peak and what to try).
+    """
+    if not budget_bytes or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
+    check_positive_int("target_batch", target_batch, allow_none=True)
+    first = profile.measurements[0]
+    hw = hw or detect(first.config.device)
+    precision = _precision(profile, extrapolations, hw)
+    ex = extrapolations[precision]
+    measured_batch = first.config.batch_size
+    on_cuda = hw.device == "cuda"
+    options = _options(profile, extrapolations,
+                       int(budget_bytes * CUDA_PLANNING_SHARE) if on_cuda else budget_bytes,
+                       measured_batch)
+    changed = [o for o in options if o["precision"] == precision and o["m"].gradients_changed]
+    mine = [o for o in options if o["precision"] == precision and o["largest batch"] > 0
+            and (on_cuda or not o["policy"].startswith("offload")) and o not in changed]
+    if not mine:
+        smallest = min(ex.peak(1, p) for p in ex.fits)
+        raise ValueError(f"nothing fits {budget_bytes / MiB:.1f} MiB in {precision}, even at "
+                         f"batch 1: the smallest predicted peak is {smallest / MiB:.1f} MiB. Give a "
+                         "larger budget, a shorter sequence, or profile 'full' and 'offload'.")
+    # no target: the largest micro-batch of the policy first in PREFERENCE (no accumulation)
+    want = target_batch or min(mine, key=lambda o: _rank(o["policy"]))["largest batch"]
+    need = min(want, measured_batch)
+    qualified = [o for o in mine if o["largest batch"] >= need]
+    pick = _pick(qualified, profile, want) if qualified else None
+    chosen = pick.chosen if pick else max(mine, key=lambda o: o["largest batch"])
+    policy = chosen["policy"]
+    accum = math.ceil(want / min(chosen["largest batch"], want))
+    micro = math.ceil(want / accum)  # the smallest micro-batch that reaches the target in accum steps
+    reasons = [f"{o['policy']} is left out: it changed the first step's gradients beyond rounding "
+               f"(largest difference {o['m'].grad_max_diff:.2g}, the largest gradient "
+               f"{o['m'].grad_scale:.3g}), so it would train another model." for o in changed]
+    reasons += _why_policy(profile, pick, mine, ex, want, need, accum)
+    stated = {policy, *(pick.beaten if pick else ()), *(pick.versus if pick else ())}
+    reasons += _side_notes(profile, options, chosen, mine, precision, hw, measured_batch, stated)
     measured_peak, note = None, "not checked"
     if check:
-        for _ in range(CHECKS if on_cuda else 1):
-            c = check_prediction(ex, budget_bytes, policy, batch_size=micro)
-            measured_peak, note = c.measured_peak, c.note
-            reasons.append(f"Checked with one real step: {note}" if c.measured_peak or c.oom
-                           else f"Not checked: {note}")
-            if not (c.oom and on_cuda and micro > 1):
-                break
-            # the step ran out of memory: never recommend it; step down and check again
-            smaller = max(1, int(micro * BACK_OFF))
-            if target_batch is None:  # the target was the largest micro-batch: it shrinks too
-                want = smaller
-            accum = math.ceil(want / smaller)
-            micro = math.ceil(want / accum)  # <= smaller
-            predicted = ex.peak(micro, policy)
-            reasons.append(f"So the micro-batch steps down to {micro} ({accum} accumulation "
-                           f"step{'s' if accum > 1 else ''}).")
-        if measured_peak is None and on_cuda and c.oom:
-            note = (f"{note} No micro-batch checked fits: give a smaller budget or a policy that "
-                    "saves more.")
-    step = profile.step_s(m)
+        micro, accum, want, measured_peak, note, checked = _checked(
+            ex, budget_bytes, policy, micro, accum, want, target_batch is not None, on_cuda)
+        reasons += checked
+    m = chosen["m"]
+    r, step = profile.ratio(m), profile.step_s(m)
     for o in options:  # the measurement itself stays in the profile
         o.pop("m", None)
     return Card(profile.name, first.device_name, profile.unit, int(budget_bytes), budget_source,
-                precision, policy, micro, accum, want, micro * accum, predicted, measured_peak,
-                note, r.ratio, r.low, r.high, r.verdict,
+                precision, policy, micro, accum, want, micro * accum, ex.peak(micro, policy),
+                measured_peak, note, r.ratio, r.low, r.high, r.verdict,
                 m.config.tokens_per_step / step if step else None, measured_batch,
                 options, reasons)
 

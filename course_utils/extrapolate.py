@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -58,8 +59,8 @@ from .profiling import (
 )
 from .terms import MiB, check_positive_int, device_kind
 
-__all__ = ["RAM_FRACTION", "PolicyFit", "Extrapolation", "PredictionCheck", "extrapolate", "check_prediction",
-           "block_input_bytes"]
+__all__ = ["RAM_FRACTION", "CUDA_PLANNING_SHARE", "ALLOC_CONF_HINT", "PolicyFit", "Extrapolation",
+           "PredictionCheck", "extrapolate", "check_prediction", "block_input_bytes"]
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,11 @@ class Extrapolation:
         return int(round(out + plain * (C + S * batch) + ckpt * In * batch))
 
     def table(self, batches) -> pd.DataFrame:
-        """Predicted peak (MiB) per batch (rows) and measured policy (columns)."""
+        """Predicted peak (MiB) per batch (rows) and measured policy (columns, under the label
+        ``predicted peak MiB``)."""
         return pd.DataFrame({p: [f.peak(b) / MiB for b in batches] for p, f in self.fits.items()},
-                            index=pd.Index(list(batches), name="batch")).round(2)
+                            index=pd.Index(list(batches), name="batch")).round(2).rename_axis(
+                                columns="predicted peak MiB")
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,8 @@ class PredictionCheck:
         fits: the measured peak is at most the budget (False after an out-of-memory error).
         oom: the step ran out of device memory (CUDA, under the enforced budget).
         note: what happened, in words.
+        measured_saved: the step's saved tensors (bytes, the meter's count as
+            `Extrapolation.saved` predicts it; None if not measured).
     """
 
     policy: str
@@ -198,11 +203,37 @@ class PredictionCheck:
     fits: bool
     oom: bool
     note: str
+    measured_saved: int | None = None
 
 
 #: On a CPU, `check_prediction` does not run a step whose predicted peak exceeds this fraction of
 #: the RAM free now (nothing would stop it short of the kernel's out-of-memory killer).
 RAM_FRACTION = 0.8
+
+#: On CUDA, the share of a budget that a predicted (allocated) peak may fill when a batch is
+#: planned for it: the budget caps the caching allocator's *reserved* memory, which also holds
+#: freed blocks it cannot hand out whole (fragmentation). Measured on an H200 (lesson 05, a
+#: Llama-style model, 2 blocks of width 1536): under an 8.32 GiB budget, batch 32 ran out of
+#: memory with 7.91 GiB allocated and 0.24 GiB reserved but unallocated, and batch 30 (7.87 GiB
+#: predicted, planned at 95 %) too, so more than 0.45 GiB went to blocks the allocator kept; on an
+#: H100 the card's plan at 99.9 % of 70.8 GiB ran out with 0.45 GiB
+#: (``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.txt``). The overhead is of the order of
+#: the largest tensors of a step, not of the budget, so the share matters most at small budgets.
+CUDA_PLANNING_SHARE = 0.9
+
+#: What to try when reserved-but-unallocated memory runs a step out of memory: the allocator
+#: setting of PyTorch's CUDA memory-management notes, under its torch 2.13 name
+#: (``PYTORCH_CUDA_ALLOC_CONF``, the older name, is still read).
+ALLOC_CONF_HINT = ("if much memory is reserved but unallocated, PYTORCH_ALLOC_CONF="
+                   "expandable_segments:True lets the allocator grow blocks instead of "
+                   "fragmenting them")
+
+
+def _oom_gist(error: str | None) -> str:
+    """The part of an out-of-memory message worth a sentence: ``"tried to allocate 192.00
+    MiB"`` from torch's CUDA message, else nothing."""
+    found = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", error or "")
+    return f" (it tried to allocate {found.group(1)} more)" if found else ""
 
 
 def block_input_bytes(spec: ModelSpec, batch_size: int, precision: str = "fp32") -> int:
@@ -257,7 +288,7 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
                          f"{batches!r}.") from None
     spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,
                             device=device, seed=seed, name=name)
-    _, container = find_blocks(spec.build(), spec.blocks)
+    _, container = find_blocks(spec.skeleton(), spec.blocks)
     L = len(container)
     policies = list(dict.fromkeys(["none", *policies]))
     for p in policies:
@@ -304,11 +335,12 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
     """Run one real step at the largest batch ``ex`` predicts to fit ``budget_bytes`` with
     ``policy`` (or at ``batch_size``), and compare its peak with the prediction.
 
-    On CUDA the budget is enforced for the step (``set_per_process_memory_fraction`` of the
-    device's total, restored afterwards): an out-of-memory error is caught and reported. On a
-    CPU nothing enforces it; the measured peak is compared with it, and a step predicted to need
-    more than `RAM_FRACTION` of the RAM free now is not run (``measured_peak`` None, ``note``
-    says why).
+    On CUDA the batch is planned for `CUDA_PLANNING_SHARE` of the budget (the allocator reserves
+    more than it allocates), and the budget is enforced for the step
+    (``set_per_process_memory_fraction`` of the device's total, restored afterwards): an
+    out-of-memory error is caught and reported. On a CPU nothing enforces it; the measured peak
+    is compared with it, and a step predicted to need more than `RAM_FRACTION` of the RAM free
+    now is not run (``measured_peak`` None, ``note`` says why).
 
     Raises:
         ValueError: a non-positive budget, or a budget where not even batch 1 is predicted to
@@ -317,9 +349,11 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
     """
     if not budget_bytes or budget_bytes <= 0:
         raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
-    b = batch_size or ex.largest_batch(budget_bytes, policy)
+    on_cuda = device_kind(ex.spec.device) == "cuda"
+    plan = int(budget_bytes * CUDA_PLANNING_SHARE) if on_cuda else budget_bytes
+    b = batch_size or ex.largest_batch(plan, policy)
     if b < 1:
-        raise ValueError(f"not even batch 1 fits {size_text(budget_bytes)} with {policy}: its "
+        raise ValueError(f"not even batch 1 fits {size_text(plan)} with {policy}: its "
                          f"predicted peak is {size_text(ex.peak(1, policy))}.")
     predicted = ex.peak(b, policy)
     spec = ex.spec
@@ -332,20 +366,26 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
                                    f"{size_text(free)} of RAM free now.")
     cfg = ProfileConfig(spec.name, ex.precision, policy, b, spec.device, ex.unit,
                         ex.items_per_sample, seed=spec.seed)
-    cap = (cuda_memory_cap(spec.device, budget_bytes) if device_kind(spec.device) == "cuda"
-           else contextlib.nullcontext())
+    cap = cuda_memory_cap(spec.device, budget_bytes) if on_cuda else contextlib.nullcontext()
     with cap:
         m, _, _ = measure_config(spec, cfg)
     if m.oom:
         return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, True,
-                               f"batch {b} ran out of memory under the {size_text(budget_bytes)} "
-                               f"budget: the prediction was too low. {m.error}")
+                               f"batch {b} with {policy} ran out of memory under the "
+                               f"{size_text(budget_bytes)} budget{_oom_gist(m.error)}, with "
+                               f"{size_text(predicted)} predicted: the budget caps the memory the "
+                               f"allocator reserves, more than the peak it allocates; "
+                               f"{ALLOC_CONF_HINT}.")
     measured = m.peak_allocated
     err = (predicted - measured) / measured
     fits = measured <= budget_bytes
-    note = (f"batch {b} with {policy}: predicted {size_text(predicted)}, measured "
+    planned = "" if batch_size else (
+        f" (the largest predicted to fit {CUDA_PLANNING_SHARE:.0%} of the budget)" if on_cuda
+        else " (the largest predicted to fit the budget)")
+    note = (f"batch {b}{planned} with {policy}: predicted {size_text(predicted)}, measured "
             f"{size_text(measured)} ({err:+.1%}); "
             + ("within the budget." if fits else
                f"over the {size_text(budget_bytes)} budget by {size_text(measured - budget_bytes)}: the "
                "prediction was too low."))
-    return PredictionCheck(policy, b, budget_bytes, predicted, measured, err, fits, False, note)
+    return PredictionCheck(policy, b, budget_bytes, predicted, measured, err, fits, False, note,
+                           m.saved_total)

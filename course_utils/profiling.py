@@ -22,9 +22,10 @@ one you name) and each block is replaced, in place, by a wrapper (`wrap_blocks`)
 ``offload``                every block's saved tensors moved to CPU memory
                            (`course_utils.offload.OffloadedBlock`, ``save_on_cpu``).
 ``offload+checkpoint``     every block checkpointed, its input moved to CPU memory.
-``hf``                     a Hugging Face model's own ``gradient_checkpointing_enable()``
-                           (``activation_checkpointing_enable()`` in transformers 5), to
-                           compare with ``full``.
+``hf``                     a Hugging Face model's own checkpointing, to compare with
+                           ``full``: the method `hf_method` names
+                           (``activation_checkpointing_enable()`` in transformers 5.24,
+                           ``gradient_checkpointing_enable()`` in older releases).
 =========================  ==============================================================
 
 How each number is taken (as `course_utils.measure.measure` takes them for the course's GPT):
@@ -72,7 +73,7 @@ from tqdm.auto import tqdm
 
 from .checkpointing import SelectiveContexts, save_matmuls_and_attention
 from .config import size_profile
-from .experiments import paired_step_s, plain_label, time_cell
+from .experiments import paired_step_s, plain_label, sig_text, time_cell
 from .guard import available_memory_bytes
 from .hardware import detect, is_emulated, require_device
 from .measure import EMULATED_TIMING, Measurement, noting_out_of_memory, time_in_alternation
@@ -93,6 +94,7 @@ from .terms import (
 __all__ = ["POLICIES", "GRADIENT_ROUNDING", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
            "wrap_blocks", "hf_method", "parse_model_policy", "block_of", "default_loss", "call_model",
+           "to_device",
            "profile", "measure_config", "static_bytes"]
 
 #: The policies `profile` takes (K: an integer from 1 to the number of blocks).
@@ -235,19 +237,29 @@ def _selective_block(block: nn.Module) -> CheckpointedBlock:
 
 
 def hf_method(model) -> str | None:
-    """The name of the method policy ``hf`` calls on ``model`` (an instance or a class):
-    ``activation_checkpointing_enable`` in transformers >= 5 (``gradient_checkpointing_enable``
-    is its deprecated alias there), ``gradient_checkpointing_enable`` in 4.x; None without."""
+    """The name of the method policy ``hf`` calls on ``model`` (an instance or a class), or None
+    without one: ``activation_checkpointing_enable`` where it exists, else
+    ``gradient_checkpointing_enable``.
+
+    What the sources say: transformers 5.24's ``PreTrainedModel`` has
+    ``activation_checkpointing_enable(activation_checkpointing_kwargs=None, every_n_layers=1,
+    offload=False)`` (``every_n_layers``: checkpoint every n-th decoder layer; ``offload``: keep
+    what the checkpoints save in pinned host memory, ``save_on_cpu``) and keeps
+    ``gradient_checkpointing_enable(gradient_checkpointing_kwargs=None, **kwargs)`` as a
+    deprecated alias "removed in v6" (a FutureWarning). Older releases have only
+    ``gradient_checkpointing_enable`` (transformers 5.17, the GPU image lesson 05 ran on in
+    November 2026, is one). The course passes ``{"use_reentrant": False}`` to either,
+    so the default of a version does not matter."""
     return next((name for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable")
                  if hasattr(model, name)), None)
 
 
 def _enable_hf(model: nn.Module) -> None:
     name = hf_method(model)
-    if name == "activation_checkpointing_enable":  # transformers >= 5
+    if name == "activation_checkpointing_enable":  # transformers 5.24 (see hf_method)
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False})
-    elif name == "gradient_checkpointing_enable":  # transformers 4.x
+    elif name == "gradient_checkpointing_enable":  # older releases
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         raise ValueError(f"policy 'hf' calls a Hugging Face model's gradient_checkpointing_enable(),"
@@ -352,14 +364,29 @@ def _batch_info(batch) -> tuple[int, str, int]:
     return n, "samples", 1
 
 
-def _to(batch, device):
+def to_device(batch, device):
+    """``batch`` with every tensor in it moved to ``device``: a tensor, or a dict, tuple or list
+    of them (nested), other values kept (``use_cache=False``)."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
     if isinstance(batch, dict):
-        return {k: _to(v, device) for k, v in batch.items()}
+        return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_to(v, device) for v in batch)
+        return type(batch)(to_device(v, device) for v in batch)
     return batch
+
+
+def _built_on(device: str, build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` with the tensors it creates placed on ``device`` (a ``torch.device`` context):
+    on ``meta`` a model costs no memory and no initialisation; on a GPU it is initialised there,
+    not on the CPU first (building lesson 05's models on a 2-thread CPU took most of its time on
+    an H200). A factory that cannot build there (one that reads its tensors' values) is built as
+    it is."""
+    try:
+        with torch.device(device):
+            return build()
+    except Exception:  # noqa: BLE001 - built again without the context, where errors are its own
+        return build()
 
 
 # --- records -----------------------------------------------------------------------------------
@@ -482,6 +509,7 @@ class ModelSpec:
     blocks: str | None
     device: str
     seed: int = 0
+    template: nn.Module | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, model, make_batch, loss_fn=None, *, forward=None, blocks=None, device=None,
@@ -498,7 +526,7 @@ class ModelSpec:
         if not callable(make_batch):
             raise TypeError("make_batch must be a function: make_batch(batch_size) -> batch.")
         if isinstance(model, nn.Module):
-            template = model
+            template = given = model
 
             def build(template=template):
                 return copy.deepcopy(template)
@@ -510,21 +538,27 @@ class ModelSpec:
                     raise TypeError(f"the model factory returned {type(m).__name__}, not an "
                                     "nn.Module.")
                 return m
-            template = build()
+            given, template = None, _built_on("meta", build)
         else:
             raise TypeError(f"profile needs an nn.Module or a function returning one, got "
                             f"{type(model).__name__}.")
         path, _ = find_blocks(template, blocks)
         return cls(build, make_batch, loss_fn or default_loss, forward or call_model,
-                   name or type(template).__name__, path, device, seed)
+                   name or type(template).__name__, path, device, seed, given)
 
     def batch(self, batch_size: int):
         torch.manual_seed(self.seed + 1)
-        return _to(self.make_batch(batch_size), self.device)
+        return to_device(self.make_batch(batch_size), self.device)
+
+    def skeleton(self) -> nn.Module:
+        """The model to read, not to run: its blocks, parameter counts and bytes. The module
+        given, or the factory's model built on the ``meta`` device (`_built_on`)."""
+        return self.template if self.template is not None else _built_on("meta", self.build)
 
     def fresh(self, policy: str) -> nn.Module:
-        """A fresh copy of the model with ``policy`` applied, on the device, in train mode."""
-        model = self.build()
+        """A fresh copy of the model with ``policy`` applied, on the device, in train mode (a
+        factory's model is built on the device: `_built_on`)."""
+        model = self.build() if self.template is not None else _built_on(self.device, self.build)
         wrap_blocks(model, policy, self.blocks)
         return model.to(self.device).train()
 
@@ -554,8 +588,9 @@ class _State:
             del out
         with phase("backward"):
             self.scaler.scale(loss).backward()
-        if grads is not None:
-            grads.extend(None if p.grad is None else p.grad.detach().float().clone()
+        if grads is not None:  # unscaled: fp16's GradScaler multiplies them by its scale (2^16 at first)
+            inv = 1.0 / self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+            grads.extend(None if p.grad is None else p.grad.detach().float() * inv
                          for p in self.module.parameters())
         with phase("optimizer"):
             self.scaler.step(self.optimizer)
@@ -617,9 +652,7 @@ def _size(n: int) -> str:
 
 
 def _fits_or_raise(spec: ModelSpec, budget_bytes: int | None, hw) -> None:
-    model = spec.build()
-    need = static_bytes(model)
-    del model
+    need = static_bytes(spec.skeleton())
     free = available_memory_bytes(hw)
     limits = [(budget_bytes, "the budget")] if budget_bytes else []
     if free:
@@ -641,7 +674,7 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
     Returns:
         ``(measurement, state, grads)``: a `ProfileMeasurement` (memory fields, one step's
         time in ``step_times_s`` only if the precision is emulated), the training state (None
-        unless ``keep_state``), and the first step's gradients (fp32 copies).
+        unless ``keep_state``), and the first step's gradients (fp32 copies, unscaled).
         An out-of-memory error is caught: ``oom=True``, ``error`` says what to try
         (`course_utils.measure.out_of_memory_message`).
     """
@@ -675,15 +708,6 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
         if device_kind(cfg.device) == "cuda":
             torch.cuda.empty_cache()
     return m, state, grads
-
-
-def _sig_text(v: float, digits: int = 3) -> str:
-    """``v`` at ``digits`` significant figures, with thousands separators: 434853.8 ->
-    ``"435,000"``, 11836.4 -> ``"11,800"``, 13.94 -> ``"13.9"``."""
-    if not v or not math.isfinite(v):
-        return f"{v:g}"
-    places = digits - 1 - int(math.floor(math.log10(abs(v))))
-    return f"{round(v, places):,.{max(0, places)}f}"
 
 
 @dataclass
@@ -832,7 +856,7 @@ class Profile:
         steps = [self.step_s(m) for m in self.measurements]
         out["step ms"] = [None if s is None else round(s * 1e3, 1) for s in steps]
         out["time vs none"] = [self.time_text(m) for m in self.measurements]
-        out[f"{self.unit}/s"] = [None if not s else _sig_text(m.config.tokens_per_step / s)
+        out[f"{self.unit}/s"] = [None if not s else sig_text(m.config.tokens_per_step / s)
                                  for m, s in zip(self.measurements, steps)]
         out["peak MiB"] = mib("peak_allocated")
         out["saved MiB"] = mib("saved_total")
@@ -857,6 +881,27 @@ class Profile:
             return "outside the blocks" if i is None else f"block {i}"
         g = df.assign(where=df["module"].map(where)).groupby("where", sort=False)["nbytes"].sum()
         return (g / MiB).to_frame("MiB")
+
+
+def _measure_all(prof: Profile, spec: ModelSpec, configs: list, *, lr: float, hw,
+                 keep_states: bool, progress: bool) -> dict:
+    """Measure the memory of every configuration in turn (`measure_config`), ``none`` first in
+    each precision so that the others' gradients are compared with its; append the
+    measurements to ``prof``. Returns ``{index in prof.measurements: training state}`` of the
+    rows to time (none when ``keep_states`` is False; emulated rows are timed by their one
+    step)."""
+    states, reference = {}, {}
+    for i, cfg in enumerate(tqdm(configs, desc="memory", disable=not progress, leave=False)):
+        m, st, grads = measure_config(spec, cfg, lr=lr, hw=hw,
+                                      reference_grads=reference.get(cfg.precision),
+                                      keep_state=keep_states)
+        if cfg.checkpoint == "none":
+            reference[cfg.precision] = grads
+            m.grad_max_diff = 0.0
+        prof.measurements.append(m)
+        if st is not None and not m.emulated:
+            states[i] = st
+    return states
 
 
 def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = None, *,
@@ -905,7 +950,7 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
     check_positive_int("batch_size", batch_size)
     spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,
                             device=device, seed=seed, name=name)
-    template = spec.build()
+    template = spec.skeleton()
     path, container = find_blocks(template, spec.blocks)
     for p in precisions:
         autocast_dtype(p)
@@ -923,17 +968,7 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
     del template
     configs = [ProfileConfig(spec.name, pr, po, batch_size, spec.device, unit, per, seed=seed)
                for pr in precisions for po in policies]
-    states, reference = {}, {}
-    for i, cfg in enumerate(tqdm(configs, desc="memory", disable=not progress, leave=False)):
-        ref = reference.get(cfg.precision)
-        m, st, grads = measure_config(spec, cfg, lr=lr, hw=hw, reference_grads=ref,
-                                      keep_state=timed)
-        if cfg.checkpoint == "none":
-            reference[cfg.precision] = grads
-            m.grad_max_diff = 0.0
-        prof.measurements.append(m)
-        if st is not None and not m.emulated:
-            states[i] = st
+    states = _measure_all(prof, spec, configs, lr=lr, hw=hw, keep_states=timed, progress=progress)
     if states:
         order = list(states)
         budget = budget_s or default_budget_s(prof.size)

@@ -46,3 +46,39 @@ def test_extrapolation_arguments():
     z = zoo("cnn")
     with pytest.raises(ValueError, match="two increasing"):
         extrapolate(z.build, z.make_batch, batches=(4, 2), **z.kwargs())
+
+
+def test_on_cuda_the_check_plans_below_the_budget_and_an_out_of_memory_step_says_what_to_try(
+        monkeypatch):
+    # On an H200 lesson 05's check ran out of memory at the batch predicted to fill its budget,
+    # with less allocated than predicted: the budget caps reserved memory. The check now plans to
+    # CUDA_PLANNING_SHARE of the budget, and its note names the allocator setting by its torch
+    # 2.13 name, PYTORCH_ALLOC_CONF.
+    import contextlib
+    import dataclasses
+
+    import course_utils.extrapolate as extrapolate_module
+    from course_utils.extrapolate import CUDA_PLANNING_SHARE
+    from course_utils.profiling import ProfileMeasurement
+
+    z = zoo("cnn")
+    ex = extrapolate(z.build, z.make_batch, batches=(1, 2), device="cpu", **z.kwargs())
+    ex.spec = dataclasses.replace(ex.spec, device="cuda")
+    budget = ex.peak(40)
+    ran = []
+
+    def out_of_memory(spec, cfg, **kw):
+        ran.append(cfg.batch_size)
+        m = ProfileMeasurement(config=cfg, oom=True)
+        m.error = ("out of memory on a GPU at batch 9 (fp32): CUDA out of memory. Tried to allocate "
+                   "192.00 MiB. GPU 0 has a total capacity of 139.80 GiB. If reserved but unallocated "
+                   "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        return m, None, []
+    monkeypatch.setattr(extrapolate_module, "measure_config", out_of_memory)
+    monkeypatch.setattr(extrapolate_module, "cuda_memory_cap", lambda device, b: contextlib.nullcontext())
+    c = check_prediction(ex, budget, "none")
+    assert ran == [ex.largest_batch(int(budget * CUDA_PLANNING_SHARE))] and ran[0] < 40
+    assert c.oom and not c.fits and c.measured_peak is None
+    assert "tried to allocate 192.00 MiB more" in c.note
+    assert "PYTORCH_ALLOC_CONF=expandable_segments:True" in c.note
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in c.note and "prediction was too low" not in c.note

@@ -582,6 +582,28 @@ def test_exercise05_policy_keeps_the_librarys_save_list():
         assert ns["matmul_policy"](ctx, op) == CheckpointPolicy.MUST_SAVE, op
 
 
+@pytest.mark.parametrize("name", sorted(SOLUTION))
+def test_quiz_explanations_stay_out_of_the_cells(name, capsys):
+    # issue 24: an explanation gives the answer away, so it is not in the cell the learner reads
+    # (not even as base64): a test cell is quiz.check(question, answer), and the question bank
+    # (course_utils/quizzes/<exercise>.json) prints the explanation after a right answer; a wrong
+    # one gets the hint, which names the lesson section to read again.
+    from course_utils import quiz
+    bank = quiz.question_bank()
+    for c in notebook(SOLUTION[name]).cells:
+        if "quiz.check(" not in c.source:
+            continue
+        call = next(n for n in ast.walk(ast.parse(python(c.source))) if isinstance(n, ast.Call)
+                    and getattr(n.func, "attr", "") == "check")
+        assert not call.keywords, f"{name}: the question's key, hint and text live in its bank"
+        question = call.args[0].value
+        assert question in bank, f"{name}: no bank holds {question!r}"
+        assert re.search(r"lesson 0\d §\d", bank[question]["hint"]), bank[question]["hint"]
+        with pytest.raises(AssertionError, match="Hint: lesson"):
+            quiz.check(question, "zz" if "digits" in bank[question] else "a")
+        assert capsys.readouterr().out == ""
+
+
 def _run(cell_id: str, namespace: dict) -> str:
     """Run lesson 05's cell ``cell_id`` in ``namespace``; what it printed."""
     import contextlib

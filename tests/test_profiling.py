@@ -256,3 +256,35 @@ def test_the_gradient_sentence_says_bit_for_bit_or_by_how_much():
     gpu = synthetic_profile({"none": [1.0] * 6, "full": [1.3] * 6}, device="cuda")
     gpu.get("fp32", "full").grad_max_diff = 2.44e-4
     assert "GPU kernels that add in a varying order" in gpu.gradients_text()
+
+
+def test_a_factory_model_is_read_on_meta_and_built_on_the_device():
+    # Building lesson 05's models on a 2-thread CPU, to read their blocks or to move them to a
+    # GPU afterwards, took most of its time on an H200: the template is built on the meta
+    # device (no memory, no initialisation), each configuration on its device.
+    from course_utils.profiling import to_device
+    built_on = []
+
+    def factory():
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        built_on.append(m[0].weight.device.type)
+        return m
+    spec = ModelSpec.create(factory, lambda n: torch.randn(n, 4), device="cpu")
+    assert built_on == ["meta"] and spec.blocks == ""
+    model = spec.fresh("full")
+    assert built_on == ["meta", "cpu"] and isinstance(model[0], CheckpointedBlock)
+    assert next(model.parameters()).device.type == "cpu"
+
+    def reads_its_weights():  # .item() cannot run on meta: built as it is, with the same blocks
+        m = factory()
+        m[0].weight.sum().item()
+        return m
+    spec = ModelSpec.create(reads_its_weights, lambda n: torch.randn(n, 4), device="cpu")
+    assert built_on[-2:] == ["meta", "cpu"] and spec.skeleton()[0].weight.device.type == "cpu"
+    # a module given (not a factory) is read as it is, never rebuilt
+    given = factory()
+    spec = ModelSpec.create(given, lambda n: torch.randn(n, 4), device="cpu")
+    assert spec.skeleton() is given and spec.fresh("none") is not given
+    batch = to_device({"x": torch.ones(2), "flag": False, "pair": (torch.zeros(1), 3)}, "meta")
+    assert batch["x"].is_meta and batch["pair"][0].is_meta and batch["flag"] is False
+    assert batch["pair"][1] == 3
