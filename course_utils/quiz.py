@@ -198,7 +198,7 @@ def ask(question: str, answer) -> None:
     if answer is None or answer is Ellipsis:
         raise AssertionError(f"{question}: no answer yet. Set the answer variable above.")
     choices = e.get("choices")
-    if choices is not None and (not isinstance(answer, str)
+    if choices is not None and (not isinstance(answer, str) or len(answer.strip()) != 1
                                 or answer.strip().lower() not in choices.lower()):
         raise AssertionError(f"{question}: answer with one of the letters "
                              f"{', '.join(choices)}; yours is {answer!r}.")
