@@ -134,17 +134,17 @@ def fp32_matmul_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2
         return None
     backend, modes = plan
     g = torch.Generator().manual_seed(0)
-    a64, b64 = torch.randn(n, n, generator=g, dtype=torch.float64), torch.randn(n, n, generator=g,
-                                                                                 dtype=torch.float64)
-    exact = a64 @ b64
-    a, b = a64.float().to(dev), b64.float().to(dev)
+    a64 = torch.randn(n, n, generator=g, dtype=torch.float64).to(dev)
+    b64 = torch.randn(n, n, generator=g, dtype=torch.float64).to(dev)
+    exact = a64 @ b64                      # fp64 on the device: no fp32 setting applies to it
+    a, b = a64.float(), b64.float()
     rows = {}
     for mode in modes:
         with fp32_matmul_precision(backend, mode):
             timer = benchmark.Timer("a @ b", globals={"a": a, "b": b},
                                     num_threads=torch.get_num_threads())
             seconds = float(timer.blocked_autorange(min_run_time=budget_s).median)
-            err = float(((a @ b).double().cpu() - exact).abs().max() / exact.abs().mean())
+            err = float(((a @ b).double() - exact).abs().max() / exact.abs().mean())
         rows[mode] = {"seconds": seconds, "error": err}
     df = pd.DataFrame.from_dict(rows, orient="index")
     df["error vs ieee"] = df["error"] / df.loc["ieee", "error"]

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_leaves
 from .training import DEFAULT_MAX_GRAD_NORM, StepCounter, train_step
 
 __all__ = ["GUARDS", "nan_in_weight", "overflow", "FirstNonFinite", "nonfinite_parameters",
-           "changed_parameters", "guarded_step"]
+           "changed_parameters", "anomaly_forward_line", "guarded_step"]
 
 #: The guards `guarded_step` runs, "none" first (a step with no guard).
 GUARDS = ("none", "skip", "error_if_nonfinite", "detect_anomaly", "forward hooks")
@@ -153,7 +153,7 @@ def changed_parameters(model: torch.nn.Module, before: list[torch.Tensor]) -> in
                for p, b in zip(params, before))
 
 
-def _forward_line(warned: list) -> str:
+def anomaly_forward_line(warned: list) -> str:
     """The last frame outside torch of the forward traceback that ``detect_anomaly`` warns with
     (``"models.py:131 loss = F.cross_entropy(...)"``), or ``""``."""
     torch_dir = os.path.dirname(torch.__file__)
@@ -169,9 +169,9 @@ def guarded_step(guard, model, optimizer, micro_batches, dtype=None,
                  max_grad_norm=DEFAULT_MAX_GRAD_NORM):
     """One `train_step` without a scaler (fp32 or bf16) under ``guard``, one of `GUARDS`.
 
-    Returns what the guard reported: ``""`` (nothing), ``"skipped the step"``, the first line
-    of the error it raised (for ``detect_anomaly``, with the forward line of the op whose
-    backward returned NaN), or ``"first non-finite output: <module>"``. The UserWarnings of the
+    Returns what the guard reported: ``""`` (nothing), ``"skipped the step"``, the first
+    sentence of the error it raised (for ``detect_anomaly``, with the forward line of the op
+    whose backward returned NaN), or ``"first non-finite output: <module>"``. The UserWarnings of the
     step are recorded, not shown (``detect_anomaly`` warns with the whole forward traceback).
 
     Raises:
@@ -205,6 +205,7 @@ def guarded_step(guard, model, optimizer, micro_batches, dtype=None,
                 train_step(*args, nonfinite="step")
         except RuntimeError as e:
             optimizer.zero_grad(set_to_none=True)
-            where = _forward_line(warned)
-            return str(e).strip().splitlines()[0] + (f" (forward: {where})" if where else "")
+            first = str(e).strip().split(". ")[0].rstrip(".")   # the error's first sentence
+            where = anomaly_forward_line(warned)
+            return first + (f" (forward: {where})" if where else "")
     return ""

@@ -34,13 +34,11 @@ from .guard import check_feasible
 from .models import build_model
 from .terms import check_positive_int
 
-__all__ = ["DEFAULT_LR", "DEFAULT_MAX_GRAD_NORM", "NONFINITE", "train_step", "StepCounter",
+__all__ = ["DEFAULT_LR", "DEFAULT_MAX_GRAD_NORM", "train_step", "StepCounter",
            "TrainState", "setup", "train", "TrainHistory", "evaluate"]
 
 DEFAULT_LR = 1e-3
 DEFAULT_MAX_GRAD_NORM = 1.0
-#: What `train_step` does, without a scaler, with a step whose gradient norm is inf or NaN.
-NONFINITE = ("skip", "raise", "step")
 
 
 def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0,
@@ -52,8 +50,8 @@ def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_nor
     gradient norm is inf/NaN is skipped ("skip"), raises ("raise") or is taken ("step").
     Returns the mean loss (0-dim tensor).
     """
-    if nonfinite not in NONFINITE:
-        raise ValueError(f"nonfinite must be one of {NONFINITE}, got {nonfinite!r}.")
+    if nonfinite not in ("skip", "raise", "step"):
+        raise ValueError(f"nonfinite must be 'skip', 'raise' or 'step', got {nonfinite!r}.")
     total = 0.0
     for x, y in micro_batches:
         with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):

@@ -130,7 +130,7 @@ def test_guards_report_nothing_on_a_clean_step_and_refuse_bad_input():
         guarded_step("pray", model, optimizer, BATCH)
     with pytest.raises(ValueError, match="GradScaler"):
         guarded_step("skip", model, optimizer, BATCH, torch.float16)
-    with pytest.raises(ValueError, match="nonfinite must be one of"):
+    with pytest.raises(ValueError, match="nonfinite must be"):
         train_step(model, optimizer, torch.amp.GradScaler("cpu", enabled=False), BATCH,
                    nonfinite="ignore")
     with pytest.raises(ValueError, match="no parameter 'nope'"):
