@@ -16,9 +16,9 @@ The data flow::
       -> cli_profile (course-profile)
 
 Submodules not imported here (import them by name): ``plots`` (matplotlib), ``dashboard``
-(ipywidgets), ``formats``, ``autocast_ops``, ``gradients``, ``loss_scaling``, ``training_arms``
-(lesson 01's tools), ``memory_timeline``, ``learner_checks`` (the exercises' checks),
-``evidence``, ``lora``, ``distributed``, ``search`` (largest batch under a budget),
+(ipywidgets), ``formats``, ``fp32_matmul``, ``autocast_ops``, ``gradients``, ``loss_scaling``,
+``nonfinite``, ``training_arms`` (lesson 01's tools), ``memory_timeline``, ``learner_checks``
+(the exercises' checks), ``evidence``, ``lora``, ``distributed``, ``search`` (largest batch under a budget),
 ``results``, ``quiz``, ``cli``, ``extrapolate``, ``card``, ``model_zoo`` (lesson 05's models),
 ``offload``, ``cli_profile``, ``chunked_loss`` (the chunked cross-entropy that
 ``RunConfig.loss_chunk`` turns on). The words every module shares (precision names, units) are in

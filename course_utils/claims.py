@@ -365,10 +365,14 @@ def _c15(naive_extra_slope, sdpa_slope):
 
 
 def _c16(hw, bf16_vs_fp16=None, recipe=""):
-    """``bf16_vs_fp16``: bf16 matmul time / fp16's, measured on this GPU."""
+    """``bf16_vs_fp16``: bf16 matmul time / fp16's, measured on this GPU. A stand-in GPU
+    (``hw.stand_in``) plans as the smaller card but times at its own speed: not measured."""
     if hw.device != "cuda":
         return "not measured here", (f"a claim about NVIDIA GPUs; this is {_gpu(hw)}"
                                      + (f", whose recipe is {recipe}" if recipe else ""))
+    if hw.stand_in:
+        return "not measured here", (f"{hw.stand_in}: its matmuls run at the bigger GPU's "
+                                     "speed, so they cannot say what the smaller card's do")
     if bf16_vs_fp16 is None:
         return "not measured here", f"{_gpu(hw)}: no bf16/fp16 matmul timing in this run"
     text = (f"{_gpu(hw)}: a bf16 matmul takes {bf16_vs_fp16:.2f}x fp16's time; native bf16: "

@@ -29,7 +29,7 @@ from .measure import (
     time_in_alternation,
 )
 from .memory_model import estimate
-from .step_timing import default_budget_s, printed_band, time_ratio
+from .step_timing import default_budget_s, emulated_factor, printed_band, time_ratio
 from .terms import GiB, MiB, check_positive_int
 from .training import train_step
 
@@ -259,9 +259,10 @@ def size_text(n: int) -> str:
 
 def time_cell(ratio, verdict) -> str:
     """How a table shows a time ratio: the number only when it says faster or slower
-    (``"1.31x slower"``, ``"1.43x faster"``: a speed-up, never ``"0.70x faster"``), labelled when
-    emulated (``"emulated, 3.40x slower"``), and the verdict alone when the difference is within
-    the noise, the rounds too few, or the size inconclusive."""
+    (``"1.31x slower"``, ``"1.43x faster"``: a speed-up, never ``"0.70x faster"``), rounded and
+    labelled when emulated (``"about 20x (emulated)"``, `step_timing.emulated_factor`: no
+    verdict word, issue 24), and the verdict alone when the difference is within the noise, the
+    rounds too few, or the size inconclusive."""
     if ratio is None or pd.isna(ratio) or verdict == "not timed":
         return "not timed"
     if verdict == "reference":
@@ -271,8 +272,7 @@ def time_cell(ratio, verdict) -> str:
     if verdict == "slower":
         return f"{ratio:.2f}x slower"
     if verdict == "emulated":
-        return (f"emulated, {ratio:.2f}x slower" if ratio >= 1
-                else f"emulated, {1 / ratio:.2f}x faster")
+        return f"about {emulated_factor(ratio)} (emulated)"
     return verdict
 
 
@@ -302,7 +302,8 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     where the rows' batches differ), and six columns: ``step ms`` (the reference row's median
     step time times the row's ratio to it, ``paired_step_time_s`` (`paired_step_s`), so that a
     row's milliseconds and its ratio agree; the row's own median where it has no paired ratio or
-    the table has no such column), ``time vs first`` (`time_cell`: a ratio only outside the
+    the table has no such column; empty for an emulated row, whose time is said once, rounded,
+    in its ratio cell), ``time vs first`` (`time_cell`: a ratio only outside the
     noise; ``time per token vs first`` where the rows process different numbers of tokens per
     step), ``peak MiB`` and ``est peak MiB`` (peak allocated memory, measured and estimated),
     ``saved MiB`` and ``est saved MiB`` (saved tensors); three significant figures, as text
@@ -331,10 +332,12 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     paired = [None if v is None or pd.isna(v) else float(v)
               for v in df.get("paired_step_time_s", [None] * len(df))]
     steps = [p if p is not None else o for p, o in zip(paired, own)]
-    out["step ms"] = [sig_text(None if v is None else v * 1e3) for v in steps]
     ratio, low, high, verdicts = (list(df[c]) if c in df else [None] * len(df)
                                   for c in ("time_ratio", "time_ratio_low", "time_ratio_high",
                                             "time_verdict"))
+    # an emulated row's time is said once, rounded, in its time cell
+    out["step ms"] = ["" if v == "emulated" else sig_text(None if t is None else t * 1e3)
+                      for t, v in zip(steps, verdicts)]
     if per_token:  # per-round ratios scale exactly by the tokens: so do the median and band
         ratio, low, high, verdicts = _per_token(ratio, low, high, verdicts, tokens)
     cells = [time_cell(r, v) for r, v in zip(ratio, verdicts)]

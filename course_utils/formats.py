@@ -25,14 +25,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
-from torch.utils import benchmark
 
-from .hardware import require_device
+from .fp32_matmul import tf32_probe  # lesson 03 imports it from here
 from .terms import PRECISION_DTYPES, short_dtype
 
 __all__ = ["FORMATS", "SPEC_FORMATS", "FormatInfo", "resolve_dtype", "format_info", "format_table",
            "layout_table", "bits", "cast_table", "log2_histogram", "underflow_stats",
-           "underflow_table", "fp32_matmul_settings", "tf32_probe", "Recipe", "RECIPES",
+           "underflow_table", "tf32_probe", "Recipe", "RECIPES",
            "round_to_format", "mx_scale_exponents", "fake_quantize", "quantization_error",
            "quantization_table"]
 
@@ -533,50 +532,3 @@ def underflow_table(groups: dict, cases) -> pd.DataFrame:
                          "subnormal (%)": 100 * st["subnormal"],
                          "overflow (%)": 100 * st["overflow"]})
     return pd.DataFrame(rows).set_index(["stored as", "gradients"])
-
-
-def fp32_matmul_settings() -> dict:
-    """What an fp32 matmul means in this process: ``float32_matmul_precision``
-    (``torch.get_float32_matmul_precision()``: ``"highest"`` = full fp32, ``"high"`` = TF32
-    allowed on Ampere+ GPUs), ``cuda_matmul_tf32`` (``torch.backends.cuda.matmul.allow_tf32``)
-    and ``cudnn_tf32`` (``torch.backends.cudnn.allow_tf32``, which covers convolutions; True by
-    default). PyTorch's defaults since 1.12: matmuls in full fp32, cuDNN convolutions in TF32
-    (PyTorch docs, "TensorFloat-32 (TF32) on Ampere (and later) devices")."""
-    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "cuda_matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-            "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32)}
-
-
-def tf32_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2) -> dict | None:
-    """Seconds of one ``(n x n) @ (n x n)`` fp32 matmul in full fp32 and with TF32 allowed, on an
-    NVIDIA GPU of compute capability 8.0 or more (TF32 tensor cores: Ampere and newer).
-
-    TF32 keeps fp32's 8 exponent bits and rounds the inputs of a matmul to 10 mantissa bits
-    (fp16's), accumulating in fp32. The settings in force before the call are restored after it.
-
-    Returns:
-        ``{"fp32": s, "tf32": s}`` (medians of ``torch.utils.benchmark.Timer.blocked_autorange``,
-        about ``budget_s`` seconds each), or None where TF32 does not exist (a CPU, MPS, or a GPU
-        older than Ampere).
-
-    Raises:
-        ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
-    """
-    require_device(device)
-    if n < 1 or budget_s <= 0:
-        raise ValueError(f"n and budget_s must be positive, got {n} and {budget_s}.")
-    dev = torch.device(device)
-    if dev.type != "cuda" or torch.cuda.get_device_capability(dev) < (8, 0):
-        return None
-    before = torch.get_float32_matmul_precision()
-    a = torch.randn(n, n, device=dev)
-    out = {}
-    try:
-        for name, precision in (("fp32", "highest"), ("tf32", "high")):
-            torch.set_float32_matmul_precision(precision)
-            timer = benchmark.Timer("a @ a", globals={"a": a})
-            out[name] = float(timer.blocked_autorange(min_run_time=budget_s).median)
-    finally:
-        torch.set_float32_matmul_precision(before)
-    return out
-

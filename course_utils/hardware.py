@@ -36,6 +36,7 @@ import torch
 from torch.utils import benchmark
 
 from . import stand_in, store
+from .step_timing import emulated_factor
 from .terms import DEVICE_KINDS, PRECISION_DTYPES, GiB, autocast_dtype, default_device, device_kind
 
 __all__ = ["HardwareInfo", "Recommendation", "ThreadChoice", "MPS_PEAK_NOTE", "detect",
@@ -479,10 +480,13 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
         lines.append("MPS           : available, but it has no peak-memory counter: peak memory "
                      "is measured on the CPU")
     lines.append(f"torch         : {hw.torch_version}")
-    if probe:
+    if probe:  # an emulated format's ratio once, rounded, never 4 figures (issue 24)
         lines.append("matmul here   : " + ", ".join(
-            f"{p} {_ratio_text(probe[p] / probe['fp32'])} fp32's time" for p in ("bf16", "fp16")
-            if p in probe) + " (measured now)")
+            (f"{p} about {emulated_factor(probe[p] / probe['fp32'])} fp32's time (emulated)"
+             if is_emulated(hw, p) and not hw.stand_in
+             else f"{p} {_ratio_text(probe[p] / probe['fp32'])} fp32's time")
+            for p in ("bf16", "fp16") if p in probe)
+            + (" (measured now, at the bigger GPU's speed)" if hw.stand_in else " (measured now)"))
     lines.append(f"recipe        : {rec.precision}" + (" + GradScaler" if rec.grad_scaler else ""))
     lines.append(f"why           : {rec.reason}")
     return "\n".join(lines)

@@ -1,31 +1,24 @@
 """Auto-checked conceptual questions for the graded exercises ("interview questions").
 
-A question's answer is a choice (``"b"``) or a number. The test cell that checks it stores only
-a salted hash of the answer and the explanation in base64, so the released exercise does not show
-the answer in plain text (a determined learner can still try every choice: these questions teach,
-they do not examine). When the answer is right, the explanation is printed; when it is wrong, an
-``AssertionError`` gives the hint (where in the course to look), never the answer.
+A question's answer is a choice (``"b"``) or a number. Its test cell reads
+``quiz.check("bf16-no-scaler", answer)`` and nothing more: the question lives in a **question
+bank**, ``course_utils/quizzes/<exercise>.json``, as ``{question: {"key", "hint", "explanation",
+"choices" | "digits"}}``. The bank stores the right answer only as its `answer_key` (a salted
+hash) and the explanation *sealed* with the right answer (`seal`: XOR with a SHA-256 keystream of
+``question:answer``), so neither the cell the learner reads nor the file gives the answer away
+(a determined learner can still try every choice: these questions teach, they do not examine).
+A right answer opens and prints the explanation; a wrong one raises an ``AssertionError`` with
+the hint, the lesson section to read again, never the answer (issue 24 item 7).
 
 Authoring (once, in a Python shell)::
 
     >>> from course_utils import quiz
-    >>> quiz.author("bf16-no-scaler", "b", "bf16 has fp32's 8 exponent bits, so ...")
-    # paste the printed check(...) call into the question's test cell
-
-In the exercise::
-
-    answer_bf16 = "b"            # the learner's answer
-    quiz.check("bf16-no-scaler", answer_bf16, key="...", explanation="...", hint="...",
-               choices="abcd")
+    >>> quiz.author("bf16-no-scaler", "c", "bf16 has fp32's 8 exponent bits, so ...",
+    ...             hint="lesson 01 §1 (number formats)", bank="01_loss_scaling")
+    quiz.check('bf16-no-scaler', answer)
 
 Numbers are compared after rounding to ``digits`` decimals (``digits=0``: integers), so a
 question that asks for a number says how to round it.
-
-**Question banks** keep the explanation out of the cell the learner reads (issue 24 item 7): a
-bank is a JSON file ``course_utils/quizzes/<exercise>.json`` of ``{question: {"key", "hint",
-"explanation", "choices" | "digits"}}`` (the explanation in plain text, the answer only as its
-`answer_key`), and the test cell is just ``quiz.check("no-sync", answer_no_sync())``. Authors add
-an entry with ``quiz.author(question, answer, explanation, hint=..., bank="04_scaling_out")``.
 """
 from __future__ import annotations
 
@@ -36,9 +29,10 @@ import math
 import textwrap
 from pathlib import Path
 
-__all__ = ["answer_key", "encode", "check", "author", "BANK_DIR", "question_bank"]
+__all__ = ["BANK_DIR", "answer_key", "seal", "unseal", "bank_entry", "question_bank", "check",
+           "author"]
 
-#: Where the question banks are (one JSON file per exercise; see the module docstring).
+#: Where the question banks are: one JSON file per exercise, ``{question: entry}``.
 BANK_DIR = Path(__file__).resolve().parent / "quizzes"
 
 
@@ -54,7 +48,7 @@ def _normalise(answer, digits: int | None) -> str:
 
 
 def answer_key(question: str, answer, digits: int | None = None) -> str:
-    """The key a test cell stores: the first 16 hex digits of SHA-256 of ``question:answer``.
+    """The key a bank stores: the first 16 hex digits of SHA-256 of ``question:answer``.
 
     Args:
         question: the question's id (the salt: equal answers to different questions differ).
@@ -68,9 +62,51 @@ def answer_key(question: str, answer, digits: int | None = None) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def encode(text: str) -> str:
-    """``text`` as base64 (UTF-8), the form a test cell stores an explanation in."""
-    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+def _keystream(question: str, normalised: str, n: int) -> bytes:
+    out, i = b"", 0
+    while len(out) < n:
+        out += hashlib.sha256(f"{question}:{normalised}:{i}".encode("utf-8")).digest()
+        i += 1
+    return out[:n]
+
+
+def seal(question: str, answer, text: str, digits: int | None = None) -> str:
+    """``text`` sealed with the right answer to ``question``: its UTF-8 bytes XOR a SHA-256
+    keystream of ``question:answer`` (`answer_key`'s normalisation), in base64. Only that
+    answer opens it (`unseal`).
+
+    Raises:
+        TypeError: a number for a choice question or the reverse.
+    """
+    raw = text.encode("utf-8")
+    ks = _keystream(question, _normalise(answer, digits), len(raw))
+    return base64.b64encode(bytes(a ^ b for a, b in zip(raw, ks))).decode("ascii")
+
+
+def unseal(question: str, answer, sealed: str, digits: int | None = None) -> str:
+    """The text `seal` sealed, opened with ``answer`` (garbage, or a UnicodeDecodeError, with a
+    wrong one: check the answer's key first).
+
+    Raises:
+        TypeError: a number for a choice question or the reverse.
+    """
+    raw = base64.b64decode(sealed.encode("ascii"))
+    ks = _keystream(question, _normalise(answer, digits), len(raw))
+    return bytes(a ^ b for a, b in zip(raw, ks)).decode("utf-8")
+
+
+def bank_entry(question: str, answer, explanation: str, hint: str,
+               choices: str | None = "abcd", digits: int | None = None) -> dict:
+    """The bank entry of ``question`` (for course authors): the answer's key, the hint, the
+    explanation sealed with the answer, and ``choices`` or ``digits``.
+
+    Raises:
+        TypeError: a number for a choice question or the reverse.
+    """
+    entry = {"key": answer_key(question, answer, digits), "hint": hint,
+             "explanation": seal(question, answer, explanation, digits)}
+    entry.update({"choices": choices} if digits is None else {"digits": digits})
+    return entry
 
 
 def question_bank(folder: str | Path | None = None) -> dict:
@@ -91,77 +127,55 @@ def question_bank(folder: str | Path | None = None) -> dict:
     return out
 
 
-def check(question: str, answer, *, key: str | None = None, explanation: str | None = None,
-          hint: str | None = None, choices: str | None = None, digits: int | None = None) -> None:
-    """Check a learner's answer; print the explanation (once) if it is right.
-
-    Args:
-        question: the question's id (as given to `answer_key`).
-        answer: the learner's answer.
-        key: `answer_key` of the right answer; None: the question comes from the banks
-            (`question_bank`), with its explanation, hint, choices and digits.
-        explanation: `encode`-d explanation, printed after a right answer.
-        hint: where to look (shown with a wrong answer; never the answer itself).
-        choices: for a choice question, the valid letters (e.g. ``"abcd"``).
-        digits: for a number question, the decimals the answer is rounded to.
+def check(question: str, answer) -> None:
+    """Check a learner's answer to a banked question; print its explanation, opened with the
+    answer, if it is right.
 
     Returns:
-        None: a cell that ends with this call shows the explanation once (printed), not a
-        second time as the cell's value.
+        None: a cell that ends with this call shows the explanation once (printed), not a second
+        time as the cell's value.
 
     Raises:
-        AssertionError: the answer is missing, not one of ``choices``, or wrong (with the hint).
-        ValueError: no ``key`` and no bank holds the question.
+        AssertionError: the answer is missing, not one of the question's choices, or wrong (with
+            the hint: the lesson section to read again).
+        ValueError: no bank holds the question (an authoring error).
     """
-    if key is None:
-        bank = question_bank()
-        if question not in bank:
-            raise ValueError(f"no question bank in {BANK_DIR} holds {question!r}.")
-        entry = bank[question]
-        key, hint = entry["key"], entry["hint"]
-        explanation = encode(entry["explanation"])
-        choices, digits = entry.get("choices"), entry.get("digits")
+    bank = question_bank()
+    if question not in bank:
+        raise ValueError(f"no question bank in {BANK_DIR} holds {question!r}.")
+    entry = bank[question]
+    digits, choices = entry.get("digits"), entry.get("choices")
     if answer is None or answer is Ellipsis:
         raise AssertionError(f"{question}: no answer yet. Set the answer variable above.")
-    if choices is not None:
-        if not isinstance(answer, str) or answer.strip().lower() not in choices.lower():
-            raise AssertionError(f"{question}: answer with one of the letters "
-                                 f"{', '.join(choices)}; yours is {answer!r}.")
+    if choices is not None and (not isinstance(answer, str) or len(answer.strip()) != 1
+                                or answer.strip().lower() not in choices.lower()):
+        raise AssertionError(f"{question}: answer with one of the letters "
+                             f"{', '.join(choices)}; yours is {answer!r}.")
     try:
-        got = answer_key(question, answer, digits)
+        right = answer_key(question, answer, digits) == entry["key"]
     except TypeError as e:
         raise AssertionError(f"{question}: {e}") from None
-    if got != key:
-        raise AssertionError(f"{question}: not this one. Hint: {hint}")
-    text = base64.b64decode(explanation.encode("ascii")).decode("utf-8")
+    if not right:
+        raise AssertionError(f"{question}: not this one. Hint: {entry['hint']}")
+    text = unseal(question, answer, entry["explanation"], digits)
     print(textwrap.fill(f"Right. {text}", width=100))
 
 
-def author(question: str, answer, explanation: str, digits: int | None = None,
-           choices: str | None = "abcd", hint: str = "...", bank: str | None = None) -> str:
-    """The ``check(...)`` call to paste into a question's test cell (for course authors).
+def author(question: str, answer, explanation: str, *, hint: str, bank: str,
+           choices: str | None = "abcd", digits: int | None = None) -> str:
+    """Write ``question`` into ``BANK_DIR / f"{bank}.json"`` (added or replaced; ``bank`` is the
+    exercise's name, e.g. ``"04_scaling_out"``) and return the call its test cell makes, for
+    course authors.
 
-    With ``bank`` (an exercise's name, e.g. ``"04_scaling_out"``), the question is written into
-    ``BANK_DIR / f"{bank}.json"`` (added or replaced) and the call is just
-    ``quiz.check('<question>', answer)``.
+    Raises:
+        TypeError: a number for a choice question or the reverse.
     """
-    if bank is not None:
-        path = BANK_DIR / f"{bank}.json"
-        entries = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        entries[question] = {"key": answer_key(question, answer, digits), "hint": hint,
-                             "explanation": explanation,
-                             **({"choices": choices} if digits is None else {"digits": digits})}
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        call = f"quiz.check({question!r}, answer)"
-        print(call)
-        return call
-    args = [repr(question), "answer", f"key={answer_key(question, answer, digits)!r}",
-            f"explanation={encode(explanation)!r}", f"hint={hint!r}"]
-    if digits is None:
-        args.append(f"choices={choices!r}")
-    else:
-        args.append(f"digits={digits}")
-    call = "quiz.check(" + ", ".join(args) + ")"
+    path = BANK_DIR / f"{bank}.json"
+    entries = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    entries[question] = bank_entry(question, answer, explanation, hint, choices, digits)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(entries, indent=1, ensure_ascii=False, sort_keys=True) + "\n",
+                    encoding="utf-8")
+    call = f"quiz.check({question!r}, answer)"
     print(call)
     return call

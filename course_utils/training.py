@@ -10,8 +10,15 @@ recipe and ``torch.amp`` docs):
 3. ``scaler.scale(loss).backward()``: the scaler is enabled only for fp16 and is a no-op
    otherwise;
 4. ``scaler.unscale_(optimizer)`` *before* ``clip_grad_norm_`` (clip the true gradients);
-5. ``scaler.step`` (skips the step on inf/NaN gradients) + ``scaler.update``;
+5. ``scaler.step`` (skips the step on inf/NaN gradients) + ``scaler.update``; without a scaler
+   (fp32, bf16) the step is skipped when the gradient norm ``clip_grad_norm_`` returns is inf or
+   NaN (``nonfinite="skip"``, the default: one NaN gradient otherwise turns every parameter into
+   NaN through the clipping and AdamW, lesson 01 §6), or the run stops (``"raise"``:
+   ``clip_grad_norm_(..., error_if_nonfinite=True)``), or nothing is checked (``"step"``);
 6. ``optimizer.zero_grad(set_to_none=True)``.
+
+`StepCounter` counts the optimizer steps a run really took, so that a skipped step (GradScaler's
+or the guard's) is counted in every precision (`TrainHistory.skipped`).
 """
 from __future__ import annotations
 
@@ -27,19 +34,24 @@ from .guard import check_feasible
 from .models import build_model
 from .terms import check_positive_int
 
-__all__ = ["DEFAULT_LR", "DEFAULT_MAX_GRAD_NORM", "train_step", "TrainState", "setup", "train",
-           "TrainHistory", "evaluate"]
+__all__ = ["DEFAULT_LR", "DEFAULT_MAX_GRAD_NORM", "train_step", "StepCounter",
+           "TrainState", "setup", "train", "TrainHistory", "evaluate"]
 
 DEFAULT_LR = 1e-3
 DEFAULT_MAX_GRAD_NORM = 1.0
 
 
-def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0,
+               nonfinite="skip"):
     """One optimizer step over micro_batches, a list of (x, y) int64 (B, T) pairs.
 
     dtype: torch.bfloat16 or torch.float16 for autocast, None for fp32. scaler: a
-    torch.amp.GradScaler, enabled only for fp16. Returns the mean loss (0-dim tensor).
+    torch.amp.GradScaler, enabled only for fp16. nonfinite: without a scaler, a step whose
+    gradient norm is inf/NaN is skipped ("skip"), raises ("raise") or is taken ("step").
+    Returns the mean loss (0-dim tensor).
     """
+    if nonfinite not in ("skip", "raise", "step"):
+        raise ValueError(f"nonfinite must be 'skip', 'raise' or 'step', got {nonfinite!r}.")
     total = 0.0
     for x, y in micro_batches:
         with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
@@ -48,11 +60,41 @@ def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_nor
         scaler.scale(loss).backward()                 # fp16: loss x S; otherwise unchanged
         total += loss.detach()
     scaler.unscale_(optimizer)                        # before clipping: clip the true gradients
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    scaler.step(optimizer)                            # fp16: skipped if a gradient is inf/NaN
+    guard = "step" if scaler.is_enabled() else nonfinite   # fp16: GradScaler's own skip
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm,
+                                          error_if_nonfinite=guard == "raise")
+    if guard != "skip" or norm.isfinite():            # the test of the norm: one host sync
+        scaler.step(optimizer)                        # fp16: skipped if a gradient is inf/NaN
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total
+
+
+class StepCounter:
+    """Counts the ``optimizer.step()`` calls that ran (an optimizer step post hook,
+    ``Optimizer.register_step_post_hook``): a step that GradScaler or `train_step`'s guard
+    skipped is one that did not. Use as a context manager, or call `remove` when done.
+
+    Attributes:
+        taken: optimizer steps run since the counter was made.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.taken = 0
+        self._handle = optimizer.register_step_post_hook(self._count)
+
+    def _count(self, optimizer, args, kwargs) -> None:
+        self.taken += 1
+
+    def remove(self) -> None:
+        """Stop counting."""
+        self._handle.remove()
+
+    def __enter__(self) -> "StepCounter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
 
 
 @dataclass
@@ -123,7 +165,8 @@ def evaluate(state: TrainState, n_batches: int = 4) -> float:
 @dataclass
 class TrainHistory:
     """What `train` recorded. Losses are floats (nats per byte); ``scales`` holds GradScaler's
-    scale after each step (fp16 only) and ``skipped`` the steps it skipped (inf/NaN grads)."""
+    scale after each step (fp16 only) and ``skipped`` the steps whose optimizer step did not run
+    (inf/NaN gradients: GradScaler's skip, or `train_step`'s guard without a scaler)."""
 
     config: RunConfig
     steps: list = field(default_factory=list)
@@ -153,17 +196,17 @@ def train(config: RunConfig, steps: int, eval_every: int = 50, eval_batches: int
     hist = TrainHistory(config)
     hist.val_steps.append(0)
     hist.val_loss.append(evaluate(state, eval_batches))
-    for i in tqdm(range(1, steps + 1), desc=config.label, disable=not progress, leave=False):
-        before = state.scaler.get_scale() if state.scaler.is_enabled() else None
-        loss = state.step()
-        hist.steps.append(i)
-        hist.train_loss.append(loss.float().item())
-        if state.scaler.is_enabled():
-            after = state.scaler.get_scale()
-            hist.scales.append(after)
-            if after < before:
+    with StepCounter(state.optimizer) as counter:
+        for i in tqdm(range(1, steps + 1), desc=config.label, disable=not progress, leave=False):
+            taken = counter.taken
+            loss = state.step()
+            hist.steps.append(i)
+            hist.train_loss.append(loss.float().item())
+            if state.scaler.is_enabled():
+                hist.scales.append(state.scaler.get_scale())
+            if counter.taken == taken:
                 hist.skipped.append(i)
-        if i % eval_every == 0 or i == steps:
-            hist.val_steps.append(i)
-            hist.val_loss.append(evaluate(state, eval_batches))
+            if i % eval_every == 0 or i == steps:
+                hist.val_steps.append(i)
+                hist.val_loss.append(evaluate(state, eval_batches))
     return hist

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from .config import RunConfig
 from .guard import check_feasible
 from .terms import autocast_dtype, check_positive_int
-from .training import TrainHistory, evaluate, setup, train_step
+from .training import StepCounter, TrainHistory, evaluate, setup, train_step
 
 __all__ = [
     "HARM",
@@ -130,13 +130,14 @@ def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_bat
         counts[1] += p.grad.numel()
 
     handles = [p.register_post_accumulate_grad_hook(count) for p in _weights(state.module)]
+    steps_taken = StepCounter(state.optimizer)
     hist = ArmHistory(cfg, arm=arm)
     hist.val_steps.append(0)
     hist.val_loss.append(evaluate(state, eval_batches))
     try:
         for i in range(1, steps + 1):
             counts[:] = [0, 0]
-            before = scaler.get_scale() if scaler.is_enabled() else None
+            taken = steps_taken.taken
             loss = train_step(model, state.optimizer, scaler, state.next_micro_batches(),
                               cfg.dtype, state.max_grad_norm)
             hist.steps.append(i)
@@ -144,8 +145,8 @@ def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_bat
             hist.flushed.append(counts[0] / counts[1] if counts[1] else 0.0)
             if scaler.is_enabled():
                 hist.scales.append(scaler.get_scale())
-                if hist.scales[-1] < before:
-                    hist.skipped.append(i)
+            if steps_taken.taken == taken:
+                hist.skipped.append(i)
             if i % eval_every == 0 or i == steps:
                 hist.val_steps.append(i)
                 hist.val_loss.append(evaluate(state, eval_batches))
@@ -154,6 +155,7 @@ def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_bat
     finally:
         for h in handles:
             h.remove()
+        steps_taken.remove()
     hist.seconds = time.perf_counter() - t0
     return hist
 
@@ -266,7 +268,8 @@ def flushed_trend(history: ArmHistory) -> str:
 
 def results_table(histories: dict, reference: str) -> pd.DataFrame:
     """One row per arm: final validation loss, its gap to ``reference`` (%), the flushed share
-    (mean over steps and last step, %), GradScaler's skipped steps. No time: an arm's wall time
+    (mean over steps and last step, %), the skipped steps (GradScaler's, or `train_step`'s guard
+    without a scaler). No time: an arm's wall time
     (``ArmHistory.seconds``) includes building the model and the validation passes, and on a
     device that emulates the arm's precision it is no hardware speed.
 

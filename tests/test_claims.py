@@ -2,6 +2,8 @@
 numbers that make it fail, no time verdict is drawn inside the measured noise, and the ledger
 shows the verdict a lesson recorded on this machine (the results store), measuring again only
 what no lesson recorded."""
+import dataclasses
+
 import pytest
 
 from course_utils import claims, store
@@ -177,6 +179,10 @@ def test_hardware_claims_say_why_not_measured_here():
     assert v.status == "not measured here" and "Ampere" in v.evidence and "about 3.4x" in v.evidence
     assert verdict("C16", hw=CPU, recipe="fp32").status == "not measured here"
     assert verdict("C16", hw=A100).status == "not measured here"  # on CUDA, but not timed
+    # a T4 stand-in on an H200 timed bf16 at 0.14x fp16's and was "busted": the H200's speed
+    stand = dataclasses.replace(T4, stand_in="NVIDIA H200 standing in for a Tesla T4")
+    v = verdict("C16", hw=stand, bf16_vs_fp16=0.14)
+    assert v.status == "not measured here" and "H200" in v.evidence
     v = verdict("C19", hw=CPU, why_not="no FP8 tensor cores: this is a CPU")
     assert v.status == "not measured here" and "FP8" in v.evidence and v.basis == "none"
     with pytest.raises(ValueError, match="why not"):

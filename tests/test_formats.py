@@ -141,17 +141,3 @@ def test_underflow_table_layout():
         underflow_table({}, [("fp16", 1)])
     with pytest.raises(ValueError):
         underflow_table(groups, [])
-
-
-# ---------------------------------------------------------------- lesson 01 charts
-
-
-def test_fp32_matmul_settings_and_tf32_probe_off_ampere():
-    from course_utils.formats import fp32_matmul_settings, tf32_probe
-    s = fp32_matmul_settings()
-    assert set(s) == {"float32_matmul_precision", "cuda_matmul_tf32", "cudnn_tf32"}
-    assert s["float32_matmul_precision"] in ("highest", "high", "medium")
-    assert tf32_probe("cpu") is None          # TF32 is an Ampere+ GPU feature
-    with pytest.raises(ValueError):
-        tf32_probe("cpu", n=0)
-    assert torch.get_float32_matmul_precision() == s["float32_matmul_precision"]

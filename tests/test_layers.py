@@ -22,12 +22,13 @@ LAYERS = {
         ("terms", ["terms", "i18n"]),
         ("machine and mechanisms", [
             "store", "hardware", "stand_in", "data", "checkpointing", "step_timing", "memory_timeline",
-            "saved_tensors", "offload", "loss_scaling", "gradients", "formats", "autocast_ops", "quiz",
+            "saved_tensors", "offload", "loss_scaling", "gradients", "formats", "fp32_matmul",
+            "autocast_ops", "quiz",
             "cli_args", "stand_in", "chunked_loss"]),
         ("run description", ["config"]),
         ("model and estimate", ["models", "memory_model", "model_zoo"]),
         ("run guard", ["guard"]),
-        ("training", ["training", "learner_checks"]),
+        ("training", ["training", "nonfinite", "learner_checks"]),
         ("measurement", ["measure"]),
         ("experiments and evidence", [
             "experiments", "search", "results", "evidence", "claims", "training_arms", "lora",
