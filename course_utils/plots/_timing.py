@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..step_timing import emulated_factor
 from ._style import column, nan
 
 #: The verdicts `compare` gives a row's step time against its reference row.
@@ -177,8 +178,9 @@ def error_bars(heights, notes) -> np.ndarray | None:
 
 def emulated_caption(labels, t_ms, notes, reference_ms=None) -> str:
     """The sentence under a chart that leaves emulated step times off its time axis:
-    ``"Not drawn on the time axis: bf16 (emulated here, 4,300 ms a step, 15.9x fp32's time):
-    emulated arithmetic is not this hardware's speed."`` ("" when nothing is emulated).
+    ``"Not drawn on the time axis: bf16 (4,300 ms a step, about 16x fp32's time). Emulated
+    arithmetic is not this hardware's speed for that precision."`` ("" when nothing is
+    emulated); the factor rounded by `course_utils.step_timing.emulated_factor`.
 
     Args:
         labels, t_ms, notes: per row, its name, step time (ms) and `TimeNote`.
@@ -190,7 +192,7 @@ def emulated_caption(labels, t_ms, notes, reference_ms=None) -> str:
             continue
         ratio = ""
         if reference_ms and np.isfinite(nan(reference_ms[1])) and reference_ms[1] > 0:
-            ratio = f", {t / reference_ms[1]:.1f}x {reference_ms[0]}'s time"
+            ratio = f", about {emulated_factor(t / reference_ms[1])} {reference_ms[0]}'s time"
         parts.append(f"{lab} ({t:,.0f} ms a step{ratio})")
     if not parts:
         return ""
