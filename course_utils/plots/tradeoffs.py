@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from ..experiments import _per_token, plain_label
+from ..memory_model import PEAK_PARTS
 from ..terms import MiB
 from ._style import (
     ALERT_COLOR,
@@ -283,21 +284,26 @@ def race_chart(race, title: str = "", size: str | None = None):
 def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | None = None):
     """Fine-tuning routes for one model on one GPU (`course_utils.lora.routes`), estimated.
 
-    One horizontal bar per route, stacked: weights, gradients, optimizer state, activations
-    (saved + logits + one recomputed block); the estimated peak of a step as a black tick with
-    its value and "fits" / "does not fit"; the GPU's memory as a dashed red line, named above
-    the bars. All values are estimates (GiB = 2^30 bytes), hatched to say so.
+    One horizontal bar per route: the estimated peak of a step, stacked by what is alive at
+    that moment (`course_utils.memory_model.PEAK_PARTS`: weights, AdamW state, gradients, saved
+    tensors, temporaries), so the bar ends at the peak; beside it the peak, its moment and
+    "fits" / "does not fit"; the GPU's memory as a dashed red line, named above the bars. All
+    values are estimates (GiB = 2^30 bytes), hatched to say so.
 
     Args:
-        routes: columns ``route``, ``weights``, ``gradients``, ``optimizer``, ``activations``,
-            ``peak`` (GiB) and ``fits``.
+        routes: `course_utils.lora.routes`' table (``route``, ``peak``, ``fits``, ``peak at``
+            and ``at peak: <part>`` columns, GiB).
         gpu_gib: the GPU's memory (GiB). title: the figure's title; size: the size profile.
 
     Raises:
-        ValueError: no routes, or a non-positive ``gpu_gib``.
+        ValueError: no routes, a table without the parts alive at the peak, or a non-positive
+            ``gpu_gib``.
     """
     if len(routes) == 0:
         raise ValueError("routes_chart() needs at least one route (course_utils.lora.routes()).")
+    if f"at peak: {PEAK_PARTS[0]}" not in routes.columns:
+        raise ValueError("routes_chart() needs course_utils.lora.routes()'s table (the parts "
+                         "alive at the peak).")
     if not gpu_gib > 0:
         raise ValueError(f"gpu_gib must be > 0, got {gpu_gib!r}.")
     n = len(routes)
@@ -305,18 +311,17 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
     ax = fig.subplots()
     y = np.arange(n)[::-1]
     left = np.zeros(n)
-    parts = (("weights", "parameters"), ("gradients", "gradients"),
-             ("optimizer", "optimizer_state"), ("activations", "activations"))
-    for col, key in parts:
-        vals = routes[col].to_numpy(dtype=float)
-        ax.barh(y, vals, left=left, color="white", edgecolor=COLORS[key], hatch=HATCH,
-                label=col, height=0.6)
+    colors = {"weights": COLORS["parameters"], "AdamW state": COLORS["optimizer_state"],
+              "gradients": COLORS["gradients"], "saved tensors": COLORS["activations"],
+              "temporaries": COLORS["autocast_weight_copies"]}
+    for part in PEAK_PARTS:
+        vals = routes[f"at peak: {part}"].to_numpy(dtype=float)
+        ax.barh(y, vals, left=left, color="white", edgecolor=colors[part], hatch=HATCH,
+                label=part, height=0.6)
         left = left + vals
     peak = routes["peak"].to_numpy(dtype=float)
-    ax.scatter(peak, y, marker="|", s=400, color="black", linewidths=2, zorder=3,
-               label="estimated peak of a step")
-    for yi, pk, end, fits in zip(y, peak, left, routes["fits"]):
-        ax.annotate(f"peak {pk:,.1f} GiB: {'fits' if fits else 'does not fit'}",
+    for yi, pk, end, fits, at in zip(y, peak, left, routes["fits"], routes["peak at"]):
+        ax.annotate(f"peak {pk:,.1f} GiB, at the {at}: {'fits' if fits else 'does not fit'}",
                     (max(pk, end), yi), xytext=(6, 0), textcoords="offset points",
                     va="center", fontsize=8, color="black" if fits else ALERT_COLOR)
     ax.axvline(gpu_gib, color=ALERT_COLOR, ls="--", lw=1)
@@ -324,7 +329,7 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
                 fontsize=8, color=ALERT_COLOR, annotation_clip=False)
     ax.set_yticks(y)
     ax.set_yticklabels(routes["route"], fontsize=9)
-    ax.set_xlim(0, max(peak.max(), left.max(), gpu_gib) * 1.35)
+    ax.set_xlim(0, max(peak.max(), left.max(), gpu_gib) * 1.6)
     ax.set_ylim(-0.6, n - 0.1)
     ax.set_xlabel("GiB (estimate, not measured)")
     ax.grid(axis="x", alpha=0.3)
