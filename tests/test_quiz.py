@@ -1,4 +1,6 @@
 """The conceptual questions' checker: right answers print the explanation, wrong ones the hint."""
+import re
+
 import pytest
 
 from course_utils import quiz
@@ -37,3 +39,21 @@ def test_author_prints_a_call_that_checks(capsys):
     capsys.readouterr()
     eval(call, {"quiz": quiz, "answer": "a"})
     assert capsys.readouterr().out.count("explained") == 1
+
+
+def test_the_explanation_is_kept_out_of_the_cell_and_printed_after_a_right_answer(capsys):
+    """Exercise 03's cells pass no explanation: it comes from course_utils.quiz_explanations,
+    only after a right answer, and points to a lesson section, not to a claim ID."""
+    from course_utils.quiz_explanations import EXPLANATIONS
+    key = quiz.answer_key("bf16-halves-memory", "b")
+    quiz.check("bf16-halves-memory", "b", key=key, hint="lesson 03, §2", choices="abcd")
+    out = capsys.readouterr().out
+    assert out.startswith("Right.") and "optimizer step" in out
+    with pytest.raises(AssertionError) as e:
+        quiz.check("bf16-halves-memory", "a", key=key, hint="lesson 03, §2", choices="abcd")
+    assert "optimizer step" not in str(e.value)
+    with pytest.raises(ValueError, match="no explanation"):
+        quiz.check("nobody-wrote-this", "a", key=quiz.answer_key("nobody-wrote-this", "a"), hint="h",
+                   choices="abcd")
+    for text in EXPLANATIONS.values():
+        assert "lesson" in text and not re.search(r"\bC\d+\b", text), text
