@@ -811,7 +811,7 @@ def test_the_race_chart_prints_a_per_token_ratio_only_outside_the_noise():
     within noise, so no number)."""
     fig = plots.race_chart(race(), size="cpu")
     texts = [t.get_text() for t in fig.axes[0].texts]
-    assert texts == ["reference", "1.23x faster", "≈1x\n(within noise)"]
+    assert texts == ["reference", "1.23x faster\nvs bf16", "≈1x\n(within noise)\nvs bf16"]
     # each bar is the first's tokens/s / its per-token ratio (6316 / 0.814, 6316 / 1.008), not
     # its own median: the bar says what its label says
     assert [round(b.get_height()) for b in _bars(fig.axes[0])] == [6316, 7762, 6266]

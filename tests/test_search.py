@@ -121,7 +121,7 @@ def test_race_times_each_at_its_largest_batch_per_token(race_inputs):
     assert "cannot tell" in result.reading()     # no verdict at the smoke size, so no reading either
     from course_utils import plots
     fig = plots.race_chart(result, size="smoke")
-    assert [t.get_text() for t in fig.axes[0].texts] == ["reference", "inconclusive"]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["reference", "inconclusive\nvs fp32"]
 
 
 def test_the_race_reading_follows_the_per_token_verdict():

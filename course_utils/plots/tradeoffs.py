@@ -195,7 +195,6 @@ def budget_chart(searches, title: str = "", size: str | None = None):
                 Line2D([], [], color="grey", marker="x", ls="", label="over budget")]
     ax_m.set_xlabel("micro-batch (sequences)")
     ax_m.set_ylabel("peak allocated (MiB)")
-    ax_m.set_title("measured peak (o fits, x over budget); dashed: estimate", fontsize=10)
     ax_m.set_ylim(0, max(budget, ax_m.get_ylim()[1]) * 1.08)
     ax_m.grid(alpha=0.3)
     ax_m.xaxis.get_major_locator().set_params(integer=True)
@@ -213,9 +212,10 @@ def race_chart(race, title: str = "", size: str | None = None):
     stands at the first bar's tokens/s / its time per token against the first row (the median
     of the per-round ratios, as the table's tokens/s), with whiskers at the first bar /
     (high, low) of that ratio's noise band, so a whisker reaches the first bar exactly when the
-    ratio is within noise. A bar is annotated with that ratio (the best plain configuration
-    comes first) only where the difference lies outside the noise ("1.23x faster", "≈1x
-    (within noise)", "inconclusive"). Without a ratio a bar stands at its own tokens/s.
+    ratio is within noise. A bar is annotated with that ratio and the name of the first bar (the
+    best plain configuration comes first), the ratio only where the difference lies outside the
+    noise ("1.23x faster", "≈1x (within noise)", "inconclusive"). Without a ratio a bar stands at
+    its own tokens/s.
     A configuration whose precision is emulated here is not drawn (the caption names it).
 
     Args:
@@ -262,16 +262,16 @@ def race_chart(race, title: str = "", size: str | None = None):
         end = h + (err[1][0] if err else 0)
         top = max(top, end)
         text = "reference" if i == 0 else note.text
+        if i and text and np.isfinite(ref) and note.ratio:   # the bar the ratio is to, by name
+            text += f"\nvs {plain_label(df['label'].iloc[0])}"
         if text:
             ax.annotate(text.replace(" (", "\n("), (xi, end), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8,
                         color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
     ax.set_xticks(x)
     ax.set_xticklabels(labels, fontsize=8)
-    ax.set_ylabel("tokens/s (first bar's median ÷ ratio)" if np.isfinite(ref) else "tokens/s (median)")
+    ax.set_ylabel("tokens/s")
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
-    ax.set_title("time per token against the first bar, where outside the noise; "
-                 "bars: its noise band", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     caption = emulated_caption([lab.replace("\n", " ") for lab in labels],
                                [1e3 * t for t in df["step_time_s"]], notes)
