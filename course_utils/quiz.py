@@ -1,18 +1,18 @@
 """Auto-checked conceptual questions for the graded exercises ("interview questions").
 
 A question's answer is a choice (``"b"``) or a number. The test cell that checks it stores only
-a salted hash of the answer, so the released exercise does not show the answer; the explanation
-lives here, in `course_utils.quiz_explanations` (keyed by the question's id), out of the cell
-the learner reads, and is printed only after a right answer. (A determined learner can still try
-every choice or read the module: these questions teach, they do not examine.) A wrong answer
-raises an ``AssertionError`` with the hint (the lesson section to reread), never the answer.
+a salted hash of the answer; the explanation, which gives the answer away, lives out of the
+learner's sight until the answer is right: in a question bank of `course_utils.quizzes` (a module
+per exercise, ``EXPLANATIONS = {question id: text}``), or, in older cells, base64 in the cell
+itself. A determined learner can still try every choice: these questions teach, they do not
+examine. When the answer is right, the explanation is printed; when it is wrong, an
+``AssertionError`` gives the hint (where in the course to look), never the answer.
 
-Authoring (once, in a Python shell)::
+Authoring (once, in a Python shell), after adding the explanation to the exercise's bank::
 
     >>> from course_utils import quiz
-    >>> quiz.author("bf16-no-scaler", "b", hint="lesson 01, §3 ...")
-    # add the explanation to course_utils/quiz_explanations.py under "bf16-no-scaler",
-    # then paste the printed check(...) call into the question's test cell
+    >>> quiz.author("bf16-no-scaler", "b", hint="lesson 01 §3")
+    # paste the printed check(...) call into the question's test cell
 
 In the exercise::
 
@@ -20,17 +20,20 @@ In the exercise::
     quiz.check("bf16-no-scaler", answer_bf16, key="...", hint="...", choices="abcd")
 
 Numbers are compared after rounding to ``digits`` decimals (``digits=0``: integers), so a
-question that asks for a number says how to round it. An older test cell may still pass its
-explanation as base64 (``explanation=``, `encode`).
+question that asks for a number says how to round it.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import math
+import pkgutil
 import textwrap
 
-__all__ = ["answer_key", "encode", "check", "author", "explanation_for"]
+from . import quizzes
+
+__all__ = ["answer_key", "encode", "explanation_of", "check", "author"]
 
 
 def _normalise(answer, digits: int | None) -> str:
@@ -64,17 +67,22 @@ def encode(text: str) -> str:
     return base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
-def explanation_for(question: str) -> str:
-    """The explanation of ``question`` kept in `course_utils.quiz_explanations`.
+def explanation_of(question: str) -> str:
+    """The explanation of ``question`` from the question banks (the ``EXPLANATIONS`` dict of each
+    module of `course_utils.quizzes`).
 
     Raises:
-        ValueError: no explanation is kept for ``question`` (an authoring error).
+        KeyError: no bank explains ``question``, or two do (the modules are named).
     """
-    from .quiz_explanations import EXPLANATIONS  # the texts load only when a question is checked
-    if question not in EXPLANATIONS:
-        raise ValueError(f"no explanation for question {question!r} in "
-                         "course_utils/quiz_explanations.py: add one there.")
-    return EXPLANATIONS[question]
+    found = {}
+    for info in pkgutil.iter_modules(quizzes.__path__):
+        bank = importlib.import_module(f"{quizzes.__name__}.{info.name}")
+        if question in getattr(bank, "EXPLANATIONS", {}):
+            found[info.name] = bank.EXPLANATIONS[question]
+    if len(found) != 1:
+        raise KeyError(f"question {question!r} is explained by {len(found)} question banks "
+                       f"({', '.join(found) or 'none'}) of course_utils.quizzes; it needs one.")
+    return next(iter(found.values()))
 
 
 def check(question: str, answer, *, key: str, hint: str, explanation: str | None = None,
@@ -86,8 +94,8 @@ def check(question: str, answer, *, key: str, hint: str, explanation: str | None
         answer: the learner's answer.
         key: `answer_key` of the right answer.
         hint: where to look (shown with a wrong answer; never the answer itself).
-        explanation: None (the default): `explanation_for` ``question``, out of the cell; or an
-            `encode`-d text (older cells).
+        explanation: None (default) to print the question bank's (`explanation_of`), or an
+            `encode`-d explanation stored in the cell.
         choices: for a choice question, the valid letters (e.g. ``"abcd"``).
         digits: for a number question, the decimals the answer is rounded to.
 
@@ -97,7 +105,6 @@ def check(question: str, answer, *, key: str, hint: str, explanation: str | None
 
     Raises:
         AssertionError: the answer is missing, not one of ``choices``, or wrong (with the hint).
-        ValueError: no explanation kept for ``question`` and none given.
     """
     if answer is None or answer is Ellipsis:
         raise AssertionError(f"{question}: no answer yet. Set the answer variable above.")
@@ -111,21 +118,20 @@ def check(question: str, answer, *, key: str, hint: str, explanation: str | None
         raise AssertionError(f"{question}: {e}") from None
     if got != key:
         raise AssertionError(f"{question}: not this one. Hint: {hint}")
-    text = (explanation_for(question) if explanation is None
+    text = (explanation_of(question) if explanation is None
             else base64.b64decode(explanation.encode("ascii")).decode("utf-8"))
     print(textwrap.fill(f"Right. {text}", width=100))
 
 
 def author(question: str, answer, explanation: str | None = None, digits: int | None = None,
            choices: str | None = "abcd", hint: str = "...") -> str:
-    """The ``check(...)`` call to paste into a question's test cell (for course authors).
-
-    The explanation belongs in `course_utils.quiz_explanations` under ``question``; the call
-    carries it (base64) only when ``explanation`` is given, for a question kept nowhere else."""
-    args = [repr(question), "answer", f"key={answer_key(question, answer, digits)!r}"]
+    """The ``check(...)`` call to paste into a question's test cell (for course authors):
+    without ``explanation`` the call prints the question bank's (`explanation_of`); with one,
+    the call carries it `encode`-d."""
+    args = [repr(question), "answer", f"key={answer_key(question, answer, digits)!r}",
+            f"hint={hint!r}"]
     if explanation is not None:
-        args.append(f"explanation={encode(explanation)!r}")
-    args.append(f"hint={hint!r}")
+        args.insert(3, f"explanation={encode(explanation)!r}")
     if digits is None:
         args.append(f"choices={choices!r}")
     else:

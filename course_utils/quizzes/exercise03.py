@@ -1,17 +1,7 @@
-"""The explanations of the exercises' conceptual questions, keyed by question id.
+"""Explanations of exercise 03's interview questions (`course_utils.quiz.check` prints one when
+the learner's answer is right). Each points to the lesson 03 section that shows it."""
 
-`course_utils.quiz.check` prints one after a right answer, so the test cell the learner reads
-holds no explanation. Each explanation points to the lesson section that shows it, never to a
-claim ID.
-"""
-from __future__ import annotations
-
-from types import MappingProxyType
-
-__all__ = ["EXPLANATIONS"]
-
-EXPLANATIONS = MappingProxyType({
-    # exercise 03
+EXPLANATIONS = {
     "bf16-halves-memory": (
         "Autocast shrinks only what forward saves for backward, and not even to half: the "
         "residual stream and LayerNorm stay fp32, and it keeps a bf16 copy of each weight it "
@@ -35,4 +25,4 @@ EXPLANATIONS = MappingProxyType({
         "master copy) + 8 (Adam). Autocast has no separate master copy: the fp32 weights are the "
         "master, cast per op (lesson 03, §6 'Where common byte counts go wrong'). LoRA cuts it by "
         "training few parameters (§7)."),
-})
+}
