@@ -155,17 +155,6 @@ def _estimated_slope(config: RunConfig) -> float:
                      - estimate(config.replace(batch_size=m)).peak_allocated) / m)
 
 
-def _method(config: RunConfig, budget_bytes: int) -> str:
-    """How "fits" is decided on ``config``'s device, in words."""
-    if device_kind(config.device) == "cuda":
-        total = torch.cuda.get_device_properties(cuda_index(config.device)).total_memory
-        return (f"CUDA: allocator limited to the budget ({budget_bytes / GiB:.2f} GiB of "
-                f"{total / GiB:.1f} GiB); a batch fits if its step raises no out-of-memory "
-                "error and max_memory_allocated <= budget")
-    return ("CPU: a batch fits if its measured peak (parameters + optimizer state + profiler "
-            "peak over one step) <= budget")
-
-
 class _Search:
     """The state of one `largest_batch` search: the measured batches and the boundary."""
 
@@ -282,11 +271,20 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"largest_batch needs a peak-memory counter; device {config.device!r} "
                          "has none (use 'cpu' or 'cuda').")
+    if kind == "cuda":
+        total = torch.cuda.get_device_properties(cuda_index(config.device)).total_memory
+        method = (f"CUDA: allocator limited to the budget ({budget_bytes / GiB:.2f} GiB of "
+                  f"{total / GiB:.1f} GiB); a batch fits if its step raises no out-of-memory "
+                  "error and max_memory_allocated <= budget")
+    else:
+        method = ("CPU: a batch fits if its measured peak (parameters + optimizer state + "
+                  "profiler peak over one step) <= budget")
+
     search = _Search(config, budget_bytes, max_batch, steps, warmup)
     cap = cuda_memory_cap(config.device, budget_bytes) if kind == "cuda" else contextlib.nullcontext()
     with cap:
         search.run(guided_probes)
-    return search.result(_method(config, budget_bytes))
+    return search.result(method)
 
 
 @dataclass
