@@ -10,7 +10,6 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from ..experiments import _per_token, plain_label
-from ..memory_model import PEAK_PARTS
 from ..terms import MiB
 from ._style import (
     ALERT_COLOR,
@@ -301,7 +300,8 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
     """
     if len(routes) == 0:
         raise ValueError("routes_chart() needs at least one route (course_utils.lora.routes()).")
-    if f"at peak: {PEAK_PARTS[0]}" not in routes.columns:
+    parts = [c.removeprefix("at peak: ") for c in routes.columns if c.startswith("at peak: ")]
+    if not parts:
         raise ValueError("routes_chart() needs course_utils.lora.routes()'s table (the parts "
                          "alive at the peak).")
     if not gpu_gib > 0:
@@ -314,9 +314,9 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
     colors = {"weights": COLORS["parameters"], "AdamW state": COLORS["optimizer_state"],
               "gradients": COLORS["gradients"], "saved tensors": COLORS["activations"],
               "temporaries": COLORS["autocast_weight_copies"]}
-    for part in PEAK_PARTS:
+    for part in parts:
         vals = routes[f"at peak: {part}"].to_numpy(dtype=float)
-        ax.barh(y, vals, left=left, color="white", edgecolor=colors[part], hatch=HATCH,
+        ax.barh(y, vals, left=left, color="white", edgecolor=colors.get(part, MUTED_COLOR), hatch=HATCH,
                 label=part, height=0.6)
         left = left + vals
     peak = routes["peak"].to_numpy(dtype=float)
