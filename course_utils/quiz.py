@@ -1,23 +1,21 @@
 """Auto-checked conceptual questions for the graded exercises ("interview questions").
 
-A question's answer is a choice (``"b"``) or a number. The test cell that checks it stores only
-a salted hash of the answer; the explanation, which gives the answer away, lives out of the
-learner's sight until the answer is right: in a question bank of `course_utils.quizzes` (a module
-per exercise, ``EXPLANATIONS = {question id: text}``), or, in older cells, base64 in the cell
-itself. A determined learner can still try every choice: these questions teach, they do not
-examine. When the answer is right, the explanation is printed; when it is wrong, an
-``AssertionError`` gives the hint (where in the course to look), never the answer.
+A question's answer is a choice (``"b"``) or a number. Its test cell reads
+``quiz.check("bf16-no-scaler", answer)`` and nothing more: the question lives in a **question
+bank**, ``course_utils/quizzes/<exercise>.json``, as ``{question: {"key", "hint", "explanation",
+"choices" | "digits"}}``. The bank stores the right answer only as its `answer_key` (a salted
+hash) and the explanation *sealed* with the right answer (`seal`: XOR with a SHA-256 keystream of
+``question:answer``), so neither the cell the learner reads nor the file gives the answer away
+(a determined learner can still try every choice: these questions teach, they do not examine).
+A right answer opens and prints the explanation; a wrong one raises an ``AssertionError`` with
+the hint, the lesson section to read again, never the answer (issue 24 item 7).
 
-Authoring (once, in a Python shell), after adding the explanation to the exercise's bank::
+Authoring (once, in a Python shell)::
 
     >>> from course_utils import quiz
-    >>> quiz.author("bf16-no-scaler", "b", hint="lesson 01 §3")
-    # paste the printed check(...) call into the question's test cell
-
-In the exercise::
-
-    answer_bf16 = "b"            # the learner's answer
-    quiz.check("bf16-no-scaler", answer_bf16, key="...", hint="...", choices="abcd")
+    >>> quiz.author("bf16-no-scaler", "c", "bf16 has fp32's 8 exponent bits, so ...",
+    ...             hint="lesson 01 §1 (number formats)", bank="01_loss_scaling")
+    quiz.check('bf16-no-scaler', answer)
 
 Numbers are compared after rounding to ``digits`` decimals (``digits=0``: integers), so a
 question that asks for a number says how to round it.
@@ -26,14 +24,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib
+import json
 import math
-import pkgutil
 import textwrap
+from pathlib import Path
 
-from . import quizzes
+__all__ = ["BANK_DIR", "answer_key", "seal", "unseal", "bank_entry", "question_bank", "check",
+           "author"]
 
-__all__ = ["answer_key", "encode", "explanation_of", "check", "author"]
+#: Where the question banks are: one JSON file per exercise, ``{question: entry}``.
+BANK_DIR = Path(__file__).resolve().parent / "quizzes"
 
 
 def _normalise(answer, digits: int | None) -> str:
@@ -48,7 +48,7 @@ def _normalise(answer, digits: int | None) -> str:
 
 
 def answer_key(question: str, answer, digits: int | None = None) -> str:
-    """The key a test cell stores: the first 16 hex digits of SHA-256 of ``question:answer``.
+    """The key a bank stores: the first 16 hex digits of SHA-256 of ``question:answer``.
 
     Args:
         question: the question's id (the salt: equal answers to different questions differ).
@@ -62,80 +62,120 @@ def answer_key(question: str, answer, digits: int | None = None) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def encode(text: str) -> str:
-    """``text`` as base64 (UTF-8), the form a test cell stores an explanation in."""
-    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+def _keystream(question: str, normalised: str, n: int) -> bytes:
+    out, i = b"", 0
+    while len(out) < n:
+        out += hashlib.sha256(f"{question}:{normalised}:{i}".encode("utf-8")).digest()
+        i += 1
+    return out[:n]
 
 
-def explanation_of(question: str) -> str:
-    """The explanation of ``question`` from the question banks (the ``EXPLANATIONS`` dict of each
-    module of `course_utils.quizzes`).
+def seal(question: str, answer, text: str, digits: int | None = None) -> str:
+    """``text`` sealed with the right answer to ``question``: its UTF-8 bytes XOR a SHA-256
+    keystream of ``question:answer`` (`answer_key`'s normalisation), in base64. Only that
+    answer opens it (`unseal`).
 
     Raises:
-        KeyError: no bank explains ``question``, or two do (the modules are named).
+        TypeError: a number for a choice question or the reverse.
     """
-    found = {}
-    for info in pkgutil.iter_modules(quizzes.__path__):
-        bank = importlib.import_module(f"{quizzes.__name__}.{info.name}")
-        if question in getattr(bank, "EXPLANATIONS", {}):
-            found[info.name] = bank.EXPLANATIONS[question]
-    if len(found) != 1:
-        raise KeyError(f"question {question!r} is explained by {len(found)} question banks "
-                       f"({', '.join(found) or 'none'}) of course_utils.quizzes; it needs one.")
-    return next(iter(found.values()))
+    raw = text.encode("utf-8")
+    ks = _keystream(question, _normalise(answer, digits), len(raw))
+    return base64.b64encode(bytes(a ^ b for a, b in zip(raw, ks))).decode("ascii")
 
 
-def check(question: str, answer, *, key: str, hint: str, explanation: str | None = None,
-          choices: str | None = None, digits: int | None = None) -> None:
-    """Check a learner's answer; print the explanation (once) if it is right.
+def unseal(question: str, answer, sealed: str, digits: int | None = None) -> str:
+    """The text `seal` sealed, opened with ``answer`` (garbage, or a UnicodeDecodeError, with a
+    wrong one: check the answer's key first).
 
-    Args:
-        question: the question's id (as given to `answer_key`).
-        answer: the learner's answer.
-        key: `answer_key` of the right answer.
-        hint: where to look (shown with a wrong answer; never the answer itself).
-        explanation: None (default) to print the question bank's (`explanation_of`), or an
-            `encode`-d explanation stored in the cell.
-        choices: for a choice question, the valid letters (e.g. ``"abcd"``).
-        digits: for a number question, the decimals the answer is rounded to.
+    Raises:
+        TypeError: a number for a choice question or the reverse.
+    """
+    raw = base64.b64decode(sealed.encode("ascii"))
+    ks = _keystream(question, _normalise(answer, digits), len(raw))
+    return bytes(a ^ b for a, b in zip(raw, ks)).decode("utf-8")
+
+
+def bank_entry(question: str, answer, explanation: str, hint: str,
+               choices: str | None = "abcd", digits: int | None = None) -> dict:
+    """The bank entry of ``question`` (for course authors): the answer's key, the hint, the
+    explanation sealed with the answer, and ``choices`` or ``digits``.
+
+    Raises:
+        TypeError: a number for a choice question or the reverse.
+    """
+    entry = {"key": answer_key(question, answer, digits), "hint": hint,
+             "explanation": seal(question, answer, explanation, digits)}
+    entry.update({"choices": choices} if digits is None else {"digits": digits})
+    return entry
+
+
+def question_bank(folder: str | Path | None = None) -> dict:
+    """Every question of the banks in ``folder`` (default `BANK_DIR`), by id.
+
+    Raises:
+        ValueError: a question id in two banks, or an entry without ``key``, ``hint`` and
+            ``explanation``.
+    """
+    out: dict = {}
+    for path in sorted(Path(folder or BANK_DIR).glob("*.json")):
+        for qid, entry in json.loads(path.read_text(encoding="utf-8")).items():
+            if qid in out:
+                raise ValueError(f"question {qid!r} is in two banks ({path.name} and another).")
+            if not {"key", "hint", "explanation"} <= set(entry):
+                raise ValueError(f"{path.name}: question {qid!r} needs key, hint and explanation.")
+            out[qid] = entry
+    return out
+
+
+def check(question: str, answer) -> None:
+    """Check a learner's answer to a banked question; print its explanation, opened with the
+    answer, if it is right.
 
     Returns:
-        None: a cell that ends with this call shows the explanation once (printed), not a
-        second time as the cell's value.
+        None: a cell that ends with this call shows the explanation once (printed), not a second
+        time as the cell's value.
 
     Raises:
-        AssertionError: the answer is missing, not one of ``choices``, or wrong (with the hint).
+        AssertionError: the answer is missing, not one of the question's choices, or wrong (with
+            the hint: the lesson section to read again).
+        ValueError: no bank holds the question (an authoring error).
     """
+    bank = question_bank()
+    if question not in bank:
+        raise ValueError(f"no question bank in {BANK_DIR} holds {question!r}.")
+    entry = bank[question]
+    digits, choices = entry.get("digits"), entry.get("choices")
     if answer is None or answer is Ellipsis:
         raise AssertionError(f"{question}: no answer yet. Set the answer variable above.")
-    if choices is not None:
-        if not isinstance(answer, str) or answer.strip().lower() not in choices.lower():
-            raise AssertionError(f"{question}: answer with one of the letters "
-                                 f"{', '.join(choices)}; yours is {answer!r}.")
+    if choices is not None and (not isinstance(answer, str) or len(answer.strip()) != 1
+                                or answer.strip().lower() not in choices.lower()):
+        raise AssertionError(f"{question}: answer with one of the letters "
+                             f"{', '.join(choices)}; yours is {answer!r}.")
     try:
-        got = answer_key(question, answer, digits)
+        right = answer_key(question, answer, digits) == entry["key"]
     except TypeError as e:
         raise AssertionError(f"{question}: {e}") from None
-    if got != key:
-        raise AssertionError(f"{question}: not this one. Hint: {hint}")
-    text = (explanation_of(question) if explanation is None
-            else base64.b64decode(explanation.encode("ascii")).decode("utf-8"))
+    if not right:
+        raise AssertionError(f"{question}: not this one. Hint: {entry['hint']}")
+    text = unseal(question, answer, entry["explanation"], digits)
     print(textwrap.fill(f"Right. {text}", width=100))
 
 
-def author(question: str, answer, explanation: str | None = None, digits: int | None = None,
-           choices: str | None = "abcd", hint: str = "...") -> str:
-    """The ``check(...)`` call to paste into a question's test cell (for course authors):
-    without ``explanation`` the call prints the question bank's (`explanation_of`); with one,
-    the call carries it `encode`-d."""
-    args = [repr(question), "answer", f"key={answer_key(question, answer, digits)!r}",
-            f"hint={hint!r}"]
-    if explanation is not None:
-        args.insert(3, f"explanation={encode(explanation)!r}")
-    if digits is None:
-        args.append(f"choices={choices!r}")
-    else:
-        args.append(f"digits={digits}")
-    call = "quiz.check(" + ", ".join(args) + ")"
+def author(question: str, answer, explanation: str, *, hint: str, bank: str,
+           choices: str | None = "abcd", digits: int | None = None) -> str:
+    """Write ``question`` into ``BANK_DIR / f"{bank}.json"`` (added or replaced; ``bank`` is the
+    exercise's name, e.g. ``"04_scaling_out"``) and return the call its test cell makes, for
+    course authors.
+
+    Raises:
+        TypeError: a number for a choice question or the reverse.
+    """
+    path = BANK_DIR / f"{bank}.json"
+    entries = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    entries[question] = bank_entry(question, answer, explanation, hint, choices, digits)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(entries, indent=1, ensure_ascii=False, sort_keys=True) + "\n",
+                    encoding="utf-8")
+    call = f"quiz.check({question!r}, answer)"
     print(call)
     return call

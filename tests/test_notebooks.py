@@ -466,27 +466,22 @@ def test_notebook_03_code_passes_ruff_with_long_lines_checked(path):
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_exercise03_quiz_explanations_stay_out_of_the_cells_and_point_to_sections(capsys):
-    """Issue 24: a quiz cell holds no explanation (course_utils.quizzes.exercise03 does, printed
-    after a right answer), its hint names a lesson 03 section, never a claim ID; question 4
-    accepts what lesson 03 shows: the peak falls where saved tensors set it, not at the
-    optimizer step."""
+def test_exercise03_quiz_points_to_lesson_sections_and_q4_says_what_lesson_03_shows(capsys):
+    """Issue 24: each quiz cell is quiz.check(question, answer), its bank's hint names a lesson 03
+    section, never a claim ID; question 4 accepts what lesson 03 shows: the peak falls where the
+    saved tensors set it and stays where the optimizer step sets it (the 7B table of §6)."""
     from course_utils import quiz
-    from course_utils.quizzes.exercise03 import EXPLANATIONS
+    bank = quiz.question_bank()
     nb = notebook(SOLUTION["03_combined_stack"])
-    calls = [c.source for c in nb.cells if "quiz.check(" in c.source]
-    assert len(calls) == 3
-    for src in calls:
-        assert "explanation=" not in src and "§" in src and not re.search(r"\bC\d+\b", src), src
-        question = re.search(r"quiz\.check\('([^']+)'", src).group(1)
-        assert question in EXPLANATIONS
-    for text in EXPLANATIONS.values():
-        assert "lesson 03" in text and "§" in text and not re.search(r"\bC\d+\b", text), text
-    q4 = cell(nb, "part-c").source
-    assert "stays where it is where the optimizer step sets it" in q4
-    quiz.check("bf16-halves-memory", "b", key=quiz.answer_key("bf16-halves-memory", "b"), hint="h",
-               choices="abcd")
-    assert "optimizer step" in capsys.readouterr().out
+    questions = [re.search(r"quiz\.check\('([^']+)', answer_\w+\(\)\)", c.source).group(1)
+                 for c in nb.cells if "quiz.check(" in c.source]
+    assert questions == ["bf16-halves-memory", "checkpointing-speeds-training", "autocast-adamw-bytes"]
+    for q in questions:
+        assert re.search(r"lesson 03 §\d", bank[q]["hint"]) and not re.search(r"\bC\d+\b", bank[q]["hint"])
+    assert "stays where it is where the optimizer step sets it" in cell(nb, "part-c").source
+    quiz.check("bf16-halves-memory", "b")
+    out = capsys.readouterr().out
+    assert "optimizer step" in out and "§6" in out and not re.search(r"\bC\d+\b", out)
 
 
 def test_exercise03_grades_the_step_not_bookkeeping():

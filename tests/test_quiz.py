@@ -1,65 +1,86 @@
-"""The conceptual questions' checker: right answers print the explanation, wrong ones the hint."""
+"""The conceptual questions' checker: a test cell is quiz.check(question, answer); the question
+bank holds the key, the hint and the explanation sealed with the right answer."""
+import base64
+import json
+import re
+
 import pytest
 
 from course_utils import quiz
 
 
-def test_choice_question_right_and_wrong(capsys):
-    key = quiz.answer_key("q1", "b")
-    expl = quiz.encode("because bf16 has fp32's exponent range.")
-    assert quiz.check("q1", " B ", key=key, explanation=expl, hint="lesson 01 §3",
-                      choices="abcd") is None  # a cell ending with it shows the text once
+@pytest.fixture
+def bank(tmp_path, monkeypatch):
+    entries = {"bytes": quiz.bank_entry("bytes", 16, "4 + 4 + 8 bytes.", "lesson 01 §7", digits=0),
+               "bf16": quiz.bank_entry("bf16", "c", "fp32's exponent range.", "lesson 01 §1")}
+    (tmp_path / "01_x.json").write_text(json.dumps(entries))
+    monkeypatch.setattr(quiz, "BANK_DIR", tmp_path)
+    return tmp_path
+
+
+def test_a_right_answer_opens_the_explanation_and_a_wrong_one_gets_the_hint(bank, capsys):
+    assert "exponent" not in (bank / "01_x.json").read_text()   # not readable in the file
+    assert quiz.check("bf16", " C ") is None   # a cell ending with it shows the text once
     assert capsys.readouterr().out.count("exponent range") == 1
-    with pytest.raises(AssertionError, match="lesson 01 §3") as e:
-        quiz.check("q1", "c", key=key, explanation=expl, hint="lesson 01 §3", choices="abcd")
-    assert "exponent" not in str(e.value)  # the explanation is not given away
-    with pytest.raises(AssertionError, match="one of the letters"):
-        quiz.check("q1", "z", key=key, explanation=expl, hint="h", choices="abcd")
+    with pytest.raises(AssertionError, match="lesson 01 §1") as e:
+        quiz.check("bf16", "a")
+    assert "exponent" not in str(e.value) and capsys.readouterr().out == ""
+    for bad in ("ab", "", "z", 3):
+        with pytest.raises(AssertionError, match="one of the letters"):
+            quiz.check("bf16", bad)
     with pytest.raises(AssertionError, match="no answer yet"):
-        quiz.check("q1", None, key=key, explanation=expl, hint="h", choices="abcd")
+        quiz.check("bf16", None)
 
 
-def test_number_question_rounds_and_is_salted():
-    key = quiz.answer_key("bytes-per-param", 16, digits=0)
-    expl = quiz.encode("4 + 4 + 8")
-    quiz.check("bytes-per-param", 16.2, key=key, explanation=expl, hint="h", digits=0)
+def test_a_number_question_rounds_and_is_salted(bank, capsys):
+    quiz.check("bytes", 16.2)
+    assert "4 + 4 + 8" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="not this one"):
-        quiz.check("bytes-per-param", 12, key=key, explanation=expl, hint="h", digits=0)
+        quiz.check("bytes", 12)
     with pytest.raises(AssertionError, match="finite number"):
-        quiz.check("bytes-per-param", "16", key=key, explanation=expl, hint="h", digits=0)
-    assert quiz.answer_key("other", 16, digits=0) != key  # the question id salts the key
+        quiz.check("bytes", "16")
+    assert quiz.answer_key("other", 16, digits=0) != quiz.answer_key("bytes", 16, digits=0)
 
 
-def test_author_prints_a_call_that_checks(capsys):
-    call = quiz.author("q2", "a", "explained", hint="see §2")
-    assert "explained" not in call and "choices='abcd'" in call
-    answer = "a"  # noqa: F841 - read by the evaluated call
+def test_a_question_in_no_bank_or_in_two_is_an_authoring_error(bank):
+    with pytest.raises(ValueError, match="no question bank"):
+        quiz.check("missing", "a")
+    (bank / "02_y.json").write_text(json.dumps({"bf16": {"key": "k", "hint": "h",
+                                                         "explanation": "e"}}))
+    with pytest.raises(ValueError, match="two banks"):
+        quiz.question_bank()
+
+
+def test_a_sealed_explanation_opens_only_with_the_right_answer():
+    sealed = quiz.seal("q3", "b", "bf16 keeps fp32's exponent bits.")
+    assert "exponent" not in sealed
+    assert quiz.unseal("q3", " B ", sealed) == "bf16 keeps fp32's exponent bits."
+    try:
+        wrong = quiz.unseal("q3", "c", sealed)
+    except UnicodeDecodeError:
+        wrong = ""
+    assert "exponent" not in wrong
+    assert quiz.seal("q4", "b", "same text") != quiz.seal("q3", "b", "same text")  # salted
+
+
+def test_author_writes_the_bank_and_returns_the_cells_call(bank, capsys):
+    call = quiz.author("q9", "b", "bf16 keeps fp32's exponent.", hint="lesson 01 §2", bank="01_x")
+    assert call == "quiz.check('q9', answer)"
     capsys.readouterr()
-    eval(call, {"quiz": quiz, "answer": "a"})
-    assert capsys.readouterr().out.count("explained") == 1
+    eval(call, {"quiz": quiz, "answer": "b"})
+    assert capsys.readouterr().out.count("fp32's exponent") == 1
 
 
-def test_an_explanation_from_the_question_bank_stays_out_of_the_cell(capsys, monkeypatch):
-    """Exercise cells call check() without an explanation: the bank's is printed only after a
-    right answer, and a question no bank (or two banks) explains is a clear error."""
-    from course_utils.quizzes import exercise02
-    key = quiz.answer_key("ckpt-quiz-faster", "b")
-    with pytest.raises(AssertionError, match="not this one"):
-        quiz.check("ckpt-quiz-faster", "a", key=key, hint="lesson 02 §3", choices="abcd")
-    assert capsys.readouterr().out == ""
-    quiz.check("ckpt-quiz-faster", "b", key=key, hint="lesson 02 §3", choices="abcd")
-    assert "eager mode" in capsys.readouterr().out
-    with pytest.raises(KeyError, match="needs one"):
-        quiz.explanation_of("no-such-question")
-    call = quiz.author("ckpt-quiz-faster", "b", hint="see §3")
-    assert "explanation=" not in call
-    monkeypatch.setitem(exercise02.EXPLANATIONS, "q-twice", "once")
-    import sys
-    import types
-    twin = types.ModuleType("course_utils.quizzes.twin")
-    twin.EXPLANATIONS = {"q-twice": "again"}
-    monkeypatch.setitem(sys.modules, "course_utils.quizzes.twin", twin)
-    monkeypatch.setattr(quiz.pkgutil, "iter_modules", lambda path: [
-        types.SimpleNamespace(name="exercise02"), types.SimpleNamespace(name="twin")])
-    with pytest.raises(KeyError, match="2 question banks"):
-        quiz.explanation_of("q-twice")
+def test_the_course_banks_hold_no_readable_explanation_and_point_to_lesson_sections():
+    for path in sorted(quiz.BANK_DIR.glob("*.json")):
+        for question, entry in json.loads(path.read_text()).items():
+            assert set(entry) >= {"key", "hint", "explanation"}, (path.name, question)
+            opened = base64.b64decode(entry["explanation"]).decode("utf-8", "ignore")
+            assert " the " not in opened and " and " not in opened, question   # sealed
+            assert re.search(r"lesson 0\d §\d", entry["hint"]), (question, entry["hint"])
+            assert not re.search(r"\bC\d+\b", entry["hint"]), question
+            if "choices" in entry:   # exactly one letter is right
+                keys = [quiz.answer_key(question, c) for c in entry["choices"]]
+                assert keys.count(entry["key"]) == 1, question
+    assert {"amp-bf16-no-scaler", "ckpt-quiz-faster", "no-sync",
+            "ex05-largest-batch"} <= set(quiz.question_bank())
