@@ -29,7 +29,7 @@ from .models import build_model
 from .terms import check_positive_int
 
 __all__ = ["DEFAULT_LR", "DEFAULT_MAX_GRAD_NORM", "train_step", "TrainState", "setup", "train",
-           "TrainHistory", "evaluate", "compile_blocks"]
+           "TrainHistory", "evaluate"]
 
 DEFAULT_LR = 1e-3
 DEFAULT_MAX_GRAD_NORM = 1.0

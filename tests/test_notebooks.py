@@ -186,15 +186,15 @@ def test_the_setup_cell_chooses_the_threads_once(path):
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lesson_ids(LESSONS))
-def test_machinery_words_stay_on_the_method_page(path):
-    """Issue 24: a lesson links docs/method.md instead of a "How this lesson measures" box (a
-    lesson not yet rewritten keeps its one box); outside it, machinery words stay rare."""
+def test_machinery_words_stay_out_of_the_lesson(path):
+    """Issue 24: how the course measures is on docs/method.md; a lesson links it instead of
+    opening with a "How this lesson measures" box (lessons not yet rewritten keep theirs)."""
     nb = notebook(path)
     boxes = [c for c in nb.cells if c.get("id") == "how-measured"]
-    assert len(boxes) <= 1
-    if not boxes:
-        prose = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
-        assert "](../docs/method.md" in prose and "How this lesson measures" not in prose
+    if boxes:
+        assert len(boxes) == 1 and "How this lesson measures" in boxes[0].source
+    else:
+        assert "(../docs/method.md" in markdown(nb)
     assert machinery_share(nb) <= 0.05, f"{machinery_share(nb):.1%} machinery words"
 
 
