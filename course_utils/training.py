@@ -35,12 +35,17 @@ DEFAULT_LR = 1e-3
 DEFAULT_MAX_GRAD_NORM = 1.0
 
 
-def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0):
+def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_norm=1.0,
+               nonfinite="skip"):
     """One optimizer step over micro_batches, a list of (x, y) int64 (B, T) pairs.
 
     dtype: torch.bfloat16 or torch.float16 for autocast, None for fp32. scaler: a
-    torch.amp.GradScaler, enabled only for fp16. Returns the mean loss (0-dim tensor).
+    torch.amp.GradScaler, enabled only for fp16. nonfinite: without a scaler, a step whose
+    gradient norm is inf/NaN is skipped ("skip"), raises ("raise") or is taken ("step").
+    Returns the mean loss (0-dim tensor).
     """
+    if nonfinite not in ("skip", "raise", "step"):
+        raise ValueError(f"nonfinite must be 'skip', 'raise' or 'step', got {nonfinite!r}.")
     total = 0.0
     for x, y in micro_batches:
         with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
@@ -49,8 +54,11 @@ def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_nor
         scaler.scale(loss).backward()                 # fp16: loss x S; otherwise unchanged
         total += loss.detach()
     scaler.unscale_(optimizer)                        # before clipping: clip the true gradients
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    scaler.step(optimizer)                            # fp16: skipped if a gradient is inf/NaN
+    guard = "step" if scaler.is_enabled() else nonfinite   # fp16: GradScaler's own skip
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm,
+                                          error_if_nonfinite=guard == "raise")
+    if guard != "skip" or norm.isfinite():            # the test of the norm: one host sync
+        scaler.step(optimizer)                        # fp16: skipped if a gradient is inf/NaN
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total
