@@ -329,7 +329,7 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
                 fontsize=8, color=ALERT_COLOR, annotation_clip=False)
     ax.set_yticks(y)
     ax.set_yticklabels(routes["route"], fontsize=9)
-    ax.set_xlim(0, max(peak.max(), left.max(), gpu_gib) * 1.6)
+    ax.set_xlim(0, max(peak.max(), left.max(), gpu_gib) * 1.8)
     ax.set_ylim(-0.6, n - 0.1)
     ax.set_xlabel("GiB (estimate, not measured)")
     ax.grid(axis="x", alpha=0.3)
