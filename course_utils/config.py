@@ -111,7 +111,8 @@ class RunConfig(PrecisionOnDevice):
         precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + GradScaler).
         checkpoint: checkpoint policy: ``none``, ``full``, ``every-K``, ``segments:N``,
             ``selective``, ``memory-budget:B`` (see `course_utils.checkpointing`).
-        compile: wrap the model in ``torch.compile``.
+        compile: compile the blocks with ``torch.compile``, each in place (regional
+            compilation: `course_utils.training.compile_blocks`).
         grad_accum_steps: micro-batches per optimizer step (>= 1); the effective batch is
             ``batch_size * grad_accum_steps``.
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.

@@ -46,6 +46,7 @@ from .config import RunConfig
 from .data import batches
 from .experiments import round_sig
 from .memory_model import (
+    PEAK_PARTS,
     SCALE_MODELS,
     MemoryEstimate,
     block_bytes_per_token,
@@ -260,7 +261,10 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
     Returns:
         One row per route: ``route``, ``trains`` (parameters trained), ``weights``,
         ``gradients``, ``optimizer``, ``activations`` (saved + logits + one recomputed block),
-        ``peak`` (GiB = 2^30 bytes), ``fits`` (peak <= ``gpu_bytes``) and ``peak_bytes``.
+        ``peak`` (GiB = 2^30 bytes), ``fits`` (peak <= ``gpu_bytes``), ``peak_bytes``,
+        ``peak at`` (the moment of the step where the estimated peak falls) and, for each part of
+        `course_utils.memory_model.PEAK_PARTS`, ``at peak: <part>`` (GiB alive at that moment;
+        they sum to ``peak``).
 
     Raises:
         ValueError: an unknown model, a rank, micro-batch or accumulation below 1.
@@ -275,27 +279,29 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
     lora = estimate(cfg, rank)
     qlora = estimate(cfg, rank, base_bytes_per_param=NF4_BITS / 8)
     adam8_state = ADAM8_BYTES * full.n_parameters
-    adam8_peak = max(sum({**parts, "AdamW state": adam8_state,
-                          **({"temporaries": 0} if moment == "optimizer step" else {})}.values())
-                     for moment, parts in peak_parts(cfg))
+    adam8_moment, adam8_parts = max(
+        ((moment, {**parts, "AdamW state": adam8_state,
+                   **({"temporaries": 0} if moment == "optimizer step" else {})})
+         for moment, parts in peak_parts(cfg)), key=lambda mp: sum(mp[1].values()))
     rows = []
 
-    def row(route, trains, e, peak, optimizer=None):
-        acts = e.saved_total + e.recompute
+    def row(route, trains, e, moment, parts, optimizer=None):
+        peak = sum(parts.values())
         rows.append({"route": route, "trains": trains, "weights": e.parameters / GiB,
                      "gradients": e.gradients / GiB,
                      "optimizer": (e.optimizer_state if optimizer is None else optimizer) / GiB,
-                     "activations": acts / GiB, "peak": peak / GiB,
-                     "fits": peak <= gpu_bytes, "peak_bytes": int(peak)})
+                     "activations": (e.saved_total + e.recompute) / GiB, "peak": peak / GiB,
+                     "fits": peak <= gpu_bytes, "peak_bytes": int(peak), "peak at": moment,
+                     **{f"at peak: {k}": parts.get(k, 0) / GiB for k in PEAK_PARTS}})
 
     N = full.n_parameters
     row("full fine-tune (bf16 autocast + checkpointing)", f"{N / 1e9:.2f}B", full,
-        full.peak_allocated)
+        full.peak_moment, full.peak_components)
     row(f"LoRA r={rank}, frozen bf16 base (+ checkpointing)", f"{lora.n_adapter / 1e6:.1f}M",
-        lora, lora.peak_allocated)
+        lora, lora.peak_moment, lora.peak_components)
     row(f"next: QLoRA r={rank}, NF4 base (+ checkpointing)", f"{qlora.n_adapter / 1e6:.1f}M",
-        qlora, qlora.peak_allocated)
-    row("next: 8-bit AdamW, full fine-tune", f"{N / 1e9:.2f}B", full, adam8_peak,
+        qlora, qlora.peak_moment, qlora.peak_components)
+    row("next: 8-bit AdamW, full fine-tune", f"{N / 1e9:.2f}B", full, adam8_moment, adam8_parts,
         optimizer=adam8_state)
     return pd.DataFrame(rows)
 

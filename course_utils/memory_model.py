@@ -114,7 +114,7 @@ from .terms import GiB, check_positive_int
 __all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_token",
            "largest_parameter_tensor", "peak_walk", "peak_parts", "PEAK_PARTS", "SCALE_MODELS",
            "SCALE_RECIPES",
-           "scale_config", "scale_table", "ZERO_STAGES", "ShardedState", "sharded_state_bytes",
+           "scale_config", "scale_table", "scale_sweep", "ZERO_STAGES", "ShardedState", "sharded_state_bytes",
            "sharded_estimate"]
 
 
@@ -483,6 +483,44 @@ def scale_table(models=None, recipes=None, seq_len: int = 2048, batch_size: int 
                 "peak at"]].copy()
     out.attrs["detail"] = full
     return out
+
+
+def scale_sweep(batch_sizes=(1, 2, 4, 8, 16, 32), models=None, recipes=None,
+                seq_len: int = 2048) -> pd.DataFrame:
+    """`scale_table` over micro-batches: where the estimated peak moves as the batch grows.
+
+    Args:
+        batch_sizes: micro-batches (sequences of ``seq_len`` tokens), each >= 1.
+        models, recipes, seq_len: as `scale_table`.
+
+    Returns:
+        One row per (model, recipe, micro-batch): ``model``, ``recipe``, ``micro-batch``,
+        ``params (B)``, ``peak GiB``, ``peak at`` and ``optimizer step GiB`` (the bytes alive at
+        the optimizer step: weights, gradients, AdamW state and its temporaries, the same at
+        every batch: the floor under the peak). GiB = 2^30 bytes; estimates only.
+
+    Raises:
+        ValueError: no batch sizes, a batch size below 1, or as `scale_table`.
+    """
+    if not batch_sizes:
+        raise ValueError("scale_sweep needs at least one batch size.")
+    for b in batch_sizes:
+        check_positive_int("batch size", b)
+    parts = []
+    for b in batch_sizes:
+        t = scale_table(models, recipes, seq_len=seq_len, batch_size=b, detail=True)
+        t.insert(2, "micro-batch", b)
+        parts.append(t)
+    full = pd.concat(parts, ignore_index=True)
+    models = SCALE_MODELS if models is None else models
+    floor = {}
+    for name, shape in models.items():
+        for rname, (precision, policy) in (SCALE_RECIPES if recipes is None else recipes).items():
+            cfg = scale_config(shape, 1, precision, policy, seq_len=seq_len)
+            floor[(name, rname)] = sum(dict(peak_parts(cfg))["optimizer step"].values()) / GiB
+    full["optimizer step GiB"] = [floor[(m, r)] for m, r in zip(full["model"], full["recipe"])]
+    return full[["model", "recipe", "micro-batch", "params (B)", "peak GiB", "peak at",
+                 "optimizer step GiB"]]
 
 
 # --------------------------------------------------------------------------------------------

@@ -71,6 +71,8 @@ class BatchSearch:
         method: how "fits" was decided on this device, in words.
         estimated: ``[(batch, estimated peak bytes), ...]`` for batches 1 .. the largest probed
             plus one (`memory_model.estimate`; for charts).
+        first_too_big: the smallest measured batch that does not fit, ``batch_size + 1``
+            (None when ``max_batch`` fits).
     """
 
     config: RunConfig
@@ -80,6 +82,7 @@ class BatchSearch:
     probes: list = field(default_factory=list)
     method: str = ""
     estimated: list = field(default_factory=list)
+    first_too_big: int | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -93,14 +96,16 @@ class BatchSearch:
 
     def as_row(self) -> dict:
         """A readable flat dict for a table: ``config`` (in words), ``largest batch``,
-        ``tokens/step``, ``peak MiB`` (its measured peak, three significant figures) and
-        ``measurements`` (steps the search ran). The one step the search times per batch is
-        not shown anywhere: `race` times the configurations in alternation."""
+        ``tokens/step``, ``peak MiB`` (its measured peak, three significant figures),
+        ``first batch too big`` (`first_too_big`, None when none was measured) and
+        ``measurements`` (batches the search measured). Step times are not shown: `race` times
+        the configurations in alternation."""
         m = self.measurement
         return {"config": plain_label(self.label), "largest batch": self.batch_size,
                 "tokens/step": self.batch_size * self.config.seq_len * self.config.grad_accum_steps,
                 "peak MiB": None if m is None or m.peak_allocated is None
                 else round_sig(m.peak_allocated / MiB),
+                "first batch too big": self.first_too_big,
                 "measurements": len(self.probes)}
 
 
@@ -150,18 +155,90 @@ def _estimated_slope(config: RunConfig) -> float:
                      - estimate(config.replace(batch_size=m)).peak_allocated) / m)
 
 
+class _Search:
+    """The state of one `largest_batch` search: the measured batches and the boundary."""
+
+    def __init__(self, config: RunConfig, budget: int, max_batch: int, steps: int, warmup: int):
+        self.config, self.budget, self.max_batch = config, budget, max_batch
+        self.steps, self.warmup = steps, warmup
+        self.probes: dict[int, Probe] = {}
+        self.results: dict[int, Measurement] = {}
+        self.lo, self.hi = 0, max_batch + 1  # largest batch known to fit; smallest known not to
+        self.est_slope = _estimated_slope(config)
+
+    def probe(self, b: int) -> None:
+        """Measure batch ``b`` (memory, and ``steps`` timed steps) and move the boundary."""
+        cfg = self.config.replace(batch_size=b)
+        try:
+            m = measure(cfg, steps=self.steps or None, warmup=self.warmup, timed=self.steps > 0)
+        except MemoryRefused as refused:  # its estimate exceeds the memory free here
+            m = Measurement(config=cfg, oom=True, error=str(refused))
+        fits = (not m.oom) and m.peak_allocated is not None and m.peak_allocated <= self.budget
+        self.probes[b] = Probe(b, m.peak_allocated, estimate(cfg).peak_allocated, fits, m.oom,
+                               m.step_time_s, m.tokens_per_s)
+        self.results[b] = m
+        if fits:
+            self.lo = b
+        else:
+            self.hi = b
+
+    def slope(self) -> float:
+        """Bytes per sequence: the secant of the two measured peaks nearest the budget, unless
+        it is under half the estimate's slope (then the peak still sits in the optimizer step,
+        flat in the batch, and the estimate's slope keeps the next guess from overshooting)."""
+        pts = [(p.batch_size, p.peak_allocated) for p in self.probes.values()
+               if p.peak_allocated is not None]
+        near = sorted(pts, key=lambda q: abs(q[1] - self.budget))[:2]
+        if len(near) == 2 and near[0][0] != near[1][0]:
+            measured = (near[0][1] - near[1][1]) / (near[0][0] - near[1][0])
+            if measured >= self.est_slope / 2:
+                return measured
+        return self.est_slope
+
+    def next_guess(self, b: int) -> int:
+        """The batch whose peak the slope from ``b``'s measured peak puts at the budget."""
+        if self.probes[b].peak_allocated is None:  # out of memory without a peak: bisect
+            return (self.lo + self.hi) // 2
+        guess = b + math.floor((self.budget - self.probes[b].peak_allocated) / self.slope())
+        if self.probes[b].fits and guess <= b:
+            guess = b + 1  # no room predicted: check the next batch up
+        return guess
+
+    def run(self, guided_probes: int) -> None:
+        """Measure until a fitting batch and the next one up, not fitting, are known."""
+        b = max(1, _predict_largest(self.config, self.budget, self.max_batch))
+        guided = 0
+        while self.hi - self.lo > 1:
+            if guided >= guided_probes or not self.lo < b < self.hi or b in self.probes:
+                # no upper bound measured yet: double; else bisect
+                b = (min(2 * self.lo, self.max_batch) if self.hi > self.max_batch and self.lo > 0
+                     else (self.lo + self.hi) // 2)
+            guided += 1
+            self.probe(b)
+            b = min(max(self.next_guess(b), self.lo + 1), self.hi - 1)
+
+    def result(self, method: str) -> BatchSearch:
+        top = min(max(self.probes) + 1, self.max_batch) if self.probes else 1
+        curve = [(b, estimate(self.config.replace(batch_size=b)).peak_allocated)
+                 for b in range(1, top + 1)]
+        return BatchSearch(config=self.config, budget_bytes=self.budget, batch_size=self.lo,
+                           measurement=self.results.get(self.lo),
+                           probes=list(self.probes.values()), method=method, estimated=curve,
+                           first_too_big=self.hi if self.hi <= self.max_batch else None)
+
+
 def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, steps: int = 3,
                   warmup: int = 1, guided_probes: int = 4) -> BatchSearch:
     """The largest micro-batch of ``config`` whose measured step fits in ``budget_bytes``.
 
     Search (few measurements): the analytic estimate predicts the largest batch and that batch
-    is measured with `course_utils.measure.measure` (memory and ``steps`` timed steps). Peak
-    memory grows about linearly with the batch, so each next guess is a secant step from the
-    measured peaks nearest the budget, never flatter than the estimate's bytes per sequence.
-    The search stops when a fitting batch ``b`` and a non-fitting ``b + 1`` are both measured
-    (or ``b == max_batch``). After ``guided_probes`` guided measurements it falls back to
-    doubling (while no failing batch is known) and bisection, so it always ends. It typically
-    takes two or three measurements.
+    is measured with `course_utils.measure.measure`. Peak memory grows about linearly with the
+    batch, so each next guess is a secant step from the two measured peaks nearest the budget
+    (the estimate's bytes per sequence where the measured peak is still flat). The search stops
+    when a fitting batch ``b`` and a non-fitting ``b + 1`` are both measured (or
+    ``b == max_batch``). After ``guided_probes`` guided measurements
+    it falls back to doubling (while no failing batch is known) and bisection, so it always
+    ends. It typically takes two to four measurements.
 
     "Fits" means: no out-of-memory error and a measured peak allocated at most the budget.
     On CUDA the allocator is limited to the budget during the search
@@ -173,7 +250,8 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
         config: the configuration (its ``batch_size`` is ignored; accumulation is kept).
         budget_bytes: memory budget in bytes (> 0).
         max_batch: the largest batch tried (>= 1).
-        steps: timed steps per measurement (>= 1): tokens/s at the answer comes from these.
+        steps: timed steps per measurement (>= 0; 0 measures memory only, the fewest steps:
+            `race` times the answers in alternation).
         warmup: optimizer steps before measuring (>= 1: AdamW's state must exist).
         guided_probes: estimate-guided measurements before doubling/bisection (>= 1).
 
@@ -181,13 +259,14 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
         A `BatchSearch`; ``batch_size`` 0 if even a batch of 1 does not fit.
 
     Raises:
-        ValueError: a non-positive budget, ``max_batch``, ``steps``, ``warmup`` or
-            ``guided_probes``; a device without a peak-memory counter (MPS); a configuration
+        ValueError: a non-positive budget, ``max_batch``, ``warmup`` or ``guided_probes``, a
+            negative ``steps``; a device without a peak-memory counter (MPS); a configuration
             `measure` refuses.
     """
-    for name, v in (("budget_bytes", budget_bytes), ("max_batch", max_batch), ("steps", steps),
+    for name, v in (("budget_bytes", budget_bytes), ("max_batch", max_batch),
                     ("warmup", warmup), ("guided_probes", guided_probes)):
         check_positive_int(name, v)
+    check_positive_int("steps", steps, minimum=0)
     kind = device_kind(config.device)
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"largest_batch needs a peak-memory counter; device {config.device!r} "
@@ -201,60 +280,11 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
         method = ("CPU: a batch fits if its measured peak (parameters + optimizer state + "
                   "profiler peak over one step) <= budget")
 
-    probes: dict[int, Probe] = {}
-    results: dict[int, Measurement] = {}
-    lo, hi = 0, max_batch + 1  # lo: largest batch known to fit; hi: smallest known not to
-
-    def probe(b: int) -> bool:
-        cfg = config.replace(batch_size=b)
-        try:
-            m = measure(cfg, steps=steps, warmup=warmup)
-        except MemoryRefused as refused:  # its estimate exceeds the memory free here
-            m = Measurement(config=cfg, oom=True, error=str(refused))
-        fits = (not m.oom) and m.peak_allocated is not None and m.peak_allocated <= budget_bytes
-        probes[b] = Probe(b, m.peak_allocated, estimate(cfg).peak_allocated, fits, m.oom,
-                          m.step_time_s, m.tokens_per_s)
-        results[b] = m
-        return fits
-
-    def next_guess(b: int) -> int:
-        """Secant step towards the budget from the measured peaks nearest it."""
-        pts = sorted((p.batch_size, p.peak_allocated) for p in probes.values()
-                     if p.peak_allocated is not None)
-        if not pts or probes[b].peak_allocated is None:  # OOM without a peak: bisect
-            return (lo + hi) // 2
-        near = sorted(pts, key=lambda q: abs(q[1] - budget_bytes))[:2]
-        slope = ((near[0][1] - near[1][1]) / (near[0][0] - near[1][0])
-                 if len(near) == 2 and near[0][0] != near[1][0] else 0)
-        # At small batches the peak can sit in the optimizer step, flat in the batch; the
-        # estimate's bytes per sequence where activations dominate keeps the step from
-        # overshooting there.
-        slope = max(slope, est_slope)
-        guess = b + math.floor((budget_bytes - probes[b].peak_allocated) / slope)
-        if probes[b].fits and guess <= b:
-            guess = b + 1  # no room predicted: check the next batch up
-        return guess
-
-    est_slope = _estimated_slope(config)
+    search = _Search(config, budget_bytes, max_batch, steps, warmup)
     cap = cuda_memory_cap(config.device, budget_bytes) if kind == "cuda" else contextlib.nullcontext()
     with cap:
-        b = max(1, _predict_largest(config, budget_bytes, max_batch))
-        guided = 0
-        while hi - lo > 1:
-            if guided >= guided_probes or not lo < b < hi or b in probes:
-                # no upper bound measured yet: double; else bisect
-                b = min(2 * lo, max_batch) if hi > max_batch and lo > 0 else (lo + hi) // 2
-            guided += 1
-            if probe(b):
-                lo = b
-            else:
-                hi = b
-            b = min(max(next_guess(b), lo + 1), hi - 1)
-    top = min(max(probes) + 1, max_batch) if probes else 1
-    curve = [(b, estimate(config.replace(batch_size=b)).peak_allocated) for b in range(1, top + 1)]
-    return BatchSearch(config=config, budget_bytes=budget_bytes, batch_size=lo,
-                       measurement=results.get(lo), probes=list(probes.values()), method=method,
-                       estimated=curve)
+        search.run(guided_probes)
+    return search.result(method)
 
 
 @dataclass

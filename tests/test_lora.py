@@ -80,6 +80,13 @@ def test_routes_7b_on_24_gib():
     assert 10 * n / GiB < routes.loc[adam8, "peak"] < 10 * n / GiB + 3   # + a block's backward
     assert routes.loc[adam8, "peak"] < routes.loc[full, "peak"] - 6 * n / GiB - 3
     assert routes.loc[lo, "peak"] * GiB == routes.loc[lo, "peak_bytes"]
+    # each route's parts alive at its peak sum to its peak (the chart's bar ends there): the full
+    # fine-tune peaks at the optimizer step, with foreach AdamW's 4 N bytes of temporaries
+    parts = routes[[c for c in routes.columns if c.startswith("at peak: ")]]
+    assert parts.sum(axis=1).to_numpy() == pytest.approx(routes["peak"].to_numpy())
+    assert routes.loc[full, "peak at"] == "optimizer step"
+    assert routes.loc[full, "at peak: temporaries"] == pytest.approx(4 * n / GiB, rel=0.01)
+    assert routes.loc[full, "at peak: saved tensors"] == 0
     with pytest.raises(ValueError, match="unknown model"):
         lora.routes("13B")
     with pytest.raises(ValueError, match="accum"):

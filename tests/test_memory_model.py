@@ -137,6 +137,27 @@ def test_scale_table_16_bytes_per_parameter_and_checkpointing_shrinks_activation
     assert (t8["weights"] == t["weights"]).all()
 
 
+def test_scale_sweep_is_scale_table_per_micro_batch_over_the_optimizer_steps_bytes():
+    sweep = memory_model.scale_sweep(batch_sizes=(1, 8))
+    assert len(sweep) == 2 * len(memory_model.SCALE_MODELS) * len(memory_model.SCALE_RECIPES)
+    for b in (1, 8):
+        t = memory_model.scale_table(batch_size=b)
+        rows = sweep[sweep["micro-batch"] == b].reset_index(drop=True)
+        assert list(rows["peak GiB"]) == list(t["peak GiB"]) and list(rows["peak at"]) == list(t["peak at"])
+    # the optimizer step: weights 4 + gradients 4 + AdamW 8 + foreach temporaries 4 bytes/param (CUDA)
+    seven = sweep[(sweep["model"] == "7B") & (sweep["micro-batch"] == 1)]
+    n = memory_model.SCALE_MODELS["7B"].n_parameters
+    assert seven["optimizer step GiB"].iloc[0] == pytest.approx(20 * n / 2**30, rel=1e-4)
+    # no peak below it, and at one sequence every recipe peaks there
+    assert (sweep["peak GiB"] >= sweep["optimizer step GiB"] - 1e-9).all()
+    assert list(seven["peak GiB"]) == pytest.approx(list(seven["optimizer step GiB"]))
+    assert set(seven["peak at"]) == {"optimizer step"}
+    with pytest.raises(ValueError):
+        memory_model.scale_sweep(batch_sizes=())
+    with pytest.raises(ValueError):
+        memory_model.scale_sweep(batch_sizes=(0, 1))
+
+
 def test_sharded_state_bytes_by_hand():
     # N = 1000 parameters, K = 4 ranks, T = 10 tensors: 4000 B weights, 4000 B gradients,
     # 8000 B AdamW moments + 40 B of step counters unsharded.

@@ -542,6 +542,21 @@ def test_lesson03_sentences_name_configurations_in_words():
         assert "plain_label(" in cell(LESSON["03"], cell_id).source, cell_id
 
 
+def test_lesson03_says_less():
+    """Issue 24: at most 2,700 words of markdown (room for the logits section of §6), no
+    measuring box, no line counted in prose ("the second line above" once named the third)."""
+    nb = notebook(LESSON["03"])
+    prose = markdown(LESSON["03"])
+    assert len(prose.split()) <= 2700, len(prose.split())
+    assert not any(c.get("id") == "how-measured" for c in nb.cells)
+    assert "../docs/method.md" in cell(nb, "title").source
+    assert not re.search(r"\b(first|second|third|fourth|last) (line|row)s? (above|below)", prose)
+    assert "saves memory everywhere" not in prose          # the 7B peak is the same in every recipe
+    assert "stays near one micro-batch" not in prose       # it exceeds it by up to the .grad buffer
+    assert "needs the `bitsandbytes` package and a GPU" not in prose
+    assert "torchao.optim.AdamW8bit" in cell(nb, "s7").source   # runs on a CPU too (issue 26)
+
+
 def test_lesson03_no_emulated_precision_is_searched_or_raced():
     src = cell(LESSON["03"], "budget").source
     assert "candidates = [PLAIN, FULL, PLAIN.replace(checkpoint=\"selective\")]" in src
@@ -557,6 +572,24 @@ def test_notebook_03_code_passes_ruff_with_long_lines_checked(path):
     out = subprocess.run([ruff, "check", "--line-length", "110", "--extend-select", "E501", str(path)],
                          capture_output=True, check=False, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_exercise03_quiz_points_to_lesson_sections_and_q4_says_what_lesson_03_shows(capsys):
+    """Issue 24: each quiz cell is quiz.check(question, answer), its bank's hint names a lesson 03
+    section, never a claim ID; question 4 accepts what lesson 03 shows: the peak falls where the
+    saved tensors set it and stays where the optimizer step sets it (the 7B table of §6)."""
+    from course_utils import quiz
+    bank = quiz.question_bank()
+    nb = notebook(SOLUTION["03_combined_stack"])
+    questions = [re.search(r"quiz\.check\('([^']+)', answer_\w+\(\)\)", c.source).group(1)
+                 for c in nb.cells if "quiz.check(" in c.source]
+    assert questions == ["bf16-halves-memory", "checkpointing-speeds-training", "autocast-adamw-bytes"]
+    for q in questions:
+        assert re.search(r"lesson 03 §\d", bank[q]["hint"]) and not re.search(r"\bC\d+\b", bank[q]["hint"])
+    assert "stays where it is where the optimizer step sets it" in cell(nb, "part-c").source
+    quiz.check("bf16-halves-memory", "b")
+    out = capsys.readouterr().out
+    assert "optimizer step" in out and "§6" in out and not re.search(r"\bC\d+\b", out)
 
 
 def test_exercise03_grades_the_step_not_bookkeeping():

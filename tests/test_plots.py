@@ -99,12 +99,14 @@ def history() -> pd.DataFrame:
 
 
 def story() -> pd.DataFrame:
-    return pd.DataFrame({"step": ["fp32", "+ bf16 autocast", "+ torch.compile", "+ full ckpt",
-                                  "+ sharding over 4 GPUs"],
-                         "step_time_s": [0.38, 0.39, np.nan, 0.47, np.nan],
-                         "peak_allocated": [114e6, 92e6, np.nan, 69e6, 40e6],
-                         "source": ["measured", "measured", "not measured", "measured", "estimate"],
-                         "time_verdict": [None, "within noise", None, "slower", None]})
+    """`adoption_story`'s table, made up: each step against the one before it."""
+    return pd.DataFrame({"step": ["fp32", "+ bf16 autocast", "+ full ckpt", "+ sharding over 4 GPUs"],
+                         "step_time_s": [0.38, 0.39, 0.47, np.nan],
+                         "peak_allocated": [114e6, 92e6, 69e6, 40e6],
+                         "source": ["measured", "measured", "measured", "estimate"],
+                         "vs": [None, "fp32", "+ bf16 autocast", "+ full ckpt"],
+                         "peak_ratio": [np.nan, 92 / 114, 69 / 92, 40 / 69],
+                         "time_verdict": [None, "within noise", "slower", None]})
 
 
 def searches() -> list:
@@ -129,23 +131,6 @@ def race() -> NS:
         "tokens_per_s": [6316.0, 8063.0, 6275.0], "time_ratio": [1.0, 2.17, 1.68],
         "time_ratio_low": [1.0, 2.02, 1.55], "time_ratio_high": [1.0, 2.32, 1.80],
         "time_verdict": ["reference", "slower", "slower"], "emulated": [False] * 3}))
-
-
-def scale_table() -> pd.DataFrame:
-    """`memory_model.scale_table(detail=True)`'s columns (GiB) for 1B, 7B and 70B, made up."""
-    rows = []
-    for model, params, w, acts in (("1B", 1.04, 3.9, 4.6), ("7B", 6.71, 25.0, 16.0),
-                                   ("70B", 69.81, 260.0, 85.0)):
-        for recipe, copies, a in (("fp32", 0.0, acts), ("bf16 autocast", 0.45 * w, acts * 0.5),
-                                  ("bf16 autocast + full ckpt", 0.01 * w, acts * 0.1)):
-            parts = {"weights": w, "AdamW state": 2 * w, "gradients": w, "saved tensors": 0.0,
-                     "temporaries": w}
-            rows.append({"model": model, "recipe": recipe, "params (B)": params, "weights": w,
-                         "gradients": w, "AdamW state": 2 * w, "weight copies": copies,
-                         "activations": a, "peak GiB": sum(parts.values()),
-                         "peak at": "optimizer step",
-                         **{f"at peak: {k}": v for k, v in parts.items()}})
-    return pd.DataFrame(rows)
 
 
 def growth() -> pd.DataFrame:
@@ -246,7 +231,8 @@ def figure(name: str):
             "pareto": lambda: plots.pareto_chart(policy_table(), size="smoke"),
             "dashboard": lambda: plots.dashboard_chart(history()),
             "growth": lambda: plots.memory_growth_chart(growth()),
-            "scale": lambda: plots.scale_chart(scale_table(), gpus={"24 GiB GPU": 24, "80 GiB GPU": 80}),
+            "scale": lambda: plots.scale_chart(memory_model.scale_sweep(),
+                                               gpus={"24 GiB GPU": 24, "80 GiB GPU": 80}),
             }[name]()
 
 
@@ -374,7 +360,10 @@ def test_all_lists_every_public_chart():
     lambda: plots.race_chart(NS(table=race().table.iloc[:0])),
     lambda: plots.memory_breakdown_chart(compare_table().iloc[:0]),
     lambda: plots.memory_growth_chart(growth().iloc[:0]),
-    lambda: plots.scale_chart(scale_table().iloc[:0]),
+    lambda: plots.scale_chart(memory_model.scale_sweep().iloc[:0]),
+    lambda: plots.scale_chart(memory_model.scale_table()),   # not a sweep over micro-batches
+    lambda: plots.adoption_chart(story().drop(columns="vs")),
+    lambda: plots.routes_chart(lora.routes()[["route", "peak", "fits"]]),
     lambda: plots.saved_tensors_chart({}),
     lambda: plots.memory_timeline_chart({}),
     lambda: plots.sharding_chart(sharding_table().iloc[:0], SHARDED),
@@ -522,19 +511,29 @@ def test_growth_chart_names_every_series_of_both_panels():
     _assert_legends_clear(fig)
 
 
-def test_scale_chart_gpu_labels_clear_of_bars_and_bar_labels():
-    fig = figure("scale")
-    r = _layout(fig)
-    gpu_labels = 0
-    for ax in fig.axes:
-        gpu = [t for t in ax.texts if "GPU" in t.get_text()]
-        others = [t.get_window_extent(r) for t in ax.texts if t not in gpu]
-        bars = [b.get_window_extent(r) for b in _bars(ax)]
-        boxes = [t.get_window_extent(r) for t in gpu]
-        for i, box in enumerate(boxes):
-            assert not any(_overlap(box, o) for o in others + bars + boxes[i + 1:]), gpu[i].get_text()
-        gpu_labels += len(gpu)
-    assert gpu_labels == 5  # 24 GiB on every panel, 80 GiB on 7B and 70B
+def test_scale_chart_draws_where_the_peak_leaves_the_optimizer_step():
+    """One panel per model, one line per recipe over the micro-batch; the dotted line is the
+    optimizer step's bytes; a filled marker is a peak there, an open one a peak in backward;
+    GPU lines only where they are not lost on the axis (the 70B panel shows none)."""
+    sweep = memory_model.scale_sweep(batch_sizes=(1, 2, 4, 8, 16, 32))
+    fig = plots.scale_chart(sweep, gpus={"24 GiB GPU": 24, "80 GiB GPU": 80})
+    assert [ax.get_title() for ax in fig.axes] == [
+        f"{m} ({memory_model.SCALE_MODELS[m].n_parameters / 1e9:.2f}B parameters)"
+        for m in memory_model.SCALE_MODELS]
+    ax7 = fig.axes[1]
+    sub = sweep[sweep["model"] == "7B"]
+    floor = sub["optimizer step GiB"].iloc[0]
+    assert [ln.get_ydata()[0] for ln in ax7.lines if ln.get_linestyle() == ":"] == [pytest.approx(floor)]
+    recipes = [ln for ln in ax7.lines if ln.get_linestyle() == "-"]
+    assert [ln.get_label() for ln in recipes] == list(memory_model.SCALE_RECIPES)
+    for ln, (_, r) in zip(recipes, sub.groupby("recipe", sort=False)):
+        assert list(ln.get_ydata()) == pytest.approx(list(r["peak GiB"]))
+    at_step = (sub["peak at"] == "optimizer step").sum()
+    filled = sum(len(c.get_offsets()) for c in ax7.collections
+                 if c.get_facecolor().size and tuple(c.get_facecolor()[0][:3]) != (1.0, 1.0, 1.0))
+    assert filled == at_step and 0 < at_step < len(sub)   # at one sequence the optimizer step, not beyond
+    assert [t.get_text() for t in fig.axes[2].texts] == []  # 24 and 80 GiB vanish beside 1,300 GiB
+    assert {t.get_text() for t in ax7.texts} == {"24 GiB GPU", "80 GiB GPU"}
     _assert_legends_clear(fig)
 
 
@@ -582,18 +581,17 @@ def test_lesson03_charts_draw_what_they_are_given(fp32_search):
     with pytest.raises(ValueError):
         plots.budget_chart([])
 
-    table = memory_model.scale_table()
-    fig = plots.scale_chart(table, gpus={"24 GiB": 24})
+    fig = plots.scale_chart(memory_model.scale_sweep(batch_sizes=(1, 4)), gpus={"24 GiB": 24})
     assert len(fig.axes) == len(memory_model.SCALE_MODELS)
-    assert fig.axes[0].get_xlim()[1] > 24  # the 1B panel reaches the 24 GiB line
+    assert fig.axes[0].get_ylim()[1] > 24  # the 1B panel reaches the 24 GiB line
 
     story = pd.DataFrame({"step": ["a", "b", "c"], "step_time_s": [0.2, 0.1, float("nan")],
                           "peak_allocated": [100 * MiB, 80 * MiB, 40 * MiB],
-                          "source": ["measured", "measured", "estimate"]})
+                          "source": ["measured", "measured", "estimate"], "vs": [None, "a", "b"],
+                          "peak_ratio": [float("nan"), 0.8, 0.5]})
     fig = plots.adoption_chart(story)
     texts = [t.get_text() for t in fig.axes[1].texts]
-    assert "0.80x" in texts and any("0.50x" in t and "estimate" in t for t in texts)
-    assert any("not measured" in t.get_text() for t in fig.axes[0].texts)
+    assert "0.80x\nvs a" in texts and "0.50x\nvs b\n(estimate)" in texts
 
     ledger = claims_table([Verdict("C2", "busted", "peak 0.8x <fp32>", "[03 §1](#1.-The-ladder)"),
                            Verdict("C1", "not measured here", "no GPU", "01")])
@@ -740,20 +738,41 @@ def test_adoption_story_skips_an_emulated_step_as_reference():
                  ("bf16", "bf16", [3.0], 800, True),
                  ("fp32+full", "fp32", [1.3, 1.32, 1.28, 1.3, 1.3], 600, False)])
     story = adoption_story(df, [("fp32", "fp32"), ("+ bf16", "bf16"), ("+ compile", None),
-                                      ("+ full", "fp32+full")], estimates=[("+ shard", 300)])
-    assert list(story["source"]) == ["measured", "measured", "not measured here", "measured", "estimate"]
-    assert list(story["adopted"]) == [True, False, True, True, True]
+                                ("+ full", "fp32+full")], estimates=[("+ shard", 300)])
+    assert list(story["step"]) == ["fp32", "+ bf16", "+ full", "+ shard"]   # nothing unmeasured
+    assert list(story["source"]) == ["measured", "measured", "measured", "estimate"]
+    assert list(story["adopted"]) == [True, False, True, True]
+    assert pd.isna(story["vs"][0]) and list(story["vs"][1:]) == ["fp32", "fp32", "+ full"]  # not bf16
     assert story["time_verdict"].tolist()[:2] == ["reference", "emulated"]
-    assert story.loc[3, "time_verdict"] == "slower" and story.loc[3, "time_ratio"] == pytest.approx(1.3)
+    assert story.loc[2, "time_verdict"] == "slower" and story.loc[2, "time_ratio"] == pytest.approx(1.3)
     fig = plots.adoption_chart(story, size="cpu")
     mem = [t.get_text() for t in fig.axes[1].texts]
-    assert "0.80x" in mem and "0.60x" in mem    # + full against fp32, not against emulated bf16
-    assert any("0.50x" in t and "estimate" in t for t in mem)
+    # every ratio names the bar it is a ratio to: the 0.60x beside "+ bf16" is to fp32
+    assert mem == ["0.80x\nvs fp32", "0.60x\nvs fp32", "0.50x\nvs full\n(estimate)"]
     times = [t.get_text() for t in fig.axes[0].texts]
-    assert "1.30x slower" in times and "emulated:\nnot drawn" in times
-    assert "previous adopted step" in fig.axes[0].get_title()
+    assert "1.30x slower\nvs fp32" in times and "emulated:\nnot drawn" in times
+    assert "+ bf16 (emulated here)" in fig._supxlabel.get_text() and "ms" not in fig._supxlabel.get_text()
     with pytest.raises(ValueError, match="no row"):
         adoption_story(df, [("x", "nope")])
+
+
+def test_adoption_story_reads_a_step_from_its_own_comparison():
+    """torch.compile is timed in its own comparison against the eager recipe (lesson 03 §3): its
+    ratio is to that row, named "+ bf16", and full checkpointing, measured without compile,
+    stays against "+ bf16" too."""
+    df = measured_table([("fp32", "fp32", [1.0] * 5, 1000, False),
+                         ("bf16", "bf16", [0.5] * 5, 800, False),
+                         ("bf16+full", "bf16", [0.6] * 5, 500, False)])
+    cdf = measured_table([("bf16", "bf16", [0.52] * 5, 800, False),
+                          ("bf16+compile", "bf16", [0.4] * 5, 780, False)])
+    story = adoption_story(df, [("fp32", "fp32"), ("+ bf16", "bf16"),
+                                ("+ compile", "bf16+compile", cdf), ("+ full", "bf16+full")])
+    assert pd.isna(story["vs"][0]) and list(story["vs"][1:]) == ["fp32", "+ bf16", "+ bf16"]
+    assert story.loc[2, "time_ratio"] == pytest.approx(0.4 / 0.52)
+    assert story.loc[3, "time_ratio"] == pytest.approx(1.2)
+    assert story.loc[2, "peak_ratio"] == pytest.approx(780 / 800)
+    texts = [t.get_text() for t in plots.adoption_chart(story).axes[0].texts]
+    assert "1.30x faster\nvs bf16" in texts and "1.20x slower\nvs bf16" in texts
 
 
 def test_routes_chart_marks_what_fits():
@@ -801,7 +820,7 @@ def test_the_race_chart_prints_a_per_token_ratio_only_outside_the_noise():
     within noise, so no number)."""
     fig = plots.race_chart(race(), size="cpu")
     texts = [t.get_text() for t in fig.axes[0].texts]
-    assert texts == ["reference", "1.23x faster", "≈1x\n(within noise)"]
+    assert texts == ["reference", "1.23x faster\nvs bf16", "≈1x\n(within noise)\nvs bf16"]
     # each bar is the first's tokens/s / its per-token ratio (6316 / 0.814, 6316 / 1.008), not
     # its own median: the bar says what its label says
     assert [round(b.get_height()) for b in _bars(fig.axes[0])] == [6316, 7762, 6266]

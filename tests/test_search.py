@@ -24,6 +24,7 @@ def test_largest_batch_finds_the_boundary_it_measured(fp32_search):
     assert s.method.startswith("CPU")
     row = s.as_row()
     assert row["largest batch"] == 3 and row["tokens/step"] == 3 * SMOKE.seq_len
+    assert s.first_too_big == 4 and row["first batch too big"] == 4
     # the estimate curve covers batch 1 .. the largest probed + 1 and never decreases
     batches, peaks = zip(*s.estimated)
     assert batches[0] == 1 and list(peaks) == sorted(peaks)
@@ -37,6 +38,34 @@ def test_checkpointing_fits_a_larger_batch_under_the_same_budget(fp32_search):
     assert any(not p.fits for p in ckpt.probes)
 
 
+def test_a_memory_only_search_times_nothing_and_finds_the_same_boundary(fp32_search):
+    """steps=0 (lesson 03 on every device): one memory step per batch tried, no timed steps,
+    the same answer; the measured peaks steer it there in few measurements."""
+    budget, timed = fp32_search
+    s = search.largest_batch(SMOKE.replace(precision="fp32"), budget, steps=0)
+    assert s.batch_size == timed.batch_size and s.first_too_big == timed.first_too_big
+    assert s.measurement.step_time_s is None and s.tokens_per_s is None
+    assert all(p.step_time_s is None for p in s.probes)
+    assert len(s.probes) <= 4
+
+
+def test_the_secant_uses_the_measured_slope_unless_the_peak_is_still_flat():
+    """Where the estimate over-counts bytes per sequence (bf16 with full checkpointing by up to
+    17%, memory_model's docstring), stepping by the estimate's slope crept up one batch at a
+    time and then fell back to doubling: 13 measurements on a T4 stand-in. The secant of the
+    two measured peaks nearest the budget lands on the boundary."""
+    from course_utils.search import Probe, _Search
+    budget_bytes = 1000
+    s = _Search(SMOKE.replace(precision="fp32"), budget_bytes, 64, 0, 1)
+    s.est_slope = 12.0                                   # the estimate: 12 bytes per sequence
+    s.probes = {10: Probe(10, 600, 700, True, False, None, None),
+                20: Probe(20, 700, 820, True, False, None, None)}  # measured: 10 per sequence
+    assert s.slope() == 10.0 and s.next_guess(20) == 50   # 700 + 30 x 10 = the budget
+    s.probes = {10: Probe(10, 600, 700, True, False, None, None),
+                20: Probe(20, 620, 820, True, False, None, None)}  # flat: the optimizer step
+    assert s.slope() == 12.0 and s.next_guess(20) == 20 + (budget_bytes - 620) // 12
+
+
 def test_largest_batch_reports_nothing_fits_and_respects_max_batch():
     cfg = SMOKE.replace(precision="fp32")
     none = search.largest_batch(cfg, 1024)  # 1 KiB: not even the parameters fit
@@ -48,7 +77,7 @@ def test_largest_batch_reports_nothing_fits_and_respects_max_batch():
 
 @pytest.mark.parametrize("bad", [
     dict(budget_bytes=0), dict(budget_bytes=-5), dict(budget_bytes=1.5e6), dict(max_batch=0),
-    dict(steps=0), dict(warmup=0), dict(guided_probes=0)])
+    dict(steps=-1), dict(steps=1.5), dict(warmup=0), dict(guided_probes=0)])
 def test_largest_batch_rejects_bad_arguments(bad):
     kw = dict(budget_bytes=10 * MiB) | bad
     with pytest.raises(ValueError):
@@ -92,7 +121,7 @@ def test_race_times_each_at_its_largest_batch_per_token(race_inputs):
     assert "cannot tell" in result.reading()     # no verdict at the smoke size, so no reading either
     from course_utils import plots
     fig = plots.race_chart(result, size="smoke")
-    assert [t.get_text() for t in fig.axes[0].texts] == ["reference", "inconclusive"]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["reference", "inconclusive\nvs fp32"]
 
 
 def test_the_race_reading_follows_the_per_token_verdict():

@@ -6,7 +6,7 @@ import torch
 from course_utils.config import config_for
 from course_utils.data import get_batch
 from course_utils.models import build_model
-from course_utils.training import train, train_step
+from course_utils.training import compile_blocks, setup, train, train_step
 
 SMOKE = config_for("smoke", device="cpu")
 
@@ -47,3 +47,20 @@ def test_accumulation_divides_the_loss():
         grads.append(captured)
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6)
+
+
+def test_compile_compiles_each_block_in_place_not_the_model():
+    """Regional compilation (lesson 03 §3): ``compile=True`` compiles every unit of
+    ``model.layers`` in place, so one compiled graph serves the identical blocks; nothing is
+    compiled until a step runs, so this test compiles nothing."""
+    state = setup(config_for("smoke", device="cpu").replace(compile=True, checkpoint="full"))
+    assert state.model is state.module                       # the model itself, not a wrapper
+    assert all(u._compiled_call_impl is not None for u in state.module.layers)
+    assert state.module._compiled_call_impl is None          # the embeddings and head stay eager
+    plain = setup(config_for("smoke", device="cpu"))
+    assert all(u._compiled_call_impl is None for u in plain.module.layers)
+    budget = build_model(config_for("smoke", device="cpu").replace(checkpoint="memory-budget:0.5"))
+    compile_blocks(budget)                                    # a unit that compiles itself is left alone
+    assert all(u._compiled_call_impl is None for u in budget.layers)
+    with pytest.raises(ValueError, match="layers"):
+        compile_blocks(torch.nn.Linear(2, 2))

@@ -177,21 +177,17 @@ def error_bars(heights, notes) -> np.ndarray | None:
 
 def emulated_caption(labels, t_ms, notes, reference_ms=None) -> str:
     """The sentence under a chart that leaves emulated step times off its time axis:
-    ``"Not drawn on the time axis: bf16 (emulated here, 4,300 ms a step, 15.9x fp32's time):
-    emulated arithmetic is not this hardware's speed."`` ("" when nothing is emulated).
+    ``"Not drawn on the time axis: bf16 (emulated here). Emulated arithmetic is not this
+    hardware's speed for that precision."`` ("" when nothing is emulated). The emulated time
+    itself is not repeated here: a table prints it once, rounded (issue 24).
 
     Args:
-        labels, t_ms, notes: per row, its name, step time (ms) and `TimeNote`.
-        reference_ms: ``(name, ms)`` of the row the ratio is to, or None.
+        labels, t_ms, notes: per row, its name, step time (ms) and `TimeNote`; a row is named
+            when its note is emulated and it has a time.
+        reference_ms: unused (kept for callers that pass the row the ratio is to).
     """
-    parts = []
-    for lab, t, n in zip(labels, t_ms, notes):
-        if n is None or not n.emulated or not np.isfinite(nan(t)):
-            continue
-        ratio = ""
-        if reference_ms and np.isfinite(nan(reference_ms[1])) and reference_ms[1] > 0:
-            ratio = f", {t / reference_ms[1]:.1f}x {reference_ms[0]}'s time"
-        parts.append(f"{lab} ({t:,.0f} ms a step{ratio})")
+    parts = [f"{lab} (emulated here)" for lab, t, n in zip(labels, t_ms, notes)
+             if n is not None and n.emulated and np.isfinite(nan(t))]
     if not parts:
         return ""
     return ("Not drawn on the time axis: " + "; ".join(parts) + ". Emulated arithmetic is not "

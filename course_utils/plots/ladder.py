@@ -24,7 +24,6 @@ from ._style import (
     ALERT_COLOR,
     BASELINE_COLOR,
     COLORS,
-    EMULATED_HATCH,
     HATCH,
     MUTED_COLOR,
     TIME_COLOR,
@@ -259,149 +258,172 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
     return fig
 
 
+def _adoption_label(note: str, vs, estimate: bool) -> str:
+    """A bar's label: its ratio (or verdict) and the name of the bar the ratio is to."""
+    text = note.replace(" (", "\n(") if note else ""
+    if vs and note and note not in ("reference", NOT_TIMED):
+        text += f"\nvs {str(vs).removeprefix('+ ')}"
+    return (text + ("\n(estimate)" if estimate else "")).strip()
+
+
+def _adoption_times(ax, story, refs, vs) -> list:
+    """The step-time panel of `adoption_chart`; returns the rows' `TimeNote`s."""
+    x = np.arange(len(story))
+    notes = time_notes(story, refs)
+    t = drawn_heights([nan(v) * 1e3 for v in story["step_time_s"]], notes, refs)
+    err = error_bars(t, notes)
+    for i, (xi, v, note, ref_name) in enumerate(zip(x, t, notes, vs)):
+        if not np.isfinite(v):
+            continue
+        if note.emulated:  # never on a time axis: the caption under the chart gives it
+            ax.annotate(NOT_DRAWN, (xi, 0), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
+            continue
+        e = None if err is None else err[:, i:i + 1]
+        ax.bar(xi, v, color=TIME_COLOR, edgecolor=TIME_COLOR, lw=1.2, yerr=e, capsize=3,
+               error_kw={"ecolor": "black", "elinewidth": 1})
+        label = _adoption_label(note.text, ref_name, False)
+        if label:
+            ax.annotate(label, (xi, v + (0 if e is None else e[1, 0])), xytext=(0, 3),
+                        textcoords="offset points", ha="center", fontsize=8)
+    shown = [np.nan if n.emulated else v + (0 if err is None else err[1, i])
+             for i, (v, n) in enumerate(zip(t, notes))]
+    top = np.nanmax(shown) if np.isfinite(shown).any() else 1.0
+    ax.set_ylim(0, top * 1.35)
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("step time", fontsize=10)
+    return notes
+
+
+def _adoption_peaks(ax, story, vs) -> None:
+    """The peak-memory panel of `adoption_chart`."""
+    color = COLORS["parameters"]
+    vals = np.array([nan(v) / MiB for v in story["peak_allocated"]], dtype=float)
+    for xi, v, ratio, ref_name, src in zip(np.arange(len(story)), vals, story["peak_ratio"], vs,
+                                           story["source"]):
+        if not np.isfinite(v):
+            continue
+        est = src == "estimate"
+        ax.bar(xi, v, color="white" if est else color, edgecolor=color,
+               hatch=HATCH if est else None, lw=1.2)
+        note = f"{nan(ratio):.2f}x" if np.isfinite(nan(ratio)) else ""
+        label = _adoption_label(note, ref_name, est)
+        if label:
+            ax.annotate(label, (xi, v), xytext=(0, 3), textcoords="offset points",
+                        ha="center", fontsize=8)
+    ax.set_ylim(0, np.nanmax(np.append(vals, 1.0)) * 1.35)
+    ax.set_ylabel("peak allocated (MiB)")
+    ax.set_title("peak allocated memory", fontsize=10)
+
+
 def adoption_chart(story, title: str = "", size: str | None = None):
     """The order of adoption: step time (ms) and peak memory (MiB = 2^20 bytes) after each step.
 
-    ``story`` has one row per step with ``step`` (name), ``step_time_s`` (seconds or NaN),
-    ``peak_allocated`` (bytes or NaN) and ``source`` (``measured``, ``estimate`` or another word
-    for "not measured here"); optionally, for the step time against the previous step,
-    ``time_verdict``, ``time_ratio_low``/``time_ratio_high``, ``step_time_iqr_s`` and
-    ``emulated``, and ``time_ratio`` (the ratio those describe; default: this step's time over
-    the previous step's); ``adopted`` (default True): False for a step shown but not adopted on
-    this hardware (an emulated precision), which later steps are not compared with.
-    Measured bars are solid, estimates hatched ``//``, emulated ones ``xx`` and labelled
-    "emulated here", missing values marked "not measured here". A step time with a ratio to the
-    previous adopted step stands at that step's bar × the ratio, with the ratio's noise band as
-    its whisker (so the whisker reaches the previous bar exactly when the label says "within
-    noise"); the first at its own median. Each memory value is annotated
-    with its ratio to the previous adopted step that has one; each time the same, but only
-    outside the noise (a story without a verdict or spread says "(noise unknown)").
+    ``story`` is `adoption_story`'s table. Every ratio printed by a bar names the bar it is a
+    ratio to (``vs``): the step before it measured in the same comparison and adopted here.
+    A step time stands at that bar's height × the ratio, its whisker at that height × the noise
+    band (so the whisker reaches that bar exactly when the label says "within noise"); a time
+    is printed only outside the noise. Emulated step times are not drawn (the caption gives
+    them); estimates are hatched and labelled "(estimate)".
 
     Raises:
         ValueError: an empty ``story``.
     """
     if len(story) == 0:
         raise ValueError("adoption_chart() needs at least one step.")
-    fig = new_figure((12, 4.4))
+    missing = {"step", "step_time_s", "peak_allocated", "source", "vs", "peak_ratio"} - set(story)
+    if missing:
+        raise ValueError(f"adoption_chart() needs adoption_story()'s table; missing {sorted(missing)}.")
+    names = list(story["step"])
+    vs = [v if isinstance(v, str) else None for v in story["vs"]]   # pandas may hold None as NaN
+    refs = [None if v is None else names.index(v) for v in vs]
+    refs = [i if r is None and np.isfinite(nan(t)) else r
+            for i, (r, t) in enumerate(zip(refs, story["step_time_s"]))]
+    fig = new_figure((12, 4.6))
     axes = fig.subplots(1, 2)
-    x = np.arange(len(story))
-    t = np.array([nan(v) for v in story["step_time_s"]], dtype=float)
-    adopted = [bool(a) for a in story["adopted"]] if "adopted" in story.columns else [True] * len(t)
-    refs, ratios, prev = [], [], None  # the time of each step against the previous adopted one
-    for i, v in enumerate(t):
-        refs.append(prev)
-        ratios.append(v / t[prev] if prev is not None else np.nan)
-        prev = i if np.isfinite(v) and adopted[i] else prev
-    if "time_ratio" in story.columns:
-        ratios = [nan(r) for r in story["time_ratio"]]
-    notes = time_notes(story.assign(time_ratio=ratios), refs)
-    t_drawn = drawn_heights(t * 1e3, notes, refs)   # each bar: the previous adopted one × ratio
-    t_err = error_bars(t_drawn, notes)
-    for ax, col, scale, ylabel, color in (
-            (axes[0], "step_time_s", 1e3, "step time (ms)", TIME_COLOR),
-            (axes[1], "peak_allocated", 1 / MiB, "peak allocated (MiB)", COLORS["parameters"])):
-        vals = np.array([nan(v) for v in story[col]], dtype=float) * scale
-        if col == "step_time_s":
-            vals = t_drawn
-        shown = np.array([np.nan if col == "step_time_s" and n.emulated else v
-                          for v, n in zip(vals, notes)], dtype=float)
-        if col == "step_time_s" and t_err is not None:
-            shown = shown + t_err[1]
-        top = np.nanmax(shown) if np.isfinite(shown).any() else 1.0
-        prev = None
-        for i, (xi, v, src) in enumerate(zip(x, vals, story["source"])):
-            if np.isnan(v):
-                ax.annotate("not measured\nhere", (xi, top * 0.02), ha="center", fontsize=8,
-                            color=MUTED_COLOR)
-                continue
-            est, emulated = src != "measured", col == "step_time_s" and notes[i].emulated
-            if emulated:  # never on a time axis: the caption under the chart gives it
-                ax.annotate(NOT_DRAWN, (xi, 0), xytext=(0, 3), textcoords="offset points",
-                            ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
-                continue
-            if col == "step_time_s":
-                note = "" if notes[i].text == NOT_TIMED else notes[i].text.replace(" (", "\n(")
-            else:
-                note = f"{v / vals[prev]:.2f}x" if prev is not None else ""
-            note += "\n(estimate)" if est else ""
-            hatch = EMULATED_HATCH if emulated else (HATCH if est else None)
-            err = t_err[:, i:i + 1] if col == "step_time_s" and t_err is not None else None
-            ax.bar(xi, v, color="white" if hatch else color, edgecolor=color, hatch=hatch, lw=1.2,
-                   yerr=err, capsize=3, error_kw={"ecolor": "black", "elinewidth": 1})
-            if note.strip():
-                ax.annotate(note.strip(), (xi, v + (0 if err is None else err[1, 0])),
-                            xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
-            prev = i if adopted[i] else prev
-        ax.set_ylabel(ylabel)
-        ax.set_ylim(0, top * 1.3)
-        ax.set_xticks(x)
-        ax.set_xticklabels(story["step"], rotation=20, ha="right", fontsize=9)
+    notes = _adoption_times(axes[0], story, refs, vs)
+    _adoption_peaks(axes[1], story, vs)
+    for ax in axes:
+        ax.set_xticks(np.arange(len(story)))
+        ax.set_xticklabels(names, rotation=20, ha="right", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    previous = "previous step" if all(adopted) else "previous adopted step"
-    bars = ("\n(each bar: the previous bar × the ratio; whisker: its noise band)"
-            if t_err is not None else "")
-    axes[0].set_title(f"step time; ratio to the {previous}{bars}", fontsize=10)
-    axes[1].set_title(f"peak memory; ratio to the {previous}", fontsize=10)
-    _caption(fig, list(story["step"]), t * 1e3, notes, 0 if not notes[0].emulated else None)
+    t = [nan(v) * 1e3 for v in story["step_time_s"]]
+    _caption(fig, names, t, notes, 0 if not notes[0].emulated else None)
     set_title(fig, title, size)
     return fig
 
 
-def adoption_story(df, steps, estimates=()):
-    """The table `adoption_chart` draws, read off a `course_utils.experiments.compare` table.
-
-    Args:
-        df: a `compare` table (its ``attrs["measurements"]`` hold the per-round step times).
-        steps: ``[(name, label)]`` in the order of adoption; ``label`` names a row of ``df``,
-            or is None for a step not measured here.
-        estimates: ``[(name, peak bytes)]``: estimated steps appended at the end (no time).
-
-    A step whose precision is emulated here is shown but not adopted (``adopted`` False): the
-    steps after it are compared with the step before it.
-
-    Returns:
-        One row per step: ``step``, ``step_time_s``, ``peak_allocated``, ``source``
-        (``measured``, ``not measured here`` or ``estimate``), ``adopted``, ``emulated`` and,
-        for the step time against the previous adopted step, ``time_ratio``,
-        ``time_verdict``, ``time_ratio_low``, ``time_ratio_high``
-        (`course_utils.step_timing.time_ratio` of the two rows' per-round times: a verdict only
-        outside the noise; "emulated" where either precision is).
-
-    Raises:
-        ValueError: no steps, or a label that is not a row of ``df``.
-    """
-    if not steps:
-        raise ValueError("adoption_story() needs at least one step.")
-    labels = list(df["label"])
-    ms = df.attrs.get("measurements")
-    empty = {"step_time_s": np.nan, "time_ratio": np.nan, "time_verdict": None,
-             "time_ratio_low": np.nan, "time_ratio_high": np.nan, "emulated": False}
-    rows, prev = [], None
-    for name, label in steps:
-        if label is None:
-            rows.append({**empty, "step": name, "peak_allocated": np.nan,
-                         "source": "not measured here", "adopted": True})
-            continue
-        if label not in labels:
-            raise ValueError(f"no row {label!r} in this table: its rows are {labels}.")
-        i = labels.index(label)
-        row = df.iloc[i]
-        emulated = bool(row["emulated"])
-        ratio, verdict, low, high = np.nan, "reference", np.nan, np.nan
-        if prev is not None and ms is not None:
-            a, b = ms[i], ms[prev]
-            r = time_ratio(a.step_times_s, b.step_times_s, size=df.attrs.get("size", ""),
+def _story_row(name, table, i, ref, vs) -> dict:
+    """One measured step of `adoption_story`: row ``i`` of ``table``, against row ``ref``."""
+    row = table.iloc[i]
+    emulated = bool(row["emulated"])
+    ratio, verdict, low, high, peak_ratio = np.nan, "reference", np.nan, np.nan, np.nan
+    ms = table.attrs.get("measurements")
+    if ref is not None:
+        peak_ratio = nan(row["peak_allocated"]) / nan(table.iloc[ref]["peak_allocated"])
+        if ms is not None:
+            a, b = ms[i], ms[ref]
+            r = time_ratio(a.step_times_s, b.step_times_s, size=table.attrs.get("size", ""),
                            emulated=a.emulated or b.emulated)
             ratio, verdict = (np.nan if r.ratio is None else r.ratio), r.verdict
             low = np.nan if r.low is None else r.low
             high = np.nan if r.high is None else r.high
-        rows.append({"step": name, "step_time_s": row["step_time_s"],
-                     "peak_allocated": row["peak_allocated"], "source": "measured",
-                     "adopted": not emulated, "emulated": emulated, "time_ratio": ratio,
-                     "time_verdict": verdict, "time_ratio_low": low, "time_ratio_high": high})
-        if not emulated and np.isfinite(nan(row["step_time_s"])):
-            prev = i
+    return {"step": name, "step_time_s": row["step_time_s"], "peak_allocated": row["peak_allocated"],
+            "source": "measured", "adopted": not emulated, "emulated": emulated, "vs": vs,
+            "time_ratio": ratio, "time_verdict": verdict, "time_ratio_low": low,
+            "time_ratio_high": high, "peak_ratio": peak_ratio}
+
+
+def adoption_story(df, steps, estimates=()):
+    """The table `adoption_chart` draws, read off `course_utils.experiments.compare` tables.
+
+    Args:
+        df: a `compare` table (its ``attrs["measurements"]`` hold the per-round step times).
+        steps: ``[(name, label)]`` or ``[(name, label, table)]`` in the order of adoption:
+            ``label`` names a row of ``df`` (or of ``table``, another `compare` table); a step
+            whose label is None was not measured here and is left out.
+        estimates: ``[(name, peak bytes)]``: estimated steps appended at the end (no time).
+
+    Each measured step is compared with the last step before it that was measured in the same
+    table and adopted (a step whose precision is emulated here is shown, not adopted); the first
+    step read from another table, with that table's row of an earlier adopted step (its
+    reference: say compile against the eager row of its own comparison). That step's name is the
+    row's ``vs``. An estimate's ``vs`` is the last step shown.
+
+    Returns:
+        One row per step shown: ``step``, ``step_time_s``, ``peak_allocated``, ``source``
+        (``measured`` or ``estimate``), ``adopted``, ``emulated``, ``vs`` (missing for the first),
+        ``peak_ratio`` (peak / ``vs``'s), and for the step time against ``vs``:
+        ``time_ratio``, ``time_verdict``, ``time_ratio_low``, ``time_ratio_high``
+        (`course_utils.step_timing.time_ratio` of the two rows' per-round times: a verdict only
+        outside the noise; "emulated" where either precision is).
+
+    Raises:
+        ValueError: no steps, or a label that is not a row of its table.
+    """
+    if not steps:
+        raise ValueError("adoption_story() needs at least one step.")
+    rows, last, adopted = [], {}, {}  # last: id(table) -> (row, step) of its last adopted step
+    for step in steps:
+        name, label, table = (*step, df) if len(step) == 2 else step
+        if label is None:
+            continue
+        labels = list(table["label"])
+        if label not in labels:
+            raise ValueError(f"no row {label!r} in this table: its rows are {labels}.")
+        i = labels.index(label)
+        ref, vs = last.get(id(table), (None, None))
+        if ref is None:  # first from this table: against its row of an earlier adopted step
+            ref, vs = next(((j, adopted[lab]) for j, lab in enumerate(labels)
+                            if lab in adopted and j != i), (None, None))
+        rows.append(_story_row(name, table, i, ref, vs))
+        if rows[-1]["adopted"] and np.isfinite(nan(rows[-1]["step_time_s"])):
+            last[id(table)], adopted[label] = (i, name), name
     for name, peak in estimates:
-        rows.append({**empty, "step": name, "peak_allocated": peak, "source": "estimate",
-                     "adopted": True})
+        prev = rows[-1] if rows else None
+        rows.append({"step": name, "step_time_s": np.nan, "peak_allocated": peak,
+                     "source": "estimate", "adopted": True, "emulated": False,
+                     "vs": None if prev is None else prev["step"], "time_ratio": np.nan,
+                     "time_verdict": None, "time_ratio_low": np.nan, "time_ratio_high": np.nan,
+                     "peak_ratio": np.nan if prev is None else peak / nan(prev["peak_allocated"])})
     return pd.DataFrame(rows)

@@ -9,9 +9,9 @@ import matplotlib
 import numpy as np
 from matplotlib.lines import Line2D
 
-from ..memory_model import PEAK_PARTS, ZERO_STAGES, sharded_estimate
+from ..memory_model import ZERO_STAGES, sharded_estimate
 from ..terms import MiB
-from ._style import ALERT_COLOR, COLORS, HATCH, lay_out, mib, new_figure, overlaps, set_title, with_size
+from ._style import ALERT_COLOR, COLORS, HATCH, SERIES, mib, new_figure, set_title, with_size
 
 _BREAKDOWN = (("parameters", "parameters"), ("gradients", "gradients"),
               ("optimizer_state", "AdamW state"), ("activations", "saved activations"),
@@ -240,90 +240,68 @@ def memory_timeline_chart(timelines: dict, title: str = "memory over one trainin
     return fig
 
 
-def _stack_labels(fig, placed) -> None:
-    """Give each panel's GPU labels (``{ax: (texts, n_bars)}``) the lowest row of the band above
-    the bars where they overlap no other label, and make the band tall enough for the rows."""
-    renderer = lay_out(fig)
-    for ax, (texts, n) in placed.items():
-        rows: list[list] = []
-        for text in sorted(texts, key=lambda t: t.get_position()[0]):
-            box = text.get_window_extent(renderer)
-            r = next((i for i, row in enumerate(rows) if not any(overlaps(box, b, 2) for b in row)),
-                     len(rows))
-            if r == len(rows):
-                rows.append([])
-            rows[r].append(box)
-            text.set_y(n - 0.25 + 0.5 * r)
-        ax.set_ylim(-0.6, n - 0.25 + 0.5 * max(len(rows) - 1, 0) + (0.35 if rows else -0.1))
+def scale_chart(sweep, gpus=None, title: str = ""):
+    """Estimated peak memory of a training step against the micro-batch, one panel per model
+    and one line per recipe, for `course_utils.memory_model.scale_sweep` (estimates only:
+    nothing here is measured).
 
-
-def scale_chart(table, gpus=None, title: str = ""):
-    """Estimated memory per model and recipe (GiB = 2^30 bytes), one panel per model, for
-    `course_utils.memory_model.scale_table` (estimates only: nothing here is measured).
-
-    Each bar is the estimated peak of a step, split into what is alive at that moment
-    (`course_utils.memory_model.PEAK_PARTS`: weights, AdamW state, gradients, saved tensors,
-    temporaries), so the bar's end *is* the peak; the moment is written after the bar with the
-    value. ``gpus`` (``{name: GiB}``) are dashed vertical lines where they fall within 1.3x of a
-    panel's largest value, named in a band above the bars (on separate rows where names would
-    collide), clear of bars and their labels.
+    A dotted line marks what the optimizer step holds (weights, gradients, AdamW state and its
+    temporaries): where a recipe's line lies on it, the peak is the optimizer step and no recipe
+    lowers it; where it leaves it, the saved tensors set the peak and the recipes part. A filled
+    marker is a peak at the optimizer step, an open one a peak in backward. ``gpus``
+    (``{name: GiB}``) are dashed horizontal lines, named at the right, in the panels where they
+    reach 2.5% of the largest value (lower, they would sit on the axis).
 
     Args:
-        table: `scale_table`'s result (its ``attrs["detail"]``, or a ``detail=True`` table:
-            columns ``model``, ``recipe``, ``params (B)``, ``peak GiB``, ``peak at`` and
-            ``at peak: <part>``).
+        sweep: `scale_sweep`'s table (``model``, ``recipe``, ``micro-batch``, ``params (B)``,
+            ``peak GiB``, ``peak at``, ``optimizer step GiB``).
         gpus: ``{name: memory in GiB}``; title: the figure's title.
 
     Raises:
-        ValueError: an empty table, or one without the peak's parts.
+        ValueError: an empty table, or one without those columns.
     """
-    if len(table) == 0:
-        raise ValueError("scale_chart() needs a non-empty scale_table().")
-    table = table.attrs.get("detail", table)
-    if f"at peak: {PEAK_PARTS[0]}" not in table.columns:
-        raise ValueError("scale_chart() needs memory_model.scale_table()'s result (the parts "
-                         "alive at the peak).")
+    need = {"model", "recipe", "micro-batch", "params (B)", "peak GiB", "peak at",
+            "optimizer step GiB"}
+    if len(sweep) == 0 or not need <= set(sweep.columns):
+        raise ValueError("scale_chart() needs memory_model.scale_sweep()'s table (missing "
+                         f"{sorted(need - set(sweep.columns)) or 'rows'}).")
     gpus = gpus or {}
-    models = list(dict.fromkeys(table["model"]))
-    per = max(len(table[table["model"] == m]) for m in models)
-    fig = new_figure((11, 1.0 + len(models) * (0.55 * per + 1.1)))
-    axes = fig.subplots(len(models), 1, squeeze=False)
-    colors = {"weights": COLORS["parameters"], "AdamW state": COLORS["optimizer_state"],
-              "gradients": COLORS["gradients"], "saved tensors": COLORS["activations"],
-              "temporaries": COLORS["autocast_weight_copies"]}
-    placed = {}
-    for ax, model in zip(axes[:, 0], models):
-        sub = table[table["model"] == model]
-        y = np.arange(len(sub))[::-1]
-        left = np.zeros(len(sub))
-        for part in PEAK_PARTS:
-            vals = sub[f"at peak: {part}"].to_numpy(dtype=float)
-            ax.barh(y, vals, left=left, color=colors[part], label=part, height=0.65)
-            left = left + vals
-        peak = sub["peak GiB"].to_numpy(dtype=float)
-        for yi, pk, end, at in zip(y, peak, left, sub["peak at"]):
-            ax.annotate(f"peak {pk:,.0f} GiB, at the {at}", (max(pk, end), yi), xytext=(6, 0),
-                        textcoords="offset points", va="center", fontsize=8)
-        ax.set_yticks(y)
-        ax.set_yticklabels(sub["recipe"], fontsize=9)
-        top = max(peak.max(), left.max())
-        shown = {name: g for name, g in gpus.items() if g <= 1.3 * top}
-        ax.set_xlim(0, max([top] + list(shown.values())) * 1.45)
-        texts = []
+    models = list(dict.fromkeys(sweep["model"]))
+    fig = new_figure((4.2 * len(models) + 1, 4.4))
+    axes = fig.subplots(1, len(models), squeeze=False)[0]
+    for ax, model in zip(axes, models):
+        sub = sweep[sweep["model"] == model]
+        for color, (recipe, r) in zip(SERIES, sub.groupby("recipe", sort=False)):
+            b, peak = r["micro-batch"].to_numpy(), r["peak GiB"].to_numpy(dtype=float)
+            at_step = (r["peak at"] == "optimizer step").to_numpy()
+            ax.plot(b, peak, color=color, lw=1.5, label=recipe)
+            ax.scatter(b[at_step], peak[at_step], color=color, s=22, zorder=3)
+            ax.scatter(b[~at_step], peak[~at_step], facecolor="white", edgecolor=color, s=22,
+                       zorder=3)
+        floor = sub["optimizer step GiB"].iloc[0]
+        ax.axhline(floor, color="black", ls=":", lw=1)
+        top = max(sub["peak GiB"].max(), floor)
+        shown = {name: gib for name, gib in gpus.items() if gib >= 0.025 * top}  # else on the axis
         for name, gib in shown.items():
-            ax.axvline(gib, color=ALERT_COLOR, ls="--", lw=1)
-            texts.append(ax.text(gib, len(sub), f" {name}", fontsize=8, color=ALERT_COLOR,
-                                 ha="left", va="center",
-                                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9, "pad": 1}))
-        placed[ax] = (texts, len(sub))
-        ax.set_title(f"{model} ({sub['params (B)'].iloc[0]:.2f}B parameters)", fontsize=10,
-                     loc="left")
-        ax.grid(axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("GiB (estimate, not measured)")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, ncol=6, loc="outside lower center", frameon=False)
+            ax.axhline(gib, color=ALERT_COLOR, ls="--", lw=1)
+            ax.annotate(name, (1, gib), xycoords=("axes fraction", "data"), xytext=(-3, 3),
+                        textcoords="offset points", ha="right", fontsize=8, color=ALERT_COLOR)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(sub["micro-batch"])))
+        ax.set_xticklabels([str(v) for v in sorted(set(sub["micro-batch"]))])
+        ax.set_ylim(0, max([top, *shown.values()]) * 1.1)
+        ax.set_title(f"{model} ({sub['params (B)'].iloc[0]:.2f}B parameters)", fontsize=10)
+        ax.set_xlabel("micro-batch (sequences)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("estimated peak (GiB)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    handles.append(Line2D([], [], color="black", ls=":", lw=1))
+    labels.append("optimizer step: weights, gradients, AdamW state + temporaries")
+    handles += [Line2D([], [], marker="o", ls="", color="gray"),
+                Line2D([], [], marker="o", ls="", markerfacecolor="white", color="gray")]
+    labels += ["peak at the optimizer step", "peak in backward"]
+    fig.legend(handles, labels, fontsize=8, ncol=3, loc="outside lower center", frameon=False)
     set_title(fig, title)
-    _stack_labels(fig, placed)
     return fig
 
 

@@ -229,7 +229,6 @@ def budget_chart(searches, title: str = "", size: str | None = None):
                 Line2D([], [], color="grey", marker="x", ls="", label="over budget")]
     ax_m.set_xlabel("micro-batch (sequences)")
     ax_m.set_ylabel("peak allocated (MiB)")
-    ax_m.set_title("measured peak (o fits, x over budget); dashed: estimate", fontsize=10)
     ax_m.set_ylim(0, max(budget, ax_m.get_ylim()[1]) * 1.08)
     ax_m.grid(alpha=0.3)
     ax_m.xaxis.get_major_locator().set_params(integer=True)
@@ -247,9 +246,10 @@ def race_chart(race, title: str = "", size: str | None = None):
     stands at the first bar's tokens/s / its time per token against the first row (the median
     of the per-round ratios, as the table's tokens/s), with whiskers at the first bar /
     (high, low) of that ratio's noise band, so a whisker reaches the first bar exactly when the
-    ratio is within noise. A bar is annotated with that ratio (the best plain configuration
-    comes first) only where the difference lies outside the noise ("1.23x faster", "≈1x
-    (within noise)", "inconclusive"). Without a ratio a bar stands at its own tokens/s.
+    ratio is within noise. A bar is annotated with that ratio and the name of the first bar (the
+    best plain configuration comes first), the ratio only where the difference lies outside the
+    noise ("1.23x faster", "≈1x (within noise)", "inconclusive"). Without a ratio a bar stands at
+    its own tokens/s.
     A configuration whose precision is emulated here is not drawn (the caption names it).
 
     Args:
@@ -296,16 +296,16 @@ def race_chart(race, title: str = "", size: str | None = None):
         end = h + (err[1][0] if err else 0)
         top = max(top, end)
         text = "reference" if i == 0 else note.text
+        if i and text and np.isfinite(ref) and note.ratio:   # the bar the ratio is to, by name
+            text += f"\nvs {plain_label(df['label'].iloc[0])}"
         if text:
             ax.annotate(text.replace(" (", "\n("), (xi, end), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8,
                         color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
     ax.set_xticks(x)
     ax.set_xticklabels(labels, fontsize=8)
-    ax.set_ylabel("tokens/s (first bar's median ÷ ratio)" if np.isfinite(ref) else "tokens/s (median)")
+    ax.set_ylabel("tokens/s")
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
-    ax.set_title("time per token against the first bar, where outside the noise; "
-                 "bars: its noise band", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     caption = emulated_caption([lab.replace("\n", " ") for lab in labels],
                                [1e3 * t for t in df["step_time_s"]], notes)
@@ -318,21 +318,27 @@ def race_chart(race, title: str = "", size: str | None = None):
 def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | None = None):
     """Fine-tuning routes for one model on one GPU (`course_utils.lora.routes`), estimated.
 
-    One horizontal bar per route, stacked: weights, gradients, optimizer state, activations
-    (saved + logits + one recomputed block); the estimated peak of a step as a black tick with
-    its value and "fits" / "does not fit"; the GPU's memory as a dashed red line, named above
-    the bars. All values are estimates (GiB = 2^30 bytes), hatched to say so.
+    One horizontal bar per route: the estimated peak of a step, stacked by what is alive at
+    that moment (`course_utils.memory_model.PEAK_PARTS`: weights, AdamW state, gradients, saved
+    tensors, temporaries), so the bar ends at the peak; beside it the peak, its moment and
+    "fits" / "does not fit"; the GPU's memory as a dashed red line, named above the bars. All
+    values are estimates (GiB = 2^30 bytes), hatched to say so.
 
     Args:
-        routes: columns ``route``, ``weights``, ``gradients``, ``optimizer``, ``activations``,
-            ``peak`` (GiB) and ``fits``.
+        routes: `course_utils.lora.routes`' table (``route``, ``peak``, ``fits``, ``peak at``
+            and ``at peak: <part>`` columns, GiB).
         gpu_gib: the GPU's memory (GiB). title: the figure's title; size: the size profile.
 
     Raises:
-        ValueError: no routes, or a non-positive ``gpu_gib``.
+        ValueError: no routes, a table without the parts alive at the peak, or a non-positive
+            ``gpu_gib``.
     """
     if len(routes) == 0:
         raise ValueError("routes_chart() needs at least one route (course_utils.lora.routes()).")
+    parts = [c.removeprefix("at peak: ") for c in routes.columns if c.startswith("at peak: ")]
+    if not parts:
+        raise ValueError("routes_chart() needs course_utils.lora.routes()'s table (the parts "
+                         "alive at the peak).")
     if not gpu_gib > 0:
         raise ValueError(f"gpu_gib must be > 0, got {gpu_gib!r}.")
     n = len(routes)
@@ -340,18 +346,17 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
     ax = fig.subplots()
     y = np.arange(n)[::-1]
     left = np.zeros(n)
-    parts = (("weights", "parameters"), ("gradients", "gradients"),
-             ("optimizer", "optimizer_state"), ("activations", "activations"))
-    for col, key in parts:
-        vals = routes[col].to_numpy(dtype=float)
-        ax.barh(y, vals, left=left, color="white", edgecolor=COLORS[key], hatch=HATCH,
-                label=col, height=0.6)
+    colors = {"weights": COLORS["parameters"], "AdamW state": COLORS["optimizer_state"],
+              "gradients": COLORS["gradients"], "saved tensors": COLORS["activations"],
+              "temporaries": COLORS["autocast_weight_copies"]}
+    for part in parts:
+        vals = routes[f"at peak: {part}"].to_numpy(dtype=float)
+        ax.barh(y, vals, left=left, color="white", edgecolor=colors.get(part, MUTED_COLOR), hatch=HATCH,
+                label=part, height=0.6)
         left = left + vals
     peak = routes["peak"].to_numpy(dtype=float)
-    ax.scatter(peak, y, marker="|", s=400, color="black", linewidths=2, zorder=3,
-               label="estimated peak of a step")
-    for yi, pk, end, fits in zip(y, peak, left, routes["fits"]):
-        ax.annotate(f"peak {pk:,.1f} GiB: {'fits' if fits else 'does not fit'}",
+    for yi, pk, end, fits, at in zip(y, peak, left, routes["fits"], routes["peak at"]):
+        ax.annotate(f"peak {pk:,.1f} GiB, at the {at}: {'fits' if fits else 'does not fit'}",
                     (max(pk, end), yi), xytext=(6, 0), textcoords="offset points",
                     va="center", fontsize=8, color="black" if fits else ALERT_COLOR)
     ax.axvline(gpu_gib, color=ALERT_COLOR, ls="--", lw=1)
@@ -359,7 +364,7 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
                 fontsize=8, color=ALERT_COLOR, annotation_clip=False)
     ax.set_yticks(y)
     ax.set_yticklabels(routes["route"], fontsize=9)
-    ax.set_xlim(0, max(peak.max(), left.max(), gpu_gib) * 1.35)
+    ax.set_xlim(0, max(peak.max(), left.max(), gpu_gib) * 1.8)
     ax.set_ylim(-0.6, n - 0.1)
     ax.set_xlabel("GiB (estimate, not measured)")
     ax.grid(axis="x", alpha=0.3)
