@@ -56,7 +56,7 @@ def test_install_missing_never_touches_torch_or_a_present_ipywidgets(monkeypatch
     assert calls[0] == ["install", "--quiet", "--no-deps", "-e", str(ROOT)]
     assert len(calls) == 2 and calls[1][:2] == ["install", "--quiet"]
     wanted = calls[1][2:calls[1].index("-c")]
-    assert [colab._name(s) for s in wanted] == ["pandas", "matplotlib"]
+    assert [colab._name(s) for s in wanted] == ["pandas", "matplotlib", "koreanize-matplotlib"]
     assert not any(colab._name(s) in ("torch", "ipywidgets") for s in wanted)
     assert report.installed == wanted and set(report.kept) == present
     assert any(s.startswith("already installed, left as they are: torch") for s in said)
