@@ -363,10 +363,33 @@ def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str
                            f"back at micro-batch {measured_batch}: about "
                            f"{transfer_time_estimate(moved) * 1e3:.1f} ms over a {PCIE_GBPS:g} GB/s "
                            "PCIe link (an estimate: on a CPU nothing is moved).")
+    reasons += _outside_blocks_note(profile, chosen)
     if hw.device == "cuda":
         reasons.append(f"Planned to {CUDA_PLANNING_SHARE:.0%} of the budget: the allocator "
                        "keeps freed blocks cached, so it reserves more than the peak it allocates.")
     return reasons
+
+
+def _outside_blocks_note(profile, chosen: dict) -> list[str]:
+    """One sentence when, under the chosen policy, a language model saves more outside its
+    repeated blocks than inside them: there the head's logits and the loss's copies (B x T x V
+    values) set the saved bytes, which no checkpoint policy reaches, and a chunked
+    cross-entropy does (issue 26; `course_utils.chunked_loss`, lesson 03 §6)."""
+    try:
+        m = profile.get(chosen["precision"], chosen["policy"])
+        by_block = profile.saved_by_block(chosen["precision"], chosen["policy"])["MiB"]
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return []
+    if getattr(m.config, "unit", "tokens") != "tokens" or "outside the blocks" not in by_block:
+        return []
+    outside = float(by_block["outside the blocks"])
+    inside = float(by_block.drop("outside the blocks").sum())
+    if outside <= inside:
+        return []
+    return [f"Under {chosen['policy']} the model saves {outside:.3g} MiB outside its blocks "
+            f"against {inside:.3g} MiB inside them: in a language model that is the head's logits "
+            "and the loss's copies, which no checkpoint policy reaches. A chunked cross-entropy "
+            "keeps one chunk of logits at a time (course_utils.chunked_loss; lesson 03 §6)."]
 
 
 def _checked(ex, budget_bytes: int, policy: str, micro: int, accum: int, want: int,

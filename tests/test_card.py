@@ -246,3 +246,24 @@ def test_a_policy_that_changed_the_gradients_is_never_recommended(monkeypatch):
     assert not m.gradients_changed and GRADIENT_ROUNDING["fp32"] * 2.0 < 0.034
     m.grad_max_diff = float("inf")  # a gradient missing on one side
     assert m.gradients_changed
+
+
+def test_the_card_points_to_a_chunked_loss_when_the_logits_outweigh_the_blocks():
+    """Issue 26: at a Llama-3-sized vocabulary the head's logits and the loss's copies, saved
+    outside the blocks where no checkpoint policy reaches, outweigh the blocks' saved tensors;
+    the card then names a chunked cross-entropy. At a byte vocabulary it does not."""
+    pytest.importorskip("transformers")
+    from course_utils import model_zoo
+    texts = {}
+    for vocab in (256, 128_256):
+        z = model_zoo.hf_causal_lm("llama", n_layers=2, d_model=32, n_heads=2, seq_len=16,
+                                   vocab_size=vocab)
+        prof, _exs, card = profile_and_recommend(
+            z.build, z.make_batch, budget_bytes=512 * MiB, precisions=("fp32",),
+            policies=("none", "full"), batch_size=4, device="cpu", budget_s=0.05,
+            progress=False, check=False)
+        by_block = prof.saved_by_block("fp32", card.policy)["MiB"]
+        outside = by_block["outside the blocks"]
+        texts[vocab] = (card.text(), outside > by_block.drop("outside the blocks").sum())
+    assert texts[128_256][1] and "chunked cross-entropy" in texts[128_256][0]
+    assert not texts[256][1] and "chunked cross-entropy" not in texts[256][0]
