@@ -261,7 +261,7 @@ def time_cell(ratio, verdict) -> str:
     """How a table shows a time ratio: the number only when it says faster or slower
     (``"1.31x slower"``, ``"1.43x faster"``: a speed-up, never ``"0.70x faster"``), labelled when
     emulated (``"emulated, 3.40x slower"``), and the verdict alone when the difference is within
-    the noise, the rounds too few, or the size inconclusive."""
+    the noise, the rounds too few, or the size too small to time."""
     if ratio is None or pd.isna(ratio) or verdict == "not timed":
         return "not timed"
     if verdict == "reference":
