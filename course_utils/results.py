@@ -4,12 +4,12 @@ committed under ``results/`` (GPU runs, lesson timings) as the lessons read them
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import pandas as pd
 
+from .cli_args import cannot_write
 from .config import SIZE_PROFILES, config_for
 from .experiments import plain_label, time_cell
 from .measure import MEMORY_FIELDS
@@ -266,8 +266,9 @@ def check_out_dir(folder: str | Path) -> Path:
         raise ValueError(f"--out {str(out)!r}: its parent folder {str(parent)!r} does not exist.")
     if not parent.is_dir():
         raise ValueError(f"--out {str(out)!r}: {str(parent)!r} is not a folder.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {str(out)!r}: {str(parent)!r} is not writable.")
+    why = cannot_write(parent)
+    if why:
+        raise ValueError(f"--out {str(out)!r}: {str(parent)!r} is not writable ({why}).")
     return out
 
 
