@@ -13,9 +13,11 @@
                        [--csv FILE] [--moodle FILE] [--canvas FILE]
 
 Exit status of ``grade``: 0 every submission was graded and every result written; 1 some
-submissions could not be graded; 2 bad arguments, malformed sources, or a sandbox that was asked
-for and cannot be used (nothing graded); 3 graded, but the results were only partly written
-(the CSV or the log failed: the message says where the results are); 130 (Ctrl-C) or 143
+submissions could not be graded; 2 bad arguments, malformed sources, or no working sandbox where
+one is needed (nothing graded: ``--sandbox`` was given, or the submissions are a class or not
+the learner's own notebook, :func:`course_grade.sandbox.own_work`, and ``--no-sandbox`` was
+not); 3 graded, but the results were only partly written (the CSV or the log failed: the
+message says where the results are); 130 (Ctrl-C) or 143
 (SIGTERM): stopped early, the submissions graded before the stop are written and the others are
 not graded. With ``-j N`` several submissions are graded at once (see
 :mod:`course_grade.parallel`); the tables, the CSV and ``--json`` keep the files' order.
@@ -56,7 +58,7 @@ from .report import (
     write_csv,
 )
 from .results import display_path
-from .sandbox import DEFAULT_MEMORY, SandboxError, choose_sandbox
+from .sandbox import DEFAULT_MEMORY, SandboxError, choose_sandbox, own_work
 from .stop import GradingInterrupted, Stop
 
 EXIT_OK = 0  # every submission graded, every result written
@@ -162,11 +164,13 @@ def _parser() -> argparse.ArgumentParser:
     box = grd.add_mutually_exclusive_group()
     box.add_argument(
         "--sandbox", dest="sandbox", action="store_const", const=True, default=None,
-        help="require the bubblewrap sandbox (default: use it when it works)",
+        help="require the bubblewrap sandbox (default: use it when it works; without it, only "
+        "your own notebook inside the course folder is graded, anything else is refused)",
     )
     box.add_argument(
         "--no-sandbox", dest="sandbox", action="store_const", const=False,
-        help="run learner code unsandboxed, as your user",
+        help="run learner code unsandboxed, as your user, with your files, processes and "
+        "network: you accept that risk",
     )
     fbk = commands.add_parser(
         "feedback", help="write feedback pages from grading logs",
@@ -273,7 +277,7 @@ def _grade(args, out) -> int:
         raise GradingError("no submissions: the paths given hold no file")
     jobs = args.jobs or default_jobs(len(files))
     hidden = [args.source, *args.paths, *written_to, *([args.feedback] if args.feedback else [])]
-    sandbox, notice = choose_sandbox(args.sandbox, hidden)
+    sandbox, notice = choose_sandbox(args.sandbox, hidden, own=own_work(files, args.source))
     print(notice, file=err, flush=True)
     if jobs > 1:
         print(f"grading {len(files)} files, {jobs} at a time, OMP_NUM_THREADS="
