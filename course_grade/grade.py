@@ -252,6 +252,15 @@ def grade(
     if not files:
         load_sources(source)  # malformed sources first
         raise GradingError("no submissions: the paths given hold no file")
+    if not isinstance(sandbox, Sandbox):  # one's own work is judged on the paths as given
+        _check_positive("cell_timeout", cell_timeout)  # bad arguments first, as grade_files
+        _check_positive("timeout", timeout)
+        if jobs is not None:
+            check_jobs(jobs)
+        load_sources(source)  # malformed sources first
+        parents = sorted({str(path.parent) for path in files})
+        sandbox = _resolve_sandbox(sandbox, [source, *paths, *exclude, *parents],
+                                   own_work(paths, source)) or False
     return grade_files(
         files, source, cell_timeout=cell_timeout, timeout=timeout,
         progress=None if progress is None else (lambda index, result: progress(result)),

@@ -396,19 +396,20 @@ def check_sandbox(sandbox: Sandbox) -> None:
         remove_workdir(workdir)
 
 
-def own_work(files: Iterable[str | os.PathLike], source: str | os.PathLike) -> bool:
-    """True when ``files`` is a learner checking their own notebook: exactly one file, a regular
-    file (not a link) owned by the user running the grader, inside the course folder (the folder
-    that holds the ``source`` folder, e.g. the learner's ``exercises/01_loss_scaling.ipynb``).
+def own_work(paths: Iterable[str | os.PathLike], source: str | os.PathLike) -> bool:
+    """True when ``paths`` (as given: a folder is never one's own) is a learner checking their
+    own notebook: exactly one path, a regular file (not a link) owned by the user running the
+    grader, inside the course folder (the folder that holds the ``source`` folder, e.g. the
+    learner's ``exercises/01_loss_scaling.ipynb``).
 
     Anything else is somebody else's work (a class folder, a notebook downloaded from a learner,
     kept outside the course folder as docs/instructors.md asks): it is graded in the sandbox or,
     with ``--no-sandbox``, at the instructor's explicit risk.
     """
-    files = [Path(f) for f in files]
-    if len(files) != 1:
+    paths = [Path(p) for p in paths]
+    if len(paths) != 1:
         return False
-    path, course = files[0], Path(source).resolve().parent
+    path, course = paths[0], Path(source).resolve().parent
     try:
         info = path.lstat()
     except OSError:
@@ -444,7 +445,7 @@ def choose_sandbox(
         check_sandbox(sandbox)
     except SandboxError as error:
         if wanted:
-            raise
+            raise SandboxError(f"--sandbox: {error}; {INSTALL}") from None
         if not own:
             raise SandboxError(
                 f"no sandbox ({error}): nothing was graded. Grading a class, or a notebook that "

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from .terms import PRECISIONS, GiB, MiB, check_positive_int
 
 __all__ = ["comma_list", "positive_int", "positive_seconds", "parse_bytes",
-           "add_precisions_and_policies", "check_out_file", "cannot_write"]
+           "add_precisions_and_policies", "check_out_folder", "check_out_file", "cannot_write"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": MiB,
           "gib": GiB}
@@ -100,6 +100,28 @@ def cannot_write(path: str | os.PathLike) -> str | None:
     return None
 
 
+def check_out_folder(folder: str | os.PathLike, flag: str = "--out") -> Path:
+    """Check, before any work, that ``folder`` can receive result files: it is a folder or can be
+    made as one (its parent exists), and a file can be written there (`cannot_write`).
+
+    Raises:
+        ValueError: ``folder`` is an existing file, its parent is missing or not a folder, or
+            nothing can be written there (the message names ``flag`` and says which).
+    """
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {str(out)!r} is an existing file, not a folder.")
+    parent = out if out.exists() else out.parent
+    if not parent.exists():
+        raise ValueError(f"{flag} {str(out)!r}: its parent folder {str(parent)!r} does not exist.")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is not a folder.")
+    why = cannot_write(parent)
+    if why:
+        raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is not writable ({why}).")
+    return out
+
+
 def check_out_file(out: str | os.PathLike, default_name: str, flag: str = "--out") -> Path:
     """Where a command writes its result file, checked before anything runs.
 
@@ -117,8 +139,7 @@ def check_out_file(out: str | os.PathLike, default_name: str, flag: str = "--out
     text = os.fspath(out)
     path = Path(text)
     if path.is_dir() or text.endswith(("/", os.sep)):
-        from .results import check_out_dir  # lazy: results imports the measurement engine
-        path = check_out_dir(path) / default_name
+        path = check_out_folder(path, flag) / default_name
         if path.is_dir():
             raise ValueError(f"{flag} {text!r}: {str(path)!r} is a folder: give a file name.")
     folder = path.parent

@@ -45,8 +45,10 @@ from .cli_args import (
     positive_seconds,
 )
 from .config import SIZE_PROFILES, size_profile
+from .guard import memory_headroom
 from .hardware import detect, recommend_precision, use_threads
-from .profiling import profile
+from .profiling import ModelSpec, profile
+from .saved_tensors import saved_bytes
 from .terms import GiB, default_device
 
 __all__ = ["main", "GPUS"]
@@ -187,6 +189,29 @@ def _budget(args, device: str) -> tuple[int | None, str | None]:
         return None, None
 
 
+def check_batch_fits(zoo, batch_size: int, device: str, blocks=None) -> None:
+    """Refuse, before any step, a micro-batch whose saved tensors alone exceed the memory this
+    process may still use (`course_utils.guard.memory_headroom`): the bytes one sample saves for
+    backward (the course's meter, one forward at a batch of 1) times ``batch_size`` is a lower
+    bound of the step's peak, so no batch that could fit is refused. Without it, a mistyped
+    ``--batch-size 1000000000`` ran until the system killed it.
+
+    Raises:
+        ValueError: the bound exceeds the memory left, with the largest batch it allows.
+    """
+    spec = ModelSpec.create(zoo.build, zoo.make_batch, zoo.loss_fn, forward=zoo.forward,
+                            blocks=blocks, device=device)
+    model, one = spec.fresh("none"), spec.batch(1)
+    per_sample = saved_bytes(lambda: spec.loss_fn(spec.forward(model, one), one), model=model)
+    free, where = memory_headroom(detect(device))
+    if free and per_sample and per_sample * batch_size > free:
+        raise ValueError(
+            f"micro-batch {batch_size}: its saved tensors alone would take "
+            f"{per_sample * batch_size / GiB:.2f} GiB ({per_sample:,} bytes per sample, measured "
+            f"at a batch of 1), more than the {free / GiB:.2f} GiB {where}: give --batch-size "
+            f"{max(1, free // per_sample)} or less (a bound: the step needs more than this).")
+
+
 def _json(prof, exs, card) -> str:
     data = {"card": None if card is None else card.as_dict(),
             "profile": json.loads(prof.table().drop(columns=["config"], errors="ignore")
@@ -242,8 +267,9 @@ def main(argv=None) -> int:
               "step (it would run a batch sized for the GPU here).")
     use_threads()
     try:
-        prof, exs, card = _run(args, zoo, args.batch_size or default_batch, device, budget,
-                               source)
+        batch_size = args.batch_size or default_batch
+        check_batch_fits(zoo, batch_size, device, args.blocks)
+        prof, exs, card = _run(args, zoo, batch_size, device, budget, source)
     except (ValueError, TypeError, KeyError) as e:
         print(f"course-profile: {e}", file=sys.stderr)
         return 2
