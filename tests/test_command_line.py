@@ -64,6 +64,7 @@ def check(entry, argv, words, place, capsys):
 @pytest.mark.parametrize("entry, argv, words", [
     ("course-grade", ["grade", "nowhere.ipynb", "--source", "src"], "no such file or folder: nowhere.ipynb"),
     ("course-grade", ["grade", "class", "--source", "missing"], "source folder missing does not exist"),
+    ("course-grade", ["grade", "class", "--source", "afile"], "source folder afile is a file"),
     ("course-grade", ["feedback", "missing.jsonl", "--out", "fb", "--source", "src"],
      "the log 'missing.jsonl': no such file"),
     ("course-grade", ["feedback", "empty", "--out", "fb", "--source", "src"], "the log 'empty' is a folder"),
