@@ -13,9 +13,11 @@
                        [--csv FILE] [--moodle FILE] [--canvas FILE]
 
 Exit status of ``grade``: 0 every submission was graded and every result written; 1 some
-submissions could not be graded; 2 bad arguments, malformed sources, or a sandbox that was asked
-for and cannot be used (nothing graded); 3 graded, but the results were only partly written
-(the CSV or the log failed: the message says where the results are); 130 (Ctrl-C) or 143
+submissions could not be graded; 2 bad arguments, malformed sources, or no working sandbox where
+one is needed (nothing graded: ``--sandbox`` was given, or the submissions are a class or not
+the learner's own notebook, :func:`course_grade.sandbox.own_work`, and ``--no-sandbox`` was
+not); 3 graded, but the results were only partly written (the CSV or the log failed: the
+message says where the results are); 130 (Ctrl-C) or 143
 (SIGTERM): stopped early, the submissions graded before the stop are written and the others are
 not graded. With ``-j N`` several submissions are graded at once (see
 :mod:`course_grade.parallel`); the tables, the CSV and ``--json`` keep the files' order.
@@ -42,7 +44,7 @@ from typing import Sequence
 from . import gradebook
 from .execute import DEFAULT_CELL_TIMEOUT, DEFAULT_TIMEOUT
 from .feedback import FORMATS, write_feedback
-from .files import MiB
+from .files import MiB, check_input, check_output
 from .grade import grade_files, submission_files
 from .notebook import DEFAULT_MAX_SIZE, GradingError, load_sources
 from .parallel import default_jobs, threads_per_job
@@ -56,7 +58,7 @@ from .report import (
     write_csv,
 )
 from .results import display_path
-from .sandbox import DEFAULT_MEMORY, SandboxError, choose_sandbox
+from .sandbox import DEFAULT_MEMORY, SandboxError, choose_sandbox, own_work
 from .stop import GradingInterrupted, Stop
 
 EXIT_OK = 0  # every submission graded, every result written
@@ -162,11 +164,13 @@ def _parser() -> argparse.ArgumentParser:
     box = grd.add_mutually_exclusive_group()
     box.add_argument(
         "--sandbox", dest="sandbox", action="store_const", const=True, default=None,
-        help="require the bubblewrap sandbox (default: use it when it works)",
+        help="require the bubblewrap sandbox (default: use it when it works; without it, only "
+        "your own notebook inside the course folder is graded, anything else is refused)",
     )
     box.add_argument(
         "--no-sandbox", dest="sandbox", action="store_const", const=False,
-        help="run learner code unsandboxed, as your user",
+        help="run learner code unsandboxed, as your user, with your files, processes and "
+        "network: you accept that risk",
     )
     fbk = commands.add_parser(
         "feedback", help="write feedback pages from grading logs",
@@ -198,6 +202,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _feedback(args, out) -> int:
     sources = load_sources(args.source)
+    for log in args.logs:
+        check_input(log, "the log")
+    check_output(args.out, "--out", folder=True)
     results = [result for log in args.logs for result in read_log(log)]
     written = write_feedback(results, sources, args.out, args.format)
     print(f"wrote {len(written)} feedback pages to {display_path(args.out)}", file=out)
@@ -206,6 +213,12 @@ def _feedback(args, out) -> int:
 
 def _gradebook(args, out) -> int:
     sources = load_sources(args.source)
+    for log in args.logs:
+        check_input(log, "the log")
+    check_input(args.roster, "--roster")
+    for flag in ("csv", "moodle", "canvas"):
+        if getattr(args, flag):
+            check_output(getattr(args, flag), f"--{flag}")
     results = [result for log in args.logs for result in read_log(log)]
     roster = gradebook.read_roster(args.roster)
     max_points = {name: src.max_points for name, src in sources.items()}
@@ -232,6 +245,7 @@ def _release(args, out) -> int:
         if args.check:
             print("course-grade: error: --check and --student do not go together", file=sys.stderr)
             return EXIT_USAGE
+        check_output(args.student, "--student", folder=True)
         written = release_student(args.student, args.source, args.lessons)
         where = display_path(args.student)
         print(f"wrote the student bundle to {where} ({len(written)} files)", file=out)
@@ -245,6 +259,8 @@ def _release(args, out) -> int:
             return EXIT_NOT_GRADED
         print(f"{args.dest}/ is up to date with {args.source}/", file=out)
         return EXIT_OK
+    load_sources(args.source)  # malformed sources: an error before the folder is checked
+    check_output(args.dest, "--dest", folder=True)
     written = release(args.source, args.dest)
     for path in written:
         print(f"wrote {display_path(path)}", file=out)
@@ -263,17 +279,23 @@ def _grade(args, out) -> int:
         log_path = csv_path.with_suffix(".jsonl")
     if csv_path is not None and log_path is not None and csv_path.resolve() == log_path.resolve():
         log_path = csv_path.with_name(csv_path.name + ".jsonl")
-    for label, path in (("--csv", csv_path), ("--log", log_path)):
-        if path is not None and path.is_dir():
-            raise GradingError(f"{label} {display_path(path)} is a folder: give a file name")
     load_sources(args.source)  # malformed sources: an error before anything else
+    log_label = "--log" if args.log else "the log beside --csv"
+    for label, path in (("--csv", csv_path), (log_label, log_path)):
+        if path is not None:
+            check_output(path, label)
+    if args.feedback:
+        check_output(args.feedback, "--feedback", folder=True)
+    missing = [p for p in args.paths if not Path(p).exists() and not Path(p).is_symlink()]
+    if missing:
+        raise GradingError(f"no such file or folder: {', '.join(map(display_path, missing))}")
     written_to = [p for p in (csv_path, log_path) if p is not None]
     files = submission_files(args.paths, written_to)
     if not files:
         raise GradingError("no submissions: the paths given hold no file")
     jobs = args.jobs or default_jobs(len(files))
     hidden = [args.source, *args.paths, *written_to, *([args.feedback] if args.feedback else [])]
-    sandbox, notice = choose_sandbox(args.sandbox, hidden)
+    sandbox, notice = choose_sandbox(args.sandbox, hidden, own=own_work(args.paths, args.source))
     print(notice, file=err, flush=True)
     if jobs > 1:
         print(f"grading {len(files)} files, {jobs} at a time, OMP_NUM_THREADS="
@@ -398,7 +420,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _gradebook(args, out)
         return _grade(args, out)
     except (GradingError, SandboxError, ValueError, OSError) as error:
-        print(f"course-grade: error: {error}", file=sys.stderr)
+        said = error
+        if isinstance(error, OSError) and error.strerror:  # never "[Errno 2] ..."
+            where = f"{display_path(error.filename)}: " if error.filename else ""
+            said = f"{where}{error.strerror}"
+        print(f"course-grade: error: {said}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # before grading started: nothing to keep
         print("course-grade: interrupted before any submission was graded", file=sys.stderr)

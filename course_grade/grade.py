@@ -42,6 +42,7 @@ from .sandbox import (
     Sandbox,
     choose_sandbox,
     make_workdir,
+    own_work,
     remove_workdir,
 )
 from .stop import GradingInterrupted, Stop
@@ -53,9 +54,10 @@ def _check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
 
 
-def _resolve_sandbox(wanted: bool | None, hidden) -> Sandbox | None:
-    """:func:`choose_sandbox`, with a RuntimeWarning when the default falls back to no sandbox."""
-    sandbox, notice = choose_sandbox(wanted, hidden)
+def _resolve_sandbox(wanted: bool | None, hidden, own: bool) -> Sandbox | None:
+    """:func:`choose_sandbox`, with a RuntimeWarning when the default falls back to no sandbox
+    (a learner's own notebook only: anything else raises SandboxError)."""
+    sandbox, notice = choose_sandbox(wanted, hidden, own=own)
     if sandbox is None and wanted is None:
         warnings.warn(notice, RuntimeWarning, stacklevel=3)
     return sandbox
@@ -84,7 +86,8 @@ def grade_submission(
     symbolic link, too large, not a notebook, of another exercise, or whose kernel cannot start
     comes back with ``error`` set and no points; deleted, moved or edited cells, errors in the
     learner's cells (out of memory included), time-outs and a stopped kernel are listed in
-    ``issues``. Raises ValueError for a bad limit, SandboxError if a sandbox is required but
+    ``issues``. Raises ValueError for a bad limit, SandboxError if a sandbox is required, or
+    the file is not the learner's own (:func:`course_grade.sandbox.own_work`), and bubblewrap
     cannot be used, GradingInterrupted if ``stop`` is requested meanwhile.
     """
     from jupyter_core.utils import run_sync  # lazy: the grade extra, needed only to execute notebooks
@@ -94,8 +97,9 @@ def grade_submission(
     _check_positive("probe_timeout", probe_timeout)
     path = Path(path)
     if not isinstance(sandbox, Sandbox):
-        folders = {str(src.path.parent) for src in sources.values()}
-        sandbox = _resolve_sandbox(sandbox, [*folders, path.parent])
+        folders = sorted({str(src.path.parent) for src in sources.values()})
+        own = any(own_work([path], folder) for folder in folders)
+        sandbox = _resolve_sandbox(sandbox, [*folders, path.parent], own)
     limits = Limits(float(cell_timeout), float(timeout), int(memory), float(probe_timeout),
                     threads)
     return run_sync(grade_submission_async)(path, sources, limits, sandbox or None, max_size, stop)
@@ -232,11 +236,14 @@ def grade(
     ``jobs`` submissions are graded at once (None: :func:`course_grade.parallel.default_jobs`),
     each kernel with ``OMP_NUM_THREADS`` = the grader's budget / ``jobs``; the results come back
     in the order of the files (folders sorted by name).
-    ``sandbox``: a Sandbox, True (required), False (never) or None (where bubblewrap works; see
+    ``sandbox``: a Sandbox, True (required), False (never: you accept the risk) or None (where
+    bubblewrap works; without it only a learner's own notebook runs, unsandboxed: see
     :func:`course_grade.sandbox.choose_sandbox`); ``memory`` (bytes) and ``max_size`` (bytes) as
     in :func:`grade_submission`. Raises GradingError if the sources are malformed (see
     :func:`course_grade.load_sources`) or ``paths`` names no file, ValueError for a bad time
-    limit or job count, SandboxError if a sandbox is required but cannot be used,
+    limit or job count, SandboxError before anything runs if bubblewrap cannot be used and a
+    sandbox is required, or ``sandbox`` is None and the files are a class (not one learner's
+    own notebook, :func:`course_grade.sandbox.own_work`),
     GradingInterrupted (with the results finished so far) when ``stop`` is requested; a bad
     submission never raises.
     """
@@ -245,6 +252,15 @@ def grade(
     if not files:
         load_sources(source)  # malformed sources first
         raise GradingError("no submissions: the paths given hold no file")
+    if not isinstance(sandbox, Sandbox):  # one's own work is judged on the paths as given
+        _check_positive("cell_timeout", cell_timeout)  # bad arguments first, as grade_files
+        _check_positive("timeout", timeout)
+        if jobs is not None:
+            check_jobs(jobs)
+        load_sources(source)  # malformed sources first
+        parents = sorted({str(path.parent) for path in files})
+        sandbox = _resolve_sandbox(sandbox, [source, *paths, *exclude, *parents],
+                                   own_work(paths, source)) or False
     return grade_files(
         files, source, cell_timeout=cell_timeout, timeout=timeout,
         progress=None if progress is None else (lambda index, result: progress(result)),
@@ -282,7 +298,8 @@ def grade_files(
     jobs = default_jobs(len(files)) if jobs is None else check_jobs(jobs)
     if not isinstance(sandbox, Sandbox):
         parents = sorted({str(path.parent) for path in files})
-        sandbox = _resolve_sandbox(sandbox, [source, *hidden, *parents]) or None
+        sandbox = _resolve_sandbox(sandbox, [source, *hidden, *parents],
+                                   own_work(files, source)) or None
     limits = Limits(float(cell_timeout), float(timeout), int(memory), PROBE_TIMEOUT,
                     threads_per_job(jobs))
 

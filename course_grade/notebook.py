@@ -339,7 +339,8 @@ def load_sources(source_dir: str | os.PathLike = "solutions") -> dict[str, Sourc
     """
     folder = Path(source_dir)
     if not folder.is_dir():
-        raise GradingError(f"source folder {folder} does not exist")
+        raise GradingError(f"source folder {folder} " + ("is a file, not a folder"
+                                                          if folder.exists() else "does not exist"))
     paths = notebooks_in(folder)
     if not paths:
         raise GradingError(f"source folder {folder} holds no .ipynb notebook")

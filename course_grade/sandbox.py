@@ -13,15 +13,20 @@ transport, in a folder bound into the sandbox), an environment of a few variable
 the grader. The source folder, the class folder, the CSV and the grader's processes do not exist
 inside.
 
-**Unsandboxed** (``--no-sandbox``, or no usable bubblewrap): the kernel runs as the grader's user
-with full access to the grader's files and network, but still in a throwaway working folder, with
-a minimal environment and the same resource limits.
+**Unsandboxed** (``--no-sandbox``, or a learner's own notebook where bubblewrap cannot be used):
+the kernel runs as the grader's user with full access to the grader's files, processes and
+network, but still in a throwaway working folder, with a minimal environment and the same
+resource limits. Without a working sandbox, grading a class (more than one submission) or any
+notebook that is not the learner's own (see :func:`own_work`) is refused before anything runs:
+:func:`choose_sandbox` raises SandboxError with the install command and ``--no-sandbox`` as the
+explicit way to accept the risk.
 
 Either way the kernel's address space (``RLIMIT_AS``) and CPU time (``RLIMIT_CPU``) are capped by
 a small wrapper that sets the limits and then executes ``python -m ipykernel_launcher``.
 
 Over 400 lines because it is one security boundary, read and reviewed as a unit: what the
-sandbox exposes, how a kernel starts inside it, and the limits on what it can send back.
+sandbox exposes, how a kernel starts inside it, the limits on what it can send back, and when
+grading without it is refused.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ DEFAULT_MEMORY = 4096 * MiB  # bytes of address space a kernel may map (RLIMIT_A
 MAX_MESSAGE_BYTES = 8 * MiB  # larger kernel messages (a huge print) are never received
 MAX_QUEUED_MESSAGES = 64  # messages zmq may queue for the grader per socket
 _PROBE_SECONDS = 30.0  # how long the check that bubblewrap works may take
+#: How to get the sandbox, in the words every refusal and warning prints.
+INSTALL = ("install bubblewrap (Debian, Ubuntu: sudo apt-get install bubblewrap; Fedora: "
+           "sudo dnf install bubblewrap)")
 
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES = (
@@ -388,13 +396,41 @@ def check_sandbox(sandbox: Sandbox) -> None:
         remove_workdir(workdir)
 
 
+def own_work(paths: Iterable[str | os.PathLike], source: str | os.PathLike) -> bool:
+    """True when ``paths`` (as given: a folder is never one's own) is a learner checking their
+    own notebook: exactly one path, a regular file (not a link) owned by the user running the
+    grader, inside the course folder (the folder that holds the ``source`` folder, e.g. the
+    learner's ``exercises/01_loss_scaling.ipynb``).
+
+    Anything else is somebody else's work (a class folder, a notebook downloaded from a learner,
+    kept outside the course folder as docs/instructors.md asks): it is graded in the sandbox or,
+    with ``--no-sandbox``, at the instructor's explicit risk.
+    """
+    paths = [Path(p) for p in paths]
+    if len(paths) != 1:
+        return False
+    path, course = paths[0], Path(source).resolve().parent
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    if path.is_symlink() or not path.is_file():
+        return False
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return False
+    return _inside(path.resolve(), course)
+
+
 def choose_sandbox(
-    wanted: bool | None, hidden: Iterable[str | os.PathLike] = ()
+    wanted: bool | None, hidden: Iterable[str | os.PathLike] = (), *, own: bool = False
 ) -> tuple[Sandbox | None, str]:
     """Decide how kernels run: returns the sandbox (None: unsandboxed) and a line saying so.
 
-    ``wanted`` True: the sandbox or SandboxError; False: unsandboxed; None (the default):
-    the sandbox where it works (Linux with a working bubblewrap), else unsandboxed with a warning.
+    ``wanted`` True: the sandbox or SandboxError; False: unsandboxed (the caller accepted the
+    risk: ``--no-sandbox``); None (the default): the sandbox where it works (Linux with a working
+    bubblewrap); where it does not, unsandboxed with a warning if ``own`` (a learner's own
+    notebook, :func:`own_work`), else SandboxError naming the install command and
+    ``--no-sandbox``: a class is never graded unsandboxed by accident.
     """
     unsandboxed = (
         "learner code runs UNSANDBOXED, as your user, with your files and network "
@@ -409,7 +445,14 @@ def choose_sandbox(
         check_sandbox(sandbox)
     except SandboxError as error:
         if wanted:
-            raise
-        fix = "install bubblewrap to isolate it"
-        return None, f"warning: no sandbox ({error}): {unsandboxed}; {fix}"
+            raise SandboxError(f"--sandbox: {error}; {INSTALL}") from None
+        if not own:
+            raise SandboxError(
+                f"no sandbox ({error}): nothing was graded. Grading a class, or a notebook that "
+                "is not your own, would run its code as you, with your files, processes and "
+                f"network. To grade it: {INSTALL}; or give --no-sandbox (Python: sandbox=False) "
+                "to accept that risk (docs/instructors.md, 'What each mode protects')"
+            ) from None
+        return None, (f"warning: no sandbox ({error}): your own notebook runs UNSANDBOXED, as "
+                      f"your user; {INSTALL} to isolate it")
     return sandbox, sandbox.describe()

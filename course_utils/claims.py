@@ -35,7 +35,7 @@ from . import store
 from .config import size_profile
 from .experiments import round_sig
 from .hardware import detect
-from .step_timing import TimeRatio
+from .step_timing import TOO_SMALL, TimeRatio
 from .terms import GiB, KiB, MiB
 
 __all__ = ["CLAIMS", "STATUSES", "Verdict", "verdict", "claims_table", "recorded_or_measure",
@@ -135,7 +135,7 @@ def _unsettled(t, what: str) -> tuple[str, str] | None:
     """(status, evidence) when the time comparison ``t`` cannot decide, else None."""
     if t is None or t.ratio is None:
         return "not measured here", f"{what}: not timed in this run"
-    if t.verdict in ("within noise", "too few rounds", "inconclusive at this size"):
+    if t.verdict in ("within noise", "too few rounds", TOO_SMALL):
         return "inconclusive", t.describe(what)
     if t.verdict == "emulated":
         return "inconclusive", t.describe(what) + " (emulated arithmetic says nothing here)"

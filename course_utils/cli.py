@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .cli_args import add_precisions_and_policies, positive_int
+from .cli_args import add_precisions_and_policies, positive_int, positive_seconds
 from .config import SIZE_PROFILES, config_for, size_profile
 from .experiments import compare, ladder, summary
 from .hardware import detect, recommend_precision, report, use_threads
@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     for flag, kind, what in (
             ("--steps", positive_int, "timed rounds (default: as many as fit in the size's time "
                                       "budget)"),
-            ("--budget", float, "seconds of timed steps (default: per size profile)"),
+            ("--budget", positive_seconds, "seconds of timed steps (default: per size profile)"),
             ("--batch-size", positive_int, "sequences per micro-batch (default: the size's)"),
             ("--seq-len", positive_int, "tokens per sequence (default: the size's)")):
         p.add_argument(flag, type=kind, default=None, help=what)
@@ -60,8 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.out is not None:
             check_out_dir(args.out)
-        if args.budget is not None and not args.budget > 0:
-            raise ValueError(f"--budget must be > 0 seconds, got {args.budget}.")
         size = args.size or size_profile()
         overrides = {k: v for k, v in (("device", args.device), ("batch_size", args.batch_size),
                                        ("seq_len", args.seq_len)) if v is not None}

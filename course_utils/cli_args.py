@@ -1,16 +1,21 @@
 """The argument types of the course's commands (``course-bench``, ``course-profile``): each
 parses one command-line string and raises ``argparse.ArgumentTypeError`` with what was expected,
-so that every argument is checked before anything is measured.
+so that every argument is checked before anything is measured; `check_out_file` checks where a
+result will be written, also before anything is measured.
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
+from pathlib import Path
 from typing import Callable, Sequence
 
 from .terms import PRECISIONS, GiB, MiB, check_positive_int
 
-__all__ = ["comma_list", "positive_int", "parse_bytes", "add_precisions_and_policies"]
+__all__ = ["comma_list", "positive_int", "positive_seconds", "parse_bytes",
+           "add_precisions_and_policies", "check_out_folder", "check_out_file", "cannot_write"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": MiB,
           "gib": GiB}
@@ -57,6 +62,101 @@ def positive_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """``"0.5"`` -> 0.5 (seconds).
+
+    Raises:
+        argparse.ArgumentTypeError: not a finite number > 0 (``nan``, ``inf``, ``0``, ``-1``,
+            ``abc``).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def cannot_write(path: str | os.PathLike) -> str | None:
+    """Why a file cannot be written into the folder ``path`` (or, for an existing file, why it
+    cannot be rewritten), or None when it can: found by doing it (an empty file made and removed,
+    an existing file opened for appending), since permission bits do not bind root and a
+    read-only or virtual file system (``/proc``) refuses what they allow."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            probe = path / f".course-write-probe-{os.getpid()}"
+            with open(probe, "x"):
+                pass
+            probe.unlink()
+        else:
+            with open(path, "ab"):
+                pass
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    return None
+
+
+def check_out_folder(folder: str | os.PathLike, flag: str = "--out") -> Path:
+    """Check, before any work, that ``folder`` can receive result files: it is a folder or can be
+    made as one (its parent exists), and a file can be written there (`cannot_write`).
+
+    Raises:
+        ValueError: ``folder`` is an existing file, its parent is missing or not a folder, or
+            nothing can be written there (the message names ``flag`` and says which).
+    """
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {str(out)!r} is an existing file, not a folder.")
+    parent = out if out.exists() else out.parent
+    if not parent.exists():
+        raise ValueError(f"{flag} {str(out)!r}: its parent folder {str(parent)!r} does not exist.")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is not a folder.")
+    why = cannot_write(parent)
+    if why:
+        raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is not writable ({why}).")
+    return out
+
+
+def check_out_file(out: str | os.PathLike, default_name: str, flag: str = "--out") -> Path:
+    """Where a command writes its result file, checked before anything runs.
+
+    ``out`` is a folder (an existing one, or a new one named with a trailing ``/``, made when
+    the file is written): the file is ``out/default_name``; anything else is the file itself.
+
+    Returns:
+        The file's path.
+
+    Raises:
+        ValueError: a missing parent folder, a file where a folder is needed, a folder where
+            the file would go, or a place that is not writable (the message names ``flag``
+            and says which).
+    """
+    text = os.fspath(out)
+    path = Path(text)
+    if path.is_dir() or text.endswith(("/", os.sep)):
+        path = check_out_folder(path, flag) / default_name
+        if path.is_dir():
+            raise ValueError(f"{flag} {text!r}: {str(path)!r} is a folder: give a file name.")
+    folder = path.parent
+    for parent in (folder, *folder.parents):  # the nearest that exists must be a folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{flag} {text!r}: {str(parent)!r} is a file, not a folder.")
+            break
+    if not folder.exists() and not text.endswith(("/", os.sep)):
+        raise ValueError(f"{flag} {text!r}: the folder {str(folder)!r} does not exist.")
+    why = cannot_write(folder) if folder.exists() else None
+    if why:
+        raise ValueError(f"{flag} {text!r}: cannot write into the folder {str(folder)!r} ({why}).")
+    why = cannot_write(path) if path.exists() else None
+    if why:
+        raise ValueError(f"{flag} {text!r}: cannot rewrite {str(path)!r} ({why}).")
+    return path
 
 
 def parse_bytes(text: str) -> int:

@@ -6,6 +6,7 @@ Examples::
     course-profile --hf-config llama --n-layer 4 --d-model 256 --budget 2GiB --target-batch 64
     course-profile mypkg.models:make_model --batch-fn mypkg.data:batch --budget 8GiB
     course-profile --course-gpt --size smoke --budget 16MiB --out card.json
+    course-profile --hf-config gpt2 --n-layer 6 --for t4 --out results/   # on a laptop
 
 A model given as ``module:function`` is a function of no arguments returning an ``nn.Module``;
 ``--batch-fn module:function`` makes a batch (``f(batch_size)``), ``--loss-fn`` takes
@@ -13,24 +14,59 @@ A model given as ``module:function`` is a function of no arguments returning an 
 (`course_utils.profiling.profile` documents the defaults). It runs
 `course_utils.card.profile_and_recommend`: the profile (every precision x policy, timed in
 alternation), the extrapolated peak per policy, the card, and one real step that checks it.
-``--out FILE`` writes the card, the profile's table and the extrapolations as JSON. Every
-argument is checked before anything runs.
+
+The budget: ``--budget``; or ``--for t4|a100-40gb|a100-80gb|h100``, the memory CUDA reports on
+that GPU (`GPUS`: a learner on a laptop plans for the GPU they will rent; the check step, which
+would run on this machine, is skipped); or, on a GPU, 90% of its free memory. On a machine
+without GPU memory and with neither option, the profile is printed without a card, with the
+options that give one: never an exit without a result.
+
+``--out`` writes the card (null without one), the profile's table and the extrapolations as
+JSON, into a file, or into a folder as ``course-profile-<model>.json``. Every argument and the
+``--out`` path are checked before anything runs; the results are printed before the file is
+written, so a file that cannot be written loses nothing.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
+import re
 import sys
-from pathlib import Path
 
-from . import model_zoo
-from .card import profile_and_recommend
-from .cli_args import add_precisions_and_policies, parse_bytes, positive_int
+from . import model_zoo, stand_in
+from .card import budget_from_device, profile_and_recommend
+from .cli_args import (
+    add_precisions_and_policies,
+    check_out_file,
+    parse_bytes,
+    positive_int,
+    positive_seconds,
+)
 from .config import SIZE_PROFILES, size_profile
-from .hardware import use_threads
+from .guard import memory_headroom
+from .hardware import detect, recommend_precision, use_threads
+from .profiling import ModelSpec, profile
+from .saved_tensors import saved_bytes
+from .terms import GiB, default_device
 
-__all__ = ["main"]
+__all__ = ["main", "GPUS"]
+
+#: The GPUs ``--for`` plans for: (name as CUDA reports it, bytes CUDA reports as the card's
+#: memory, where that figure comes from). What a learner's torch can use is this, not the
+#: marketing figure (an "80 GB" card reports about 79.2 GiB).
+GPUS = {
+    "t4": (stand_in.STAND_INS["t4"].name, stand_in.STAND_INS["t4"].memory_bytes,
+           "course_utils.stand_in: deviceMemorySize 14.75GiB on a Tesla T4, NVIDIA/DALI issue 1813"),
+    "a100-40gb": ("NVIDIA A100-SXM4-40GB", 42_298_834_944,
+                  "CUDA's deviceQuery on one, CUDA 12.2: bottlerocket-os/bottlerocket PR 3873"),
+    "a100-80gb": ("NVIDIA A100 80GB PCIe", 81_049 * 2**20,
+                  "totalGlobalMem (MiB) on one, CUDA 12.3: ekondis/mixbench issue 47"),
+    "h100": ("NVIDIA H100 80GB HBM3", 85_017_493_504,
+             "torch.cuda.get_device_properties on one, torch 2.11, driver 580.159.04, read for "
+             "this course (issue 27)"),
+}
 
 
 def _callable(text: str):
@@ -80,9 +116,13 @@ def _parser() -> argparse.ArgumentParser:
     fn.add_argument("--blocks", default=None,
                     help="dotted path of the repeated blocks (default: found automatically)")
     run = p.add_argument_group("what to measure")
-    run.add_argument("--budget", type=parse_bytes, default=None,
-                     help="memory budget, e.g. 14GiB (default on a GPU: 90%% of its free memory; "
-                          "required on a CPU)")
+    budget = run.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=parse_bytes, default=None,
+                        help="memory budget, e.g. 14GiB (default on a GPU: 90%% of its free "
+                             "memory; on a CPU without --for: the profile, no card)")
+    budget.add_argument("--for", dest="for_gpu", choices=list(GPUS), default=None,
+                        help="plan for this GPU: its memory, as CUDA reports it, is the budget "
+                             "(measured here; for a laptop planning a rented GPU)")
     run.add_argument("--target-batch", type=positive_int, default=None,
                      help="effective batch wanted (micro-batch x accumulation steps)")
     run.add_argument("--batch-size", type=positive_int, default=None,
@@ -93,11 +133,13 @@ def _parser() -> argparse.ArgumentParser:
         policies_help="comma-separated: none, full, every-K, selective, offload, "
                       "offload+checkpoint, hf (default: none,full,selective,offload)")
     run.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps (default: best)")
-    run.add_argument("--time-budget", type=float, default=None,
+    run.add_argument("--time-budget", type=positive_seconds, default=None,
                      help="seconds of alternated timing (default: the size profile's)")
     run.add_argument("--no-check", action="store_true",
                      help="skip the real step that checks the predicted peak")
-    run.add_argument("--out", type=Path, default=None, help="write the card and tables as JSON")
+    run.add_argument("--out", default=None,  # a string: a trailing / says "a folder"
+                     help="write the card and tables as JSON: a file, or a folder (an existing "
+                          "one, or a new one ending in /) for course-profile-<model>.json")
     return p
 
 
@@ -133,23 +175,101 @@ def _zoo(args, parser):
                      "gpt2, llama, mistral, qwen2: the keys of transformers.CONFIG_MAPPING)")
 
 
+def _budget(args, device: str) -> tuple[int | None, str | None]:
+    """The memory budget (bytes) and the words that say where it comes from; ``(None, None)``
+    on a device without GPU memory when neither --budget nor --for is given."""
+    if args.budget is not None:
+        return args.budget, None
+    if args.for_gpu is not None:
+        name, nbytes, _ = GPUS[args.for_gpu]
+        return nbytes, f"a {name}'s memory as CUDA reports it: --for {args.for_gpu}"
+    try:
+        return budget_from_device(device)[0], None
+    except ValueError:
+        return None, None
+
+
+def check_batch_fits(zoo, batch_size: int, device: str, blocks=None) -> None:
+    """Refuse, before any step, a micro-batch whose saved tensors alone exceed the memory this
+    process may still use (`course_utils.guard.memory_headroom`): the bytes one sample saves for
+    backward (the course's meter, one forward at a batch of 1) times ``batch_size`` is a lower
+    bound of the step's peak, so no batch that could fit is refused. Without it, a mistyped
+    ``--batch-size 1000000000`` ran until the system killed it.
+
+    Raises:
+        ValueError: the bound exceeds the memory left, with the largest batch it allows.
+    """
+    spec = ModelSpec.create(zoo.build, zoo.make_batch, zoo.loss_fn, forward=zoo.forward,
+                            blocks=blocks, device=device)
+    model, one = spec.fresh("none"), spec.batch(1)
+    per_sample = saved_bytes(lambda: spec.loss_fn(spec.forward(model, one), one), model=model)
+    free, where = memory_headroom(detect(device))
+    if free and per_sample and per_sample * batch_size > free:
+        raise ValueError(
+            f"micro-batch {batch_size}: its saved tensors alone would take "
+            f"{per_sample * batch_size / GiB:.2f} GiB ({per_sample:,} bytes per sample, measured "
+            f"at a batch of 1), more than the {free / GiB:.2f} GiB {where}: give --batch-size "
+            f"{max(1, free // per_sample)} or less (a bound: the step needs more than this).")
+
+
+def _json(prof, exs, card) -> str:
+    data = {"card": None if card is None else card.as_dict(),
+            "profile": json.loads(prof.table().drop(columns=["config"], errors="ignore")
+                                  .to_json(orient="records")),
+            "extrapolation": {p: {"per_sample_bytes": {k: f.per_sample for k, f in e.fits.items()},
+                                  "intercept_bytes": {k: f.intercept for k, f in e.fits.items()},
+                                  "optimizer_peak_bytes": {k: f.optimizer_peak
+                                                           for k, f in e.fits.items()},
+                                  "block_saved_per_sample": e.block_saved,
+                                  "block_input_per_sample": e.block_input}
+                              for p, e in exs.items()}}
+    return json.dumps(data, indent=2, default=str)
+
+
+def _run(args, zoo, batch_size: int, device: str, budget: int | None, source: str | None):
+    """The profile, its extrapolations and the card (None, with no budget: the profile only)."""
+    kw = dict(precisions=args.precisions, policies=args.policies, batch_size=batch_size,
+              device=device, blocks=args.blocks, forward=zoo.forward, budget_s=args.time_budget,
+              name=zoo.name, progress=sys.stderr.isatty())
+    if budget is None:  # the same default precisions as profile_and_recommend
+        kw["precisions"] = args.precisions or tuple(dict.fromkeys(
+            ["fp32", recommend_precision(detect(device)).precision]))
+        return profile(zoo.build, zoo.make_batch, zoo.loss_fn, **kw), {}, None
+    prof, exs, card = profile_and_recommend(
+        zoo.build, zoo.make_batch, zoo.loss_fn, budget_bytes=budget,
+        target_batch=args.target_batch, check=not args.no_check and args.for_gpu is None, **kw)
+    if source is not None:
+        card = dataclasses.replace(card, budget_source=source)
+    return prof, exs, card
+
+
 def main(argv=None) -> int:
-    """Entry point of ``course-profile``; returns the exit status (0: card printed)."""
+    """Entry point of ``course-profile``; returns the exit status (0: the profile printed, with
+    its card where there is a budget; 1: printed, but ``--out`` could not be written; 2: bad
+    arguments or a model that cannot be profiled, nothing measured)."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.out is not None and args.out.parent and not args.out.parent.exists():
-        parser.error(f"--out: folder {args.out.parent} does not exist")
-    if args.time_budget is not None and not args.time_budget > 0:
-        parser.error("--time-budget must be > 0 seconds")
     zoo, default_batch = _zoo(args, parser)
+    out = None
+    if args.out is not None:
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", zoo.name).strip("-") or "model"
+        try:
+            out = check_out_file(args.out, f"course-profile-{name}.json")
+        except ValueError as e:
+            parser.error(str(e))
+    device = args.device or default_device()
+    budget, source = _budget(args, device)
+    if args.for_gpu is not None:
+        gpu, nbytes, whence = GPUS[args.for_gpu]
+        print(f"course-profile: planning for a {gpu}: budget {nbytes / GiB:.2f} GiB, the memory "
+              f"CUDA reports on one ({whence}). Measured on {device}: step times are this "
+              "machine's, not the GPU's, and the GPU's kernels can change the peak; no check "
+              "step (it would run a batch sized for the GPU here).")
     use_threads()
     try:
-        prof, exs, card = profile_and_recommend(
-            zoo.build, zoo.make_batch, zoo.loss_fn, budget_bytes=args.budget,
-            target_batch=args.target_batch, precisions=args.precisions, policies=args.policies,
-            batch_size=args.batch_size or default_batch, device=args.device, blocks=args.blocks,
-            forward=zoo.forward, budget_s=args.time_budget, name=zoo.name,
-            check=not args.no_check, progress=sys.stderr.isatty())
+        batch_size = args.batch_size or default_batch
+        check_batch_fits(zoo, batch_size, device, args.blocks)
+        prof, exs, card = _run(args, zoo, batch_size, device, budget, source)
     except (ValueError, TypeError, KeyError) as e:
         print(f"course-profile: {e}", file=sys.stderr)
         return 2
@@ -157,20 +277,20 @@ def main(argv=None) -> int:
           f"{prof.n_parameters / 1e6:.2f} M parameters\n")
     print(prof.summary().to_string())
     print()
-    print(card.text())
-    if args.out is not None:
-        data = {"card": card.as_dict(),
-                "profile": json.loads(prof.table().drop(columns=["config"], errors="ignore")
-                                      .to_json(orient="records")),
-                "extrapolation": {p: {"per_sample_bytes": {k: f.per_sample for k, f in e.fits.items()},
-                                      "intercept_bytes": {k: f.intercept for k, f in e.fits.items()},
-                                      "optimizer_peak_bytes": {k: f.optimizer_peak
-                                                               for k, f in e.fits.items()},
-                                      "block_saved_per_sample": e.block_saved,
-                                      "block_input_per_sample": e.block_input}
-                                  for p, e in exs.items()}}
-        args.out.write_text(json.dumps(data, indent=2, default=str))
-        print(f"\nwrote {args.out}")
+    if card is None:
+        print(f"No recommendation card: {device} has no GPU memory to take a budget from. For "
+              f"one, plan for a GPU (--for {'|'.join(GPUS)}) or give a budget (--budget 14GiB).")
+    else:
+        print(card.text())
+    if out is not None:
+        try:
+            out.parent.mkdir(exist_ok=True)
+            out.write_text(_json(prof, exs, card))
+        except OSError as e:
+            print(f"course-profile: could not write {out}: {e.strerror or e} (the results are "
+                  "printed above)", file=sys.stderr)
+            return 1
+        print(f"\nwrote {out}")
     return 0
 
 

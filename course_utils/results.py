@@ -4,13 +4,13 @@ committed under ``results/`` (GPU runs, lesson timings) as the lessons read them
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from .cli_args import check_out_folder
 from .config import SIZE_PROFILES, config_for
 from .experiments import plain_label, time_cell
 from .measure import MEMORY_FIELDS
@@ -336,24 +336,14 @@ def bench_rows(df: pd.DataFrame) -> list[dict]:
 
 
 def check_out_dir(folder: str | Path) -> Path:
-    """Check, before any work, that ``folder`` can receive result files: it is a folder or
-    can be made as one, and it is writable.
+    """Check, before any work, that ``folder`` can receive result files
+    (`course_utils.cli_args.check_out_folder`, for ``--out``).
 
     Raises:
         ValueError: ``folder`` is an existing file, its parent is missing or not a folder, or
             it is not writable (the message says which).
     """
-    out = Path(folder)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is an existing file, not a folder.")
-    parent = out if out.exists() else out.parent
-    if not parent.exists():
-        raise ValueError(f"--out {str(out)!r}: its parent folder {str(parent)!r} does not exist.")
-    if not parent.is_dir():
-        raise ValueError(f"--out {str(out)!r}: {str(parent)!r} is not a folder.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {str(out)!r}: {str(parent)!r} is not writable.")
-    return out
+    return check_out_folder(folder)
 
 
 def write_bench(folder: str | Path, payload: dict, figure=None) -> list[Path]:

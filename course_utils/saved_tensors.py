@@ -1,25 +1,34 @@
 """The saved-tensor meter: what autograd keeps for backward, in bytes, split by kind.
 
 `SavedTensorMeter` (the course's one meter) wraps a forward in
-``torch.autograd.graph.saved_tensors_hooks``, deduplicates what is saved by storage (q, k and v
-are views of one ``qkv`` storage) and leaves parameters out; autocast's low-precision weight
-copies (a tensor whose autograd history is a chain of single-input nodes ending at a
-parameter's ``AccumulateGrad``) go to ``autocast_weight_copies``; tensors saved from the final
-LayerNorm on (head, loss) go to ``logits``. Tensors kept by selective checkpointing live in
-SAC's own cache, out of the hooks' sight; the meter reads that cache through the model's
+``torch.autograd.graph.saved_tensors_hooks`` and counts what is **alive for backward at the end
+of the forward**: a tensor saved by a branch that ``forward`` computes and drops (its graph, and
+what it saved, freed before backward) is not counted. The end of the forward is the return of the
+meter's model, the first time backward reads a saved tensor, or the meter's exit, whichever comes
+first after the tensor was saved; over several forwards in one meter (gradient accumulation) the
+largest forward counts. What is counted is deduplicated by storage (q, k and v are views of one
+``qkv`` storage) and parameters are left out. Autocast's low-precision weight copies go to
+``autocast_weight_copies``: a tensor whose autograd history, back to a parameter's
+``AccumulateGrad``, is only casts and views and holds a dtype cast (``ToCopyBackward0``) to a
+dtype other than the parameter's; an fp32 model without autocast has none. Tensors saved from
+the final LayerNorm on (head, loss) go to ``logits``. Tensors kept by selective checkpointing
+live in SAC's own cache, out of the hooks' sight; the meter reads that cache through the model's
 `course_utils.checkpointing.SelectiveContexts` (on any torch the course supports; where the cache
 cannot be read, ``unmeasured`` says why and the totals must not be used).
 
-The pack hook returns ``t.detach()`` and the meter keeps no tensor: a hook that returned ``t``
-itself would close a reference cycle through autograd's C++ graph for every tensor an op saves
-as its own output, which ``gc.collect()`` cannot break, and the whole graph would leak (PyTorch
-docs, "Hooks for saved tensors"). `course_utils.measure` uses the meter for a `Measurement`'s
-memory fields; lessons 01 and 02 call `measure_saved`, `saved_bytes` and `saved_by_module`.
+The pack hook returns a small holder of ``t.detach()`` and the meter keeps only a weak reference
+to it, so it keeps no tensor and can tell whether autograd still holds what was saved. A hook that
+returned ``t`` itself would close a reference cycle through autograd's C++ graph for every tensor
+an op saves as its own output, which ``gc.collect()`` cannot break, and the whole graph would leak
+(PyTorch docs, "Hooks for saved tensors"). `course_utils.measure` uses the meter for a
+`Measurement`'s memory fields; lessons 01 and 02 call `measure_saved`, `saved_bytes` and
+`saved_by_module`.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 
 import pandas as pd
 import torch
@@ -40,35 +49,66 @@ def storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
+# What may lie between a parameter and autocast's copy of it: the cast, and views of the copy
+# (``t()`` for a matmul, a reshape); any other op makes the tensor an activation.
+_CAST = "ToCopyBackward0"
+_VIEWS = frozenset({"TBackward0", "TransposeBackward0", "TransposeBackward1", "PermuteBackward0",
+                    "ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0",
+                    "ExpandBackward0", "AliasBackward0", "UnsqueezeBackward0",
+                    "SqueezeBackward0", "SqueezeBackward1"})
+
+
 def _is_weight_copy(t: torch.Tensor, max_depth: int = 6) -> bool:
-    """True if ``t`` comes from a parameter through single-input ops only (cast, transpose)."""
-    node = t.grad_fn
+    """True if ``t`` is a copy of a parameter in another dtype (what autocast makes): its
+    history back to the parameter is casts and views only, with a cast among them, and its dtype
+    is not the parameter's. An activation computed from an input that needs no gradient also has
+    a single path back to a weight (through the matmul), but never through casts and views only.
+    """
+    node, cast = t.grad_fn, False
     for _ in range(max_depth):
         if node is None:
+            return False
+        name = type(node).__name__
+        if name == "AccumulateGrad":
+            param = getattr(node, "variable", None)
+            return cast and isinstance(param, torch.Tensor) and param.dtype != t.dtype
+        if name == _CAST:
+            cast = True
+        elif name not in _VIEWS:
             return False
         nexts = [n for n, _ in node.next_functions if n is not None]
         if len(nexts) != 1:
             return False
-        if type(nexts[0]).__name__ == "AccumulateGrad":
-            return True
         node = nexts[0]
     return False
+
+
+class _Packed:
+    """What the pack hook hands autograd: the saved tensor, detached. The meter holds only a
+    weak reference to it: alive while autograd keeps the tensor for backward."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
 
 
 class SavedTensorMeter:
     """Context manager that records the tensors autograd saves for backward, by storage.
 
     Args:
-        model: its parameters are excluded; if it has ``ln_f`` (the course's GPT), tensors saved
-            from its final LayerNorm on go to the ``logits`` bucket; tensors kept by its
+        model: its parameters are excluded; its return marks the end of the forward (see the
+            module docstring); if it has ``ln_f`` (the course's GPT), tensors saved from its
+            final LayerNorm on go to the ``logits`` bucket; tensors kept by its
             selective-checkpointing regions are counted as activations.
         by_module: also record, for each tensor, the innermost submodule of ``model`` whose
             forward was running when it was saved (`saved_by_module`).
 
     After the ``with`` block, ``totals()`` gives bytes per bucket (``activations``,
     ``autocast_weight_copies``, ``logits``) and ``records`` one dict per storage (``nbytes``,
-    ``bucket``, ``shape``, ``dtype``, ``grad_fn``, ``module``, ``module_type``). The meter holds
-    no tensor: what it measured is freed as soon as the caller drops it.
+    ``bucket``, ``shape``, ``dtype``, ``grad_fn``, ``module``, ``module_type``): what was alive
+    for backward at the end of the forward. The meter holds no tensor: what it measured is freed
+    as soon as the caller drops it.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, by_module: bool = False):
@@ -79,28 +119,55 @@ class SavedTensorMeter:
             self._params = {(str(p.device), p.untyped_storage().data_ptr())
                             for p in model.parameters()}
         self._seen: dict = {}
+        self._entries: list = []  # [weak ref to the _Packed, record, forward number, alive]
+        self._pending: list = []  # entries whose liveness is not judged yet
+        self._forward = 0
+        self._in_backward = False
+        self._active = False
         self._stack: list = []
         self._sac: list = []
         self.unmeasured: str | None = None
         self.region = "activations"
         self._exit = contextlib.ExitStack()
 
-    def _record(self, key, nbytes, bucket, shape, dtype, grad_fn) -> None:
-        if key in self._params or key in self._seen:
-            return
+    def _record(self, key, nbytes, bucket, shape, dtype, grad_fn) -> dict:
         name, kind = (self._stack[-1] if self._stack
                       else ("", type(self.model).__name__ if self.model is not None else ""))
-        self._seen[key] = {"nbytes": nbytes, "bucket": bucket, "shape": shape, "dtype": dtype,
-                           "grad_fn": grad_fn, "module": name, "module_type": kind}
+        return {"key": key, "nbytes": nbytes, "bucket": bucket, "shape": shape, "dtype": dtype,
+                "grad_fn": grad_fn, "module": name, "module_type": kind}
 
     def _pack(self, t):
         if not isinstance(t, torch.Tensor):
             return t
         st = t.untyped_storage()
+        key = (str(t.device), st.data_ptr())
+        if key in self._params:
+            return t.detach()
+        if self._in_backward:  # a forward after a backward (accumulation): a new forward
+            self._forward, self._in_backward = self._forward + 1, False
+        packed = _Packed(t.detach())  # no reference cycle: autograd restores the tensor from it
         bucket = "autocast_weight_copies" if _is_weight_copy(t) else self.region
-        self._record((str(t.device), st.data_ptr()), st.nbytes(), bucket, tuple(t.shape),
-                     t.dtype, type(t.grad_fn).__name__ if t.grad_fn is not None else None)
-        return t.detach()  # no reference cycle: autograd restores the saved tensor from it
+        record = self._record(key, st.nbytes(), bucket, tuple(t.shape), t.dtype,
+                              type(t.grad_fn).__name__ if t.grad_fn is not None else None)
+        entry = [weakref.ref(packed), record, self._forward, None]
+        self._entries.append(entry)
+        self._pending.append(entry)
+        return packed
+
+    def _unpack(self, packed):
+        if not isinstance(packed, _Packed):
+            return packed
+        if self._active and not self._in_backward:  # backward starts: the forward has ended
+            self._judge()
+            self._in_backward = True
+        return packed.tensor
+
+    def _judge(self, *_) -> None:
+        """The end of a forward: what was saved since the last judgement and is still held by
+        autograd counts; what a dropped branch saved is already freed."""
+        for entry in self._pending:
+            entry[3] = entry[0]() is not None
+        self._pending = []
 
     def _enter_module(self, name: str, module: torch.nn.Module):
         label = (name, type(module).__name__)
@@ -113,11 +180,26 @@ class SavedTensorMeter:
         if self._stack:
             self._stack.pop()
 
+    def _largest_forward(self) -> dict:
+        """The records alive at the end of each forward, one per storage; the forward with the
+        most bytes (the only one, without accumulation)."""
+        forwards: dict = {}
+        for _, record, forward, alive in self._entries:
+            if alive:
+                forwards.setdefault(forward, {}).setdefault(record["key"], record)
+        best = max(forwards.values(), key=lambda f: sum(r["nbytes"] for r in f.values()),
+                   default={})
+        return {key: {k: v for k, v in r.items() if k != "key"} for key, r in best.items()}
+
     def __enter__(self):
         self._seen.clear()
+        self._entries, self._pending = [], []
+        self._forward, self._in_backward, self._active = 0, False, True
         self.unmeasured = None
         self.region = "activations"
         if self.model is not None:
+            h = self.model.register_forward_hook(self._judge)  # returns None: output unchanged
+            self._exit.callback(h.remove)
             ln_f = getattr(self.model, "ln_f", None)
             if isinstance(ln_f, torch.nn.Module):
                 h = ln_f.register_forward_pre_hook(lambda *_: setattr(self, "region", "logits"))
@@ -132,13 +214,17 @@ class SavedTensorMeter:
                     self._exit.callback(h1.remove)
                     self._exit.callback(h2.remove)
         self._exit.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack,
-                                                                           lambda t: t))
+                                                                           self._unpack))
         return self
 
     def __exit__(self, *exc):
         try:
             return self._exit.__exit__(*exc)
         finally:
+            self._judge()
+            self._active = False
+            self._seen = self._largest_forward()
+            self._entries, self._pending = [], []
             for c in self._sac:
                 kept = sac_kept(c.recording or ())
                 if kept is None:
@@ -146,21 +232,31 @@ class SavedTensorMeter:
                                        "checkpointing's tensors where the meter cannot read them")
                 for t in kept or ():
                     st = t.untyped_storage()
-                    self._record((str(t.device), st.data_ptr()), st.nbytes(), "activations",
-                                 tuple(t.shape), t.dtype, "SAC cache")
+                    key = (str(t.device), st.data_ptr())
+                    if key not in self._params and key not in self._seen:
+                        record = self._record(key, st.nbytes(), "activations", tuple(t.shape),
+                                              t.dtype, "SAC cache")
+                        self._seen[key] = {k: v for k, v in record.items() if k != "key"}
                 c.recording = None
             self._sac = []
             self._stack.clear()
 
+    def _current(self) -> dict:
+        if not self._active:
+            return self._seen
+        self._judge()  # read inside the ``with`` block: what is alive now ends the forward
+        return self._largest_forward()
+
     @property
     def records(self) -> list[dict]:
-        """One dict per distinct storage saved, in the order they were saved."""
-        return list(self._seen.values())
+        """One dict per distinct storage alive for backward at the end of the forward, in the
+        order they were saved."""
+        return list(self._current().values())
 
     def totals(self) -> dict:
         """Bytes per bucket: ``activations``, ``autocast_weight_copies``, ``logits``."""
         out = {"activations": 0, "autocast_weight_copies": 0, "logits": 0}
-        for r in self._seen.values():
+        for r in self._current().values():
             out[r["bucket"]] += r["nbytes"]
         return out
 
@@ -171,10 +267,11 @@ class SavedTensorMeter:
         Raises:
             ValueError: the meter recorded nothing.
         """
-        if not self._seen:
+        seen = self._current()
+        if not seen:
             raise ValueError("the meter recorded no saved tensors: run a forward inside it first.")
         df = pd.DataFrame([{"bucket": r["bucket"], "dtype": short_dtype(r["dtype"]),
-                            "bytes": r["nbytes"]} for r in self._seen.values()])
+                            "bytes": r["nbytes"]} for r in seen.values()])
         out = df.groupby(["bucket", "dtype"]).agg(bytes=("bytes", "sum"),
                                                   tensors=("bytes", "size"))
         out["MiB"] = out["bytes"] / MiB

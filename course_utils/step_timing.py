@@ -15,8 +15,9 @@
   and always the ratio of the two median step times (what a table beside it prints).
   A difference whose band, *as printed* (two decimals), contains 1 is "within noise", never
   faster or slower; fewer than `MIN_ROUNDS` paired rounds decide nothing ("too few rounds");
-  at the ``smoke`` size every time comparison is "inconclusive at this size" (fixed per-step
-  overheads dominate a tiny model); a precision that is emulated on this hardware gives an
+  at the ``smoke`` size every time comparison is "too small to time" (`TOO_SMALL`: fixed
+  per-step overheads dominate a tiny model's steps of a few ms; its band is measured but no word
+  of the course pairs it with this verdict); a precision that is emulated on this hardware gives an
   "emulated" comparison, whose number is not the speed of real hardware.
 """
 from __future__ import annotations
@@ -29,13 +30,17 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["VERDICTS", "MIN_ROUNDS", "default_budget_s", "steps_for_budget", "time_step",
-           "interleaved", "TimeRatio", "time_ratio", "spread", "BLOCKS", "printed_band",
-           "band_verdict", "agreement", "emulated_factor"]
+__all__ = ["VERDICTS", "TOO_SMALL", "TOO_SMALL_WHY", "MIN_ROUNDS", "default_budget_s",
+           "steps_for_budget", "time_step", "interleaved", "TimeRatio", "time_ratio", "spread",
+           "BLOCKS", "printed_band", "band_verdict", "agreement", "emulated_factor"]
+
+#: The verdict at a size too small to time (docs/method.md#verdict-words), and why, in words.
+TOO_SMALL = "too small to time"
+TOO_SMALL_WHY = "steps of a few ms: timing not trusted at this size"
 
 #: The words a time comparison can end in.
-VERDICTS = ("faster", "slower", "within noise", "too few rounds", "inconclusive at this size",
-            "emulated", "not timed")
+VERDICTS = ("faster", "slower", "within noise", "too few rounds", TOO_SMALL, "emulated",
+            "not timed")
 
 #: Consecutive blocks of rounds whose medians widen the noise band (run-to-run drift).
 BLOCKS = 3
@@ -194,8 +199,11 @@ class TimeRatio:
 
     def band_text(self) -> str:
         """``"noise band 1.24-1.30x over 9 rounds"``, in the direction the ratio is printed: as a
-        speed-up (``1/high .. 1/low``) after "faster", as the time ratio otherwise."""
+        speed-up (``1/high .. 1/low``) after "faster", as the time ratio otherwise; at a size too
+        small to time, why there is no band (`TOO_SMALL_WHY`), never the untrusted band."""
         n = f"{self.rounds} round{'s' * (self.rounds != 1)}"
+        if self.verdict == TOO_SMALL:
+            return TOO_SMALL_WHY
         if self.low is None:
             return n
         lo, hi = (printed_band(self.ratio, self.low, self.high) if self.verdict == "faster"
@@ -205,9 +213,13 @@ class TimeRatio:
     def describe(self, what: str = "step time") -> str:
         """``"step time 1.31x slower (noise band 1.27-1.36x over 9 rounds)"``,
         ``"step time 1.43x faster (...)"``, ``"step time 1.02x (...): within noise"`` and the
-        like: a faster ratio is printed as a speed-up, never as "0.70x faster"."""
+        like: a faster ratio is printed as a speed-up, never as "0.70x faster"; at a size too
+        small to time, no ratio and no band: ``"step time: too small to time (steps of a few ms:
+        timing not trusted at this size)"``."""
         if self.ratio is None:
             return f"{what}: not timed"
+        if self.verdict == TOO_SMALL:
+            return f"{what}: {TOO_SMALL} ({TOO_SMALL_WHY})"
         band = self.band_text()
         if self.verdict == "emulated":  # one round or a few, of arithmetic no hardware runs
             return (f"{what} about {emulated_factor(self.ratio)} the reference's (emulated here: "
@@ -239,7 +251,7 @@ def agreement(here: TimeRatio, there: TimeRatio, there_name: str) -> str:
     too few rounds for a band or ran emulated, the bands are not compared.
     """
     said = f"{there_name} timed the same pair on this machine: {there.describe('step time')}."
-    unbanded = ("inconclusive at this size", "emulated", "not timed")
+    unbanded = (TOO_SMALL, "emulated", "not timed")
     if (here.low is None or there.low is None or here.verdict in unbanded
             or there.verdict in unbanded):
         return f"{said} The two runs are not compared: one of them has no noise band that means something."
@@ -269,7 +281,7 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     they were taken).
 
     Rule: no times -> "not timed"; an emulated precision on either side -> "emulated" (the
-    ratio is reported, labelled); size ``smoke`` -> "inconclusive at this size"; fewer than
+    ratio is reported, labelled); size ``smoke`` -> "too small to time"; fewer than
     ``min_rounds`` paired rounds -> "too few rounds" unless the ratio is beyond 2x either way
     (measured run-to-run noise on a busy 2-core machine stays within 1-7 %); otherwise
     "within noise" when the noise band as printed (`printed_band`) contains 1, else "faster"
@@ -299,7 +311,7 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     if emulated:
         verdict = "emulated"
     elif size == "smoke":
-        verdict = "inconclusive at this size"
+        verdict = TOO_SMALL
     elif len(ratios) < min_rounds or low is None:
         verdict = ("slower" if ratio > 2 else "faster" if ratio < 0.5 else "too few rounds")
     else:

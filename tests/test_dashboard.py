@@ -214,7 +214,7 @@ def test_the_baseline_is_the_recipe_here_not_always_fp32(quick_chart):
 
 @pytest.mark.parametrize("size, times, shown, hidden", [
     # the case: at smoke, full checkpointing at 0.30x the baseline's time
-    ("smoke", [0.30, 0.31, 0.29, 0.30, 0.30], "inconclusive at this size", "0.30"),
+    ("smoke", [0.30, 0.31, 0.29, 0.30, 0.30], "too small to time", "0.30"),
     # a ratio whose per-round spread includes 1
     ("cpu", [0.40, 0.30, 1.20, 0.35, 1.50], "within noise", "0.40"),
     # outside the noise: the ratio and its verdict
@@ -587,7 +587,7 @@ def test_history_table_is_the_course_summary(quick_chart):
     assert t["config"].tolist() == ["fp32 (baseline)", "fp32 + full checkpointing"]
     assert {"#", "size", "step ms", "time vs baseline", "peak MiB", "est peak MiB",
             "saved MiB", "saved dtypes"} <= set(t.columns)
-    assert t["time vs baseline"].tolist() == ["1.00x (reference)", "inconclusive at this size"]
+    assert t["time vs baseline"].tolist() == ["1.00x (reference)", "too small to time"]
     assert t["size"].tolist() == ["b4 s32 L2"] * 2
 
 

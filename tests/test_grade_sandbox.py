@@ -9,10 +9,12 @@ Sandbox tests skip only where bubblewrap is missing and CI is unset (CI installs
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -175,3 +177,117 @@ def test_the_sandbox_refuses_to_expose_a_hidden_path():
         plan_sandbox([hidden], bwrap="/bin/true")
     sandbox = plan_sandbox([ROOT / "solutions"], bwrap="/bin/true")
     assert not any(Path(p) in [ROOT, *ROOT.parents] for p in sandbox.read_only)
+
+
+# ------------------------------------------------- a class is never graded unsandboxed by accident
+FORGED = "== class/zz_honest.ipynb (01_one.ipynb): 0/1 points"  # a line the attacker forges
+# Issue 27's two attacks in one submission that never answers: write a forged result line into
+# the grader's own output through /proc, then stop the grader with SIGTERM and wait for it to die.
+ATTACK = (
+    "import os, signal, time\n"
+    "with open(f'/proc/{os.getppid()}/fd/1', 'w') as grader_out:\n"
+    f"    grader_out.write({FORGED!r} + '\\n')\n"
+    "os.kill(os.getppid(), signal.SIGTERM)\n"
+    "time.sleep(60)\n"
+    "def answer():\n"
+    "    return 2"
+)
+
+
+def one_course(root: Path) -> tuple[Path, Path]:
+    """A course folder (``course/solutions``, ``course/exercises``) with one 1-point question
+    (``answer()`` returns 2); returns (source folder, released exercise)."""
+    source = root / "course" / "solutions"
+    source.mkdir(parents=True)
+    cells = [new_code_cell("def answer():\n    ### BEGIN SOLUTION\n    return 2\n"
+                           "    ### END SOLUTION", id="answer",
+                           metadata={"nbgrader": {"solution": True, "grade": False,
+                                                  "locked": False, "grade_id": "answer-code"}}),
+             new_code_cell("assert answer() == 2", id="t", metadata=test_meta("answer"))]
+    nbformat.write(new_notebook(cells=cells), source / "01_one.ipynb")
+    course_grade.release(source, root / "course" / "exercises")
+    return source, root / "course" / "exercises" / "01_one.ipynb"
+
+
+def a_class(root: Path, attacker: str = "def answer():\n    return 2") -> tuple[Path, Path]:
+    """(source, class folder): an attacker's submission first, an honest one after it, kept
+    outside the course folder as the instructor guide asks."""
+    source, released = one_course(root)
+    folder = root / "class"
+    folder.mkdir()
+    for name, code in (("aa_attacker.ipynb", attacker), ("zz_honest.ipynb", "def answer():\n    return 2")):
+        nb = nbformat.read(released, 4)
+        nb.cells[0].source = code
+        nbformat.write(nb, folder / name)
+    return source, folder
+
+
+def grade_process(*args: str, path: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m course_grade ARGS`` in a child process (an attack on the grader's process hits
+    that child, never pytest), with ``PATH`` replaced when given."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run([sys.executable, "-m", "course_grade", *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_class_without_a_sandbox_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    source, folder = a_class(tmp_path)
+    csv_path = tmp_path / "grades.csv"
+    common = ["grade", str(folder), "--source", str(source), "--csv", str(csv_path)]
+    refused = grade_process(*common, path=str(tmp_path))  # no bwrap on PATH
+    assert refused.returncode == 2 and refused.stdout == ""
+    said = refused.stderr
+    assert "bubblewrap (bwrap) is not installed" in said and "nothing was graded" in said
+    assert "sudo apt-get install bubblewrap" in said and "--no-sandbox" in said
+    assert "Traceback" not in said
+    assert not csv_path.exists() and not csv_path.with_suffix(".jsonl").exists()  # nothing lost
+    graded = grade_process(*common, "--no-sandbox", path=str(tmp_path))  # the explicit risk
+    assert graded.returncode == 0 and "UNSANDBOXED" in graded.stderr
+    assert graded.stdout.count("1/1 points") == 2 and csv_path.exists()
+    # One notebook that is not the learner's own (outside the course folder): refused as well;
+    # the Python API the same way, before any kernel starts.
+    one = grade_process("grade", str(folder / "zz_honest.ipynb"), "--source", str(source),
+                        path=str(tmp_path))
+    assert one.returncode == 2 and "--no-sandbox" in one.stderr
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SandboxError, match="sandbox=False"):
+        course_grade.grade([folder], source)
+
+
+def test_a_learner_checking_their_own_notebook_is_not_stopped(tmp_path):
+    """Own: one notebook, the learner's file, inside the course folder (the one holding the
+    sources), as their exercises/ copy is."""
+    source, released = one_course(tmp_path)
+    nb = nbformat.read(released, 4)
+    nb.cells[0].source = "def answer():\n    return 2"
+    nbformat.write(nb, released)
+    done = grade_process("grade", str(released), "--source", str(source), path=str(tmp_path))
+    assert done.returncode == 0 and "1/1 points" in done.stdout
+    assert "your own notebook runs UNSANDBOXED" in done.stderr
+    assert "sudo apt-get install bubblewrap" in done.stderr
+
+
+def test_without_a_sandbox_the_attacks_stop_the_class_and_forge_lines(tmp_path):
+    """What --no-sandbox exposes (docs/instructors.md): issue 27's two attacks succeed."""
+    source, folder = a_class(tmp_path, ATTACK)
+    done = grade_process("grade", str(folder), "--source", str(source), "-j", "1",
+                         "--no-sandbox", "--cell-timeout", "30")
+    assert done.returncode == 128 + signal.SIGTERM
+    assert FORGED in done.stdout  # the attacker's line, in the grader's own output
+    assert "stopped by SIGTERM: graded and kept: 0; not graded: 2" in done.stderr
+
+
+@needs_bwrap
+def test_in_the_sandbox_the_attacks_leave_the_class_graded(tmp_path):
+    source, folder = a_class(tmp_path, ATTACK)
+    done = grade_process("grade", str(folder), "--source", str(source), "-j", "1", "--json",
+                         "--cell-timeout", "5")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("sandbox: bubblewrap")
+    attacker, honest = json.loads(done.stdout)
+    assert honest["graded"] and honest["score"] == honest["max_score"] == 1
+    assert attacker["graded"] and attacker["score"] == 0
+    assert any("timed out" in note for note in attacker["issues"]), attacker["issues"]
+    assert FORGED not in done.stdout + done.stderr  # no line of theirs in the grader's output

@@ -33,6 +33,9 @@ EXERCISES = ROOT / "exercises"
 SOLUTION_NAMES = sorted(path.name for path in SOLUTIONS.glob("*.ipynb"))
 LOSS_SCALING = "01_loss_scaling.ipynb"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")  # as tests/test_browser.py
+# A class in the sandbox wherever bubblewrap is installed (CI installs it), else explicitly
+# unsandboxed: without a sandbox the grader refuses a class (issue 27).
+SANDBOX = ["--sandbox"] if shutil.which("bwrap") or IN_CI else ["--no-sandbox"]
 
 
 def run_cli(*args: str) -> tuple[int, str]:
@@ -270,9 +273,8 @@ def graded_class(tmp_path_factory):
     csv_path = folder.parent / f"{folder.name}.csv"
     # Sandboxed wherever bubblewrap is installed (CI installs it): the solutions must score full
     # marks in the sandbox instructors use, torchrun's ranks of exercise 04 included.
-    sandbox = ["--sandbox"] if shutil.which("bwrap") or IN_CI else []
     status, out = run_cli("grade", str(folder), "--source", str(SOLUTIONS), "--csv", str(csv_path),
-                          "--json", "--cell-timeout", "120", "--timeout", "300", *sandbox)
+                          "--json", "--cell-timeout", "120", "--timeout", "300", *SANDBOX)
     results = {str(Path(r["submission"]).relative_to(folder)): r for r in json.loads(out)}
     with open(csv_path, newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -724,7 +726,7 @@ class TestAttacks:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         process = subprocess.Popen(
             [sys.executable, "-m", "course_grade", "grade", str(folder), "--source", str(source),
-             "--csv", str(csv_path), "-j", "1"], env=env, stdout=subprocess.PIPE,
+             "--csv", str(csv_path), "-j", "1", *SANDBOX], env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE)
         log = tmp_path / "grades.jsonl"
         deadline = time.monotonic() + 90

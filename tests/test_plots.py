@@ -73,7 +73,7 @@ def policy_table() -> pd.DataFrame:
         "step_time_iqr_s": [0.00208, 0.00098, 0.00082, 0.00137, 0.00079],
         "time_ratio": [1.0, 1.256, 1.047, 1.289, 1.690],
         "time_verdict": ["within noise", "slower", "within noise", "slower",
-                         "inconclusive at this size"],
+                         "too small to time"],
         "peak_allocated": [3266944, 2780480, 2780480, 2780480, 2979840]})
 
 
@@ -402,7 +402,7 @@ def test_time_ratio_is_printed_only_outside_the_noise():
     texts = _texts(figure("pareto"))
     assert "fp32 + checkpointing every 2 blocks: ≈1x (within noise)" in texts
     assert "fp32 + full checkpointing: 1.26x slower" in texts
-    assert "fp32 + selective checkpointing: inconclusive" in texts
+    assert "fp32 + selective checkpointing: too small to time" in texts
     assert not any("1.69x" in t for t in texts)
 
     texts = [t.get_text() for t in figure("dashboard").axes[0].texts]

@@ -8,6 +8,7 @@ run in the support matrix (make test-matrix) on Colab's torch, the declared floo
 """
 import contextlib
 import gc
+import math
 import weakref
 
 import pytest
@@ -206,3 +207,122 @@ def test_saved_by_module_of_a_checkpointed_block_keeps_only_its_input(cfg, block
     assert table.module.iloc[0] == "" and table.module_type.iloc[0] == "Block"
     with pytest.raises(TypeError, match="torch.nn.Module"):
         saved_by_module(lambda t: t, lambda: None)
+
+
+# ---------------------------------------------------------------- models the course did not write
+# Bytes computed by hand from what each op keeps for backward (fp32: 4 bytes, bf16: 2 bytes per
+# element; a storage counted once; parameters never). The input ``x`` needs no gradient.
+F32, B16 = 4, 2
+
+
+class _DroppedBranch(torch.nn.Module):
+    """A branch computed and dropped inside forward: its graph, and what it saved, is freed
+    when forward returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.main, self.aux = torch.nn.Linear(8, 16), torch.nn.Linear(8, 32)
+
+    def forward(self, x):
+        side = torch.tanh(self.aux(x))  # tanh saves its (4, 32) output: freed with `side`
+        del side
+        return torch.relu(self.main(x))  # addmm keeps x, relu its (4, 16) output
+
+
+def _mlp3d():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 8, bias=False))
+
+
+class _SharedWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 6, bias=False), torch.nn.Linear(6, 6, bias=False)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x * x
+        ctx.save_for_backward(x, y)  # its input and its output
+        ctx.scale = 2.0  # not a tensor: nothing saved
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, _ = ctx.saved_tensors
+        return ctx.scale * x * grad
+
+
+def _metered(model, fn):
+    with SavedTensorMeter(model) as meter:
+        out = fn()
+    out.sum().backward()  # a graph backward can run: what was counted was really saved
+    return meter.totals()
+
+
+def test_a_branch_dropped_inside_forward_is_not_counted():
+    model, x = _DroppedBranch(), torch.randn(4, 8)
+    kept = (4 * 8 + 4 * 16) * F32  # x (kept by main's addmm) + relu's output; not tanh's 4 x 32
+    assert _metered(model, lambda: model(x))["activations"] == kept
+    assert _metered(None, lambda: model(x))["activations"] == kept  # no model: judged at the exit
+
+
+def test_a_whole_step_counts_one_forward_alive_for_backward():
+    model = _DroppedBranch()
+    micro = [torch.randn(4, 8), torch.randn(4, 8)]
+    with SavedTensorMeter(model) as meter:
+        for x in micro:  # two micro-batches, accumulated: each forward's saved tensors, not both
+            model(x).pow(2).mean().backward()  # pow keeps relu's output: the same storage
+    assert meter.totals() == {"activations": (4 * 8 + 4 * 16) * F32,
+                              "autocast_weight_copies": 0, "logits": 0}
+
+
+@pytest.mark.parametrize("build, shape, hidden", [(_mlp3d, (2, 3, 8), (2, 3, 16)),
+                                                  (_SharedWeight, (4, 6), (4, 6))])
+def test_fp32_without_autocast_has_no_weight_copies(build, shape, hidden):
+    model, x = build(), torch.randn(*shape)
+    got = _metered(model, lambda: model(x))
+    # the first matmul keeps x, ReLU its output (which the second matmul keeps too)
+    assert got == {"activations": (math.prod(shape) + math.prod(hidden)) * F32,
+                   "autocast_weight_copies": 0, "logits": 0}
+
+
+def test_autocast_weight_copies_are_the_cast_weights():
+    model, x = _mlp3d(), torch.randn(2, 3, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _metered(model, lambda: model(x))
+    assert got == {"activations": (2 * 3 * 8 + 2 * 3 * 16) * B16,  # x cast to bf16, ReLU's output
+                   # the second weight's bf16 copy: the first matmul's input needs no gradient,
+                   # so it keeps no weight to compute one
+                   "autocast_weight_copies": 8 * 16 * B16,
+                   "logits": 0}
+
+
+def test_a_custom_autograd_function_counts_what_it_saves():
+    x = torch.randn(4, 8, requires_grad=True)
+    got = _metered(None, lambda: _Square.apply(x))
+    # x and y (a function of one leaf, but no cast of a parameter); ctx.scale is no tensor
+    assert got == {"activations": 2 * 4 * 8 * F32, "autocast_weight_copies": 0, "logits": 0}
+
+
+def test_in_place_ops_and_views_count_each_storage_once():
+    torch.manual_seed(0)
+    fc, x = torch.nn.Linear(8, 32), torch.randn(4, 8)
+
+    def in_place():
+        h = fc(x)  # addmm keeps x
+        h.mul_(2.0)  # a product with a number keeps nothing
+        return h.relu_()  # keeps its result: h's own storage
+
+    def views():
+        q, k = fc(x).chunk(2, dim=-1)  # two (4, 16) views of one (4, 32) storage
+        return q * k  # keeps both views: one storage
+
+    assert _metered(fc, in_place)["activations"] == (4 * 8 + 4 * 32) * F32
+    assert _metered(fc, views)["activations"] == (4 * 8 + 4 * 32) * F32

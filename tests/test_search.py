@@ -111,7 +111,7 @@ def test_race_times_each_at_its_largest_batch_per_token(race_inputs):
     rounds = sorted((ta / a.config.tokens_per_step) / (tb / b.config.tokens_per_step)
                     for ta, tb in zip(a.step_times_s, b.step_times_s))
     assert result.per_token.ratio == pytest.approx((rounds[1] + rounds[2]) / 2)
-    assert result.per_token.verdict == "inconclusive at this size"  # smoke: never a verdict
+    assert result.per_token.verdict == "too small to time"  # smoke: never a verdict
     assert result.budget_bytes == budget
     described = result.describe()
     assert "time per token" in described and f"batch {result.checkpointed.batch_size}" in described
@@ -121,7 +121,7 @@ def test_race_times_each_at_its_largest_batch_per_token(race_inputs):
     assert "cannot tell" in result.reading()     # no verdict at the smoke size, so no reading either
     from course_utils import plots
     fig = plots.race_chart(result, size="smoke")
-    assert [t.get_text() for t in fig.axes[0].texts] == ["reference", "inconclusive\nvs fp32"]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["reference", "too small to time\nvs fp32"]
 
 
 def test_the_race_reading_follows_the_per_token_verdict():

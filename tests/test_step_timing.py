@@ -4,7 +4,14 @@ import statistics
 
 import pytest
 
-from course_utils.step_timing import TimeRatio, agreement, interleaved, steps_for_budget, time_ratio
+from course_utils.step_timing import (
+    TOO_SMALL,
+    TimeRatio,
+    agreement,
+    interleaved,
+    steps_for_budget,
+    time_ratio,
+)
 
 
 def ratio(r, spread=0.02, rounds=9, size="cpu", emulated=False):
@@ -13,12 +20,27 @@ def ratio(r, spread=0.02, rounds=9, size="cpu", emulated=False):
     return time_ratio(ts, [1.0] * rounds, size=size, emulated=emulated)
 
 
+def test_a_size_too_small_to_time_says_so_in_words_never_with_its_band():
+    """Issue 27: course-profile printed "inconclusive at this size (1.47-1.54x)", a band far from
+    1.00x, and the card then called the two step times "not told apart"."""
+    times, reference = [1.47, 1.50, 1.54, 1.49, 1.52, 1.50], [1.0] * 6
+    small = time_ratio(times, reference, size="smoke")
+    assert small.verdict == TOO_SMALL == "too small to time" and small.low is not None
+    for said in (small.describe(), small.band_text()):
+        assert "steps of a few ms: timing not trusted at this size" in said
+        assert "inconclusive" not in said and "1.4" not in said and "1.5" not in said
+    assert small.describe() == ("step time: too small to time (steps of a few ms: timing not "
+                                "trusted at this size)")
+    # the same rounds at a size that can be timed: the ratio, its band and a verdict word
+    assert time_ratio(times, reference, size="cpu").describe().startswith("step time 1.50x slower")
+
+
 def test_time_ratio_is_within_noise_when_its_band_contains_one():
     assert ratio(1.30).verdict == "slower" and ratio(1.30).settled
     assert ratio(0.70).verdict == "faster"
     assert ratio(1.01, spread=0.05).verdict == "within noise"  # 1.01 +- 0.05 contains 1
     assert not ratio(1.01, spread=0.05).settled
-    assert ratio(1.30, size="smoke").verdict == "inconclusive at this size"
+    assert ratio(1.30, size="smoke").verdict == "too small to time"
     assert ratio(17.0, emulated=True).verdict == "emulated"
     assert time_ratio([], [1.0]).verdict == "not timed"
     one = time_ratio([1.1], [1.0], size="cpu")  # one round: no band
@@ -106,6 +128,6 @@ def test_agreement_says_whether_two_runs_of_the_same_pair_overlap_and_names_a_di
     assert "overlap: the lessons agree" in said and said.startswith("Lesson 02 timed the same pair")
     assert "1.26x slower" in said  # lesson 02's own sentence, as it printed it
     for unbanded in (TimeRatio(1.22, None, None, 2, "too few rounds"),
-                     TimeRatio(1.22, 0.5, 3.0, 5, "inconclusive at this size"),
+                     TimeRatio(1.22, 0.5, 3.0, 5, "too small to time"),
                      TimeRatio(30.0, 29.0, 31.0, 5, "emulated")):
         assert "not compared" in agreement(unbanded, lesson02, "Lesson 02")

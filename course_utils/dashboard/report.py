@@ -3,7 +3,7 @@ smaller variants after an out-of-memory error.
 
 Time words follow the course's one rule (`course_utils.step_timing.time_ratio`): a step-time ratio
 is printed only when its verdict is faster or slower, outside the measured noise; otherwise the
-words say "within noise", "inconclusive at this size" or "emulated here: not the speed of real
+words say "within noise", "too few rounds", "too small to time" or "emulated here: not the speed of real
 hardware". The table is `course_utils.experiments.summary`, the course's one results table.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ..config import RunConfig
 from ..experiments import summary, time_cell
 from ..hardware import HardwareInfo, recommend_precision
 from ..memory_model import estimate
+from ..step_timing import TOO_SMALL, TOO_SMALL_WHY
 from ..terms import MiB
 
 __all__ = ("box", "dtype_text", "first_line", "header_html", "history_table", "oom_suggestions",
@@ -106,10 +107,8 @@ def time_words(row: dict, size: str) -> str:
                 f"{row.get('timing')})")
     if verdict == "too few rounds":
         return f"step time: too few rounds to tell ({row.get('timing')})"
-    if verdict == "inconclusive at this size":
-        why = ("the 'smoke' size is too small to time" if size == "smoke"
-               else "too few rounds to tell")
-        return f"step time: inconclusive at this size ({why})"
+    if verdict == TOO_SMALL:
+        return f"step time: {TOO_SMALL} ({TOO_SMALL_WHY})"
     if verdict == "emulated":
         return (f"step time: {row['precision']} is emulated here: not the speed of real hardware "
                 "(timed with the fewest steps that give a number)")

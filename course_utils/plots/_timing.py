@@ -2,10 +2,10 @@
 
 `course_utils.experiments.compare` gives each row ``time_ratio`` (median step-time ratio to the
 reference row), its spread ``time_ratio_low`` / ``time_ratio_high``, a ``time_verdict`` (one of
-`VERDICTS`) and ``emulated`` (the precision is emulated on this hardware: its time is not the
-speed of real hardware). Older tables lack these columns; then the verdict is read from the
-interquartile ranges (``step_time_iqr_s``) when both rows have one, else the ratio is printed
-with "(noise unknown)".
+`course_utils.step_timing.VERDICTS`) and ``emulated`` (the precision is emulated on this
+hardware: its time is not the speed of real hardware). Older tables lack these columns; then
+the verdict is read from the interquartile ranges (``step_time_iqr_s``) when both rows have
+one, else the ratio is printed with "(noise unknown)".
 
 A bar and its whisker say what its label says: a row whose ratio is to a drawn reference bar
 stands at the reference's height × the ratio, and its whisker spans the reference's height ×
@@ -19,14 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..step_timing import TOO_SMALL
 from ._style import column, nan
 
-#: The verdicts `compare` gives a row's step time against its reference row.
-VERDICTS = ("faster", "slower", "within noise", "too few rounds", "inconclusive at this size",
-            "emulated", "not timed")
-#: What a bar says for each verdict that is not a ratio.
-WITHIN_NOISE, INCONCLUSIVE, EMULATED, NOT_TIMED = ("≈1x (within noise)", "inconclusive",
-                                                   "emulated here", "not timed")
+#: What a bar says for each verdict that is not a ratio (too few rounds and too small to time
+#: say their verdict).
+WITHIN_NOISE, EMULATED, NOT_TIMED = "≈1x (within noise)", "emulated here", "not timed"
 #: What stands where an emulated time would be: emulated times are never drawn on a time axis.
 NOT_DRAWN = "emulated:\nnot drawn"
 
@@ -37,7 +35,8 @@ class TimeNote:
 
     Attributes:
         text: what to print by the bar (one line; "" for nothing).
-        verdict: the verdict it stands for (`VERDICTS`, or ``"reference"``/``"unknown"``).
+        verdict: the verdict it stands for (`course_utils.step_timing.VERDICTS`, or
+            ``"reference"``/``"unknown"``).
         emulated: draw the bar hatched and say "emulated here".
         band: ``(low, high)`` of the ratio's spread relative to the ratio itself (multiply the
             bar by them for its error bar), or None.
@@ -109,8 +108,8 @@ def _time_note(ratio, verdict, emulated, low, high, reference, iqr_verdict) -> T
         return TimeNote(f"{ratio:.2f}x slower", verdict, False, band)
     if verdict == "within noise":
         return TimeNote(WITHIN_NOISE, verdict, False, band)
-    if verdict in ("inconclusive at this size", "too few rounds"):
-        return TimeNote(INCONCLUSIVE, verdict, False, band)
+    if verdict in (TOO_SMALL, "too few rounds"):
+        return TimeNote(verdict, verdict, False, band)
     if verdict is None:
         return TimeNote(f"{ratio:.2f}x (noise unknown)", "unknown", False, band)
     return TimeNote(verdict, verdict, False, band)  # a verdict this module does not know yet

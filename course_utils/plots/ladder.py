@@ -2,7 +2,7 @@
 configurations, the live dashboard, the order of adoption, the Pareto front, the budget search.
 
 Step-time ratios are printed only where the measured noise allows (`._timing`): a bar says
-"1.26x (slower)", "≈1x (within noise)", "inconclusive" or "emulated here" (hatched).
+"1.26x (slower)", "≈1x (within noise)", "too small to time" or "emulated here" (hatched).
 
 Over 400 lines because the four charts are one subject: each draws the same ladder of
 configurations with the same time bars, noise notes and caption (`_time_bars`, `_caption`), and
@@ -100,7 +100,7 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     1. step time (ms): the first row's median, and each other row at that median × its
        ``time_ratio`` (the median of per-round ratios, as the table prints it), annotated with
        the ratio only where the difference is outside the noise (else "≈1x (within noise)",
-       "inconclusive"); emulated precisions labelled "not drawn"; error bars: the first row's
+       "too small to time"); emulated precisions labelled "not drawn"; error bars: the first row's
        median × (``time_ratio_low``, ``time_ratio_high``), so a whisker reaches the first bar
        exactly when the ratio is within noise; tables without a ratio: own medians and IQRs;
     2. peak allocated memory (MiB = 2^20 bytes), measured bars with the estimate as a black tick;
@@ -195,7 +195,7 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
     ``time_verdict``, ``time_ratio_low``/``time_ratio_high`` and ``emulated``.
 
     1. step time (ms) per row, baselines in grey, each bar annotated with its ratio to its
-       baseline only outside the noise ("≈1x (within noise)", "inconclusive", "emulated here"
+       baseline only outside the noise ("≈1x (within noise)", "too small to time", "emulated here"
        otherwise; emulated bars hatched); 2. memory breakdown (MiB = 2^20 bytes) stacked:
        parameters, gradients, AdamW state, saved activations, autocast weight copies, logits;
        the measured peak as a black tick, annotated with its ratio to the baseline's peak.

@@ -84,7 +84,7 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
 
     Each point is labelled with its configuration in words (`course_utils.experiments.plain_label`;
     "(no checkpointing)" where the policy is ``none``) and, against the first row, its time ratio
-    only where the difference is outside the noise ("≈1x (within noise)", "inconclusive"
+    only where the difference is outside the noise ("≈1x (within noise)", "too small to time"
     otherwise), beside its own point: no label covers another point's marker or error bar, and
     a label placed away from its point is joined to it by a leader line
     (`course_utils.plots._style.place_point_labels`). Horizontal error bars show the ratio's spread
@@ -248,7 +248,7 @@ def race_chart(race, title: str = "", size: str | None = None):
     (high, low) of that ratio's noise band, so a whisker reaches the first bar exactly when the
     ratio is within noise. A bar is annotated with that ratio and the name of the first bar (the
     best plain configuration comes first), the ratio only where the difference lies outside the
-    noise ("1.23x faster", "≈1x (within noise)", "inconclusive"). Without a ratio a bar stands at
+    noise ("1.23x faster", "≈1x (within noise)", "too small to time"). Without a ratio a bar stands at
     its own tokens/s.
     A configuration whose precision is emulated here is not drawn (the caption names it).
 
