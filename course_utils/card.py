@@ -60,7 +60,7 @@ from .hardware import detect, recommend_precision
 from .offload import PCIE_GBPS, transfer_time_estimate
 from .profiling import profile
 from .search import memory_budget
-from .step_timing import time_ratio
+from .step_timing import emulated_factor, time_ratio
 from .terms import MiB, check_positive_int, default_device
 
 __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "recommend",
@@ -200,9 +200,9 @@ def _ratio_words(r, of: str = "no checkpointing") -> str:
     if r.verdict == "within noise":
         return f"a step time within the noise of {of} ({band})"
     if r.verdict == "emulated":
-        return (f"a step time {r.ratio:.2f}x that of {of} ({band}; emulated here, not the speed "
-                "of real hardware)")
-    return f"a step time not told apart from {of} ({r.verdict}; {band})"
+        return (f"a step time about {emulated_factor(r.ratio)} that of {of} (emulated here: not "
+                "the speed of real hardware)")
+    return f"a step time against {of}: {r.verdict} ({band})"
 
 
 def _name(policy: str) -> str:

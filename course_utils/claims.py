@@ -218,8 +218,6 @@ def _c5(full_time, flops_ratio=None):
     flops = f"; FLOPs {_pct(flops_ratio - 1)}" if flops_ratio is not None else ""
     text = (f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-40%; held from "
             f"+15% to +40%){flops}")
-    if full_time.low is None:  # too few rounds, but beyond 2x: the ratio alone decides
-        return ("held" if 1.15 <= full_time.ratio <= 1.40 else "busted"), text
     lo, hi = round(full_time.low, 2), round(full_time.high, 2)
     if 1.15 <= lo and hi <= 1.40:
         return "held", text

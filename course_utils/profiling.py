@@ -815,8 +815,8 @@ class Profile:
             return "1.00x (reference, emulated)" if m.emulated else "1.00x (reference)"
         r = self.ratio(m)
         cell = time_cell(r.ratio, r.verdict)
-        if r.low is None or r.ratio is None:
-            return cell
+        if r.low is None or r.ratio is None or r.verdict not in ("faster", "slower", "within noise"):
+            return cell  # a band beside "too small to time" or "too few rounds" says nothing
         lo, hi = printed_band(r.ratio, r.low, r.high) if r.verdict == "faster" else (r.low, r.high)
         return f"{cell} ({lo:.2f}-{hi:.2f}x)"
 

@@ -282,8 +282,8 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
 
     Rule: no times -> "not timed"; an emulated precision on either side -> "emulated" (the
     ratio is reported, labelled); size ``smoke`` -> "too small to time"; fewer than
-    ``min_rounds`` paired rounds -> "too few rounds" unless the ratio is beyond 2x either way
-    (measured run-to-run noise on a busy 2-core machine stays within 1-7 %); otherwise
+    ``min_rounds`` paired rounds, or none -> "too few rounds", however far the ratio is from 1
+    (no band, no verdict word: docs/method.md, issue 24); otherwise
     "within noise" when the noise band as printed (`printed_band`) contains 1, else "faster"
     (< 1) or "slower" (> 1). The band: the per-round ratios' interquartile range, widened to
     the medians of `BLOCKS` consecutive blocks of rounds (as equal as the count allows) and to
@@ -298,9 +298,7 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     if not pairs:
         if times and reference:  # timed, but not in the same rounds (e.g. one step each)
             ratio = statistics.median(times) / statistics.median(reference)
-            return TimeRatio(ratio, None, None, 1, "emulated" if emulated else
-                             ("slower" if ratio > 2 else "faster" if ratio < 0.5
-                              else "too few rounds"))
+            return TimeRatio(ratio, None, None, 1, "emulated" if emulated else "too few rounds")
         return TimeRatio(None, None, None, 0, "not timed")
     ratios = [t / r for t, r in pairs]
     ratio = statistics.median(ratios)
@@ -313,7 +311,7 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     elif size == "smoke":
         verdict = TOO_SMALL
     elif len(ratios) < min_rounds or low is None:
-        verdict = ("slower" if ratio > 2 else "faster" if ratio < 0.5 else "too few rounds")
+        verdict = "too few rounds"
     else:
         verdict = band_verdict(ratio, low, high)
     return TimeRatio(ratio, low, high, len(ratios), verdict)

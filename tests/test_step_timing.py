@@ -45,7 +45,9 @@ def test_time_ratio_is_within_noise_when_its_band_contains_one():
     assert time_ratio([], [1.0]).verdict == "not timed"
     one = time_ratio([1.1], [1.0], size="cpu")  # one round: no band
     assert one.verdict == "too few rounds" and one.low is None
-    assert time_ratio([3.0], [1.0], size="cpu").verdict == "slower"  # beyond 2x even unpaired
+    # no band, no verdict word, however far from 1 (issue 24; docs/method.md#verdict-words)
+    assert time_ratio([3.0], [1.0], size="cpu").verdict == "too few rounds"
+    assert time_ratio([3.0] * 2, [1.0] * 2, size="cpu").verdict == "too few rounds"
     assert "within noise" in ratio(1.0, spread=0.1).describe()
     assert ratio(1.30, rounds=4).verdict == "too few rounds"  # fewer than MIN_ROUNDS
 
