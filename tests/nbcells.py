@@ -6,6 +6,7 @@ on ``sys.path``). Every function takes a notebook (an nbformat ``NotebookNode``)
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -52,3 +53,38 @@ def python(source: str) -> str:
 def code(nb: NotebookNode | str | Path) -> str:
     """All code cells' Python (`python`), joined by newlines."""
     return "\n".join(python(c.source) for c in code_cells(nb))
+
+
+# ------------------------------------------------------------------ what a notebook shows
+
+MAX_COLUMNS = 6
+_VERDICT_NEAR_EMULATED = re.compile(
+    r"emulat[^\n]{0,80}?\d+(\.\d+)?x (faster|slower)|\d+(\.\d+)?x (faster|slower)[^\n]{0,80}?emulat")
+
+
+def table_columns(html: str) -> list[int]:
+    """The column count of each pandas table in ``html``: the header cells of a table's first
+    header row, less the index's corner cell."""
+    counts = []
+    for table in re.findall(r"<table.*?</table>", html, flags=re.S):
+        head = re.search(r"<thead>\s*<tr[^>]*>(.*?)</tr>", table, flags=re.S)
+        if head:
+            counts.append(max(0, len(re.findall(r"<th[\s>]", head.group(1))) - 1))
+    return counts
+
+
+def shown_problems(outputs) -> list[str]:
+    """What breaks the rules above in a cell's outputs (nbformat-like dicts)."""
+    problems = []
+    for out in outputs:
+        data = out.get("data", {}) if isinstance(out, dict) else {}
+        html = data.get("text/html", "")
+        html = "".join(html) if isinstance(html, list) else html
+        for n in table_columns(html):
+            if n > MAX_COLUMNS:
+                problems.append(f"a table of {n} columns (at most {MAX_COLUMNS})")
+        text = out.get("text", "") or data.get("text/plain", "")
+        text = "".join(text) if isinstance(text, list) else text
+        for m in _VERDICT_NEAR_EMULATED.finditer(text):
+            problems.append(f"an emulated timing with a verdict word: {m.group(0)!r}")
+    return problems

@@ -300,3 +300,17 @@ def test_a_printed_ratio_lies_inside_its_printed_band():
             check_ratio_inside_band(time_ratio(list(ratios), [1.0] * 7, size="cpu").describe())
     with pytest.raises(AssertionError):   # lesson 03's C20 line before this check existed
         check_ratio_inside_band("time per token 0.88x (noise band 0.93-1.68x over 5 rounds): within noise")
+
+
+def test_the_notebook_output_rules_catch_a_wide_table_and_an_emulated_verdict():
+    """The rules tests/conftest.py applies to every notebook cell's outputs (issue 24)."""
+    import pandas as pd
+    from nbcells import shown_problems, table_columns
+    wide = pd.DataFrame({c: [1] for c in "abcdefg"})
+    assert table_columns(wide._repr_html_()) == [7]
+    assert table_columns(pd.DataFrame({c: [1] for c in "abc"}).set_index("a")._repr_html_()) == [2]
+    assert shown_problems([{"data": {"text/html": wide._repr_html_()}}])
+    assert not shown_problems([{"data": {"text/html": wide.iloc[:, :6]._repr_html_()}}])
+    assert shown_problems([{"output_type": "stream", "text": "bf16 (emulated) 3.1x slower\n"}])
+    assert not shown_problems([{"output_type": "stream",
+                                "text": "bf16: about 30x the reference's (emulated here)\n"}])
