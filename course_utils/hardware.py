@@ -466,7 +466,8 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     if hw.compute_capability:
         lines.append(f"compute cap.  : {hw.compute_capability[0]}.{hw.compute_capability[1]}")
     if hw.total_memory_bytes:
-        lines.append(f"memory        : {hw.total_memory_bytes / GiB:.1f} GiB")
+        digits = 2 if hw.stand_in else 1   # the stand-in's 14.75 GiB, as its sentence says it
+        lines.append(f"memory        : {hw.total_memory_bytes / GiB:.{digits}f} GiB")
     lines.append(f"native bf16   : {hw.native_bf16}" + ("  (bf16 accepted but emulated)"
                                                          if hw.bf16_emulated else ""))
     lines.append(f"native fp16   : {_fp16_words(hw)}")

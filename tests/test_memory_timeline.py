@@ -151,6 +151,12 @@ def test_step_phases_peak_equals_measures_peak(one_thread, overrides):
     assert phases.start_bytes == est.parameters + est.optimizer_state
     # after the optimizer step: weights, AdamW state and the gradients it used (freed later)
     assert phases.ends["optimizer step"] >= phases.start_bytes + est.gradients
+    # lessons 01 and 02 measure through compare(), lesson 03's batch search and the dashboard
+    # through measure(): one code path, the same bytes in every lesson (issue 24 item 3)
+    from course_utils.experiments import compare
+    row = compare([cfg], timed=False, progress=False).iloc[0]
+    assert int(row["peak_allocated"]) == measured.peak_allocated == phases.peak_bytes
+    assert int(row["saved_total"]) == measured.saved_total
     table = phases.table()
     assert list(table.columns) == ["peak MiB", "allocated at its end MiB"]
     assert table.loc["backward", "peak MiB"] * MiB == phases.peaks["backward"]
