@@ -230,10 +230,14 @@ ALLOC_CONF_HINT = ("if much memory is reserved but unallocated, PYTORCH_ALLOC_CO
 
 
 def _oom_gist(error: str | None) -> str:
-    """The part of an out-of-memory message worth a sentence: ``"tried to allocate 192.00
-    MiB"`` from torch's CUDA message, else nothing."""
+    """The part of an out-of-memory message worth a sentence: what the step asked for, from the
+    course's message (`course_utils.measure.describe_out_of_memory`) or torch's CUDA text,
+    else nothing."""
+    ours = re.search(r"(the step asked for .*?)(?:;|\. |\.?$)", error or "")
+    if ours:
+        return f" ({ours.group(1).rstrip('.')})"
     found = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", error or "")
-    return f" (it tried to allocate {found.group(1)} more)" if found else ""
+    return f" (the step asked for {found.group(1)} more)" if found else ""
 
 
 def block_input_bytes(spec: ModelSpec, batch_size: int, precision: str = "fp32") -> int:

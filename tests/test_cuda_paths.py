@@ -220,7 +220,8 @@ def test_the_card_steps_down_after_its_real_check_step_runs_out_of_memory():
     text = card.text()
     assert card.micro_batch <= fits_up_to < planned and card.measured_peak is not None
     assert text.count("So the micro-batch steps down to") == 2
-    assert f"batch {planned} ran out of memory under the" in text and "the step asked for" in text
+    assert f"batch {planned} with none ran out of memory under the" in text
+    assert "the step asked for" in text
 
 
 def test_lesson05_reports_a_real_step_that_runs_out_of_memory_and_goes_on(monkeypatch):
@@ -235,7 +236,7 @@ def test_lesson05_reports_a_real_step_that_runs_out_of_memory_and_goes_on(monkey
         lambda size, **kw: model_that_runs_out_of_memory(model_zoo.course_gpt(size, **kw), b2))})
     out = run_cell("05", "estimate-gpt", ns)
     for policy in ("none", "full"):
-        assert f"{policy:5s} at batch {4 * b2}: batch {4 * b2} ran out of memory" in out
+        assert f"{policy}: batch {4 * b2} with {policy} ran out of memory" in out
     assert "the step asked for" in out and "a real" not in out
 
 
@@ -300,12 +301,12 @@ def test_lesson02_prints_how_far_checkpointed_gradients_are_from_plain_ones(drif
           "x": torch.randn(4, 8, requires_grad=True)}
     out = run_cell("02", "by-hand", ns)
     assert "block forward calls: plain 1, checkpointed 2" in out and "False" not in out
-    if drift:
-        assert "gradients: equal to within" in out and "not bit for bit" in out
-        largest = float(out.split("equal to within ")[1].split(" ")[0])
+    if drift:  # what was measured: the gap, beside the gap between two plain runs
+        assert "checkpointed vs plain: differ by up to" in out and "two plain runs" in out
+        largest = float(out.split("differ by up to ")[1].split(";")[0])
         assert 0 < largest < 1e-3
     else:
-        assert out.endswith("gradients: bit-for-bit equal\n")
+        assert out.endswith("gradients, checkpointed vs plain: bit-for-bit equal\n")
 
 
 def test_lesson01_prints_how_far_the_recipes_parameters_are_apart():
