@@ -19,6 +19,10 @@ Authoring (once, in a Python shell)::
 
 Numbers are compared after rounding to ``digits`` decimals (``digits=0``: integers), so a
 question that asks for a number says how to round it.
+
+**Other languages.** An entry may hold ``"<lang>": {"hint": ..., "explanation": ...}`` (the
+explanation sealed with the same answer: `translate`); `check` prints the learner's language
+(`course_utils.i18n.language`) where the entry has it, else English.
 """
 from __future__ import annotations
 
@@ -29,8 +33,10 @@ import math
 import textwrap
 from pathlib import Path
 
+from .i18n import language
+
 __all__ = ["BANK_DIR", "answer_key", "seal", "unseal", "bank_entry", "question_bank", "check",
-           "author"]
+           "author", "translate"]
 
 #: Where the question banks are: one JSON file per exercise, ``{question: entry}``.
 BANK_DIR = Path(__file__).resolve().parent / "quizzes"
@@ -145,6 +151,7 @@ def check(question: str, answer) -> None:
         raise ValueError(f"no question bank in {BANK_DIR} holds {question!r}.")
     entry = bank[question]
     digits, choices = entry.get("digits"), entry.get("choices")
+    words = {**entry, **entry.get(language(), {})}   # the learner's language, where translated
     if answer is None or answer is Ellipsis:
         raise AssertionError(f"{question}: no answer yet. Set the answer variable above.")
     if choices is not None and (not isinstance(answer, str) or len(answer.strip()) != 1
@@ -156,8 +163,8 @@ def check(question: str, answer) -> None:
     except TypeError as e:
         raise AssertionError(f"{question}: {e}") from None
     if not right:
-        raise AssertionError(f"{question}: not this one. Hint: {entry['hint']}")
-    text = unseal(question, answer, entry["explanation"], digits)
+        raise AssertionError(f"{question}: not this one. Hint: {words['hint']}")
+    text = unseal(question, answer, words["explanation"], digits)
     print(textwrap.fill(f"Right. {text}", width=100))
 
 
@@ -179,3 +186,24 @@ def author(question: str, answer, explanation: str, *, hint: str, bank: str,
     call = f"quiz.check({question!r}, answer)"
     print(call)
     return call
+
+
+def translate(question: str, answer, lang: str, explanation: str, hint: str, *, bank: str) -> None:
+    """Add ``question``'s explanation and hint in ``lang`` to its entry in ``BANK_DIR /
+    f"{bank}.json"``, the explanation sealed with the right ``answer`` (for translators).
+
+    Raises:
+        ValueError: no such question in that bank, or ``answer`` is not its right answer.
+    """
+    path = BANK_DIR / f"{bank}.json"
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    if question not in entries:
+        raise ValueError(f"{path.name} has no question {question!r}.")
+    entry = entries[question]
+    digits = entry.get("digits")
+    if answer_key(question, answer, digits) != entry["key"]:
+        raise ValueError(f"{answer!r} is not the right answer to {question!r}: the explanation "
+                         "is sealed with the right one.")
+    entry[lang] = {"hint": hint, "explanation": seal(question, answer, explanation, digits)}
+    path.write_text(json.dumps(entries, indent=1, ensure_ascii=False, sort_keys=True) + "\n",
+                    encoding="utf-8")

@@ -84,3 +84,19 @@ def test_the_course_banks_hold_no_readable_explanation_and_point_to_lesson_secti
                 assert keys.count(entry["key"]) == 1, question
     assert {"amp-bf16-no-scaler", "ckpt-quiz-faster", "no-sync",
             "ex05-largest-batch"} <= set(quiz.question_bank())
+
+
+def test_a_translated_question_speaks_the_learners_language(bank, monkeypatch, capsys):
+    quiz.translate("bf16", "c", "ko", "bf16은 fp32의 지수 범위를 가집니다.", "레슨 01 §1", bank="01_x")
+    with pytest.raises(ValueError, match="not the right answer"):
+        quiz.translate("bf16", "a", "ko", "x", "y", bank="01_x")
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    with pytest.raises(AssertionError, match="레슨 01 §1"):
+        quiz.check("bf16", "a")
+    quiz.check("bf16", "c")
+    assert "지수 범위" in capsys.readouterr().out
+    monkeypatch.setenv("COURSE_LANG", "en")
+    quiz.check("bf16", "c")
+    assert "exponent range" in capsys.readouterr().out
+    quiz.check("bytes", 16)   # not translated: English in every language
+    assert "4 + 4 + 8" in capsys.readouterr().out
