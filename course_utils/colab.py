@@ -238,6 +238,8 @@ def finish_setup(source: str | os.PathLike | None = None) -> None:
         print(f"course_utils imports in this kernel from {source} (put on sys.path: no restart "
               "needed)")
     print(describe_setup())
+    from course_utils.i18n import install_display  # lazy: the course imports only now
+    install_display()   # a Korean kernel shows table labels in Korean
 
 
 def optional_import(module: str, extra: str, purpose: str):

@@ -28,7 +28,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["LANG_ENV", "LANGUAGES", "language", "tr", "catalog"]
+__all__ = ["LANG_ENV", "LANGUAGES", "language", "tr", "catalog", "label", "install_display"]
 
 LANG_ENV = "COURSE_LANG"
 LANGUAGES = ("en", "ko")
@@ -87,16 +87,21 @@ def language() -> str:
 
 @functools.lru_cache(maxsize=None)
 def catalog(lang: str) -> dict[str, str]:
-    """The message catalog of ``lang``: English text -> its translation (empty for English).
+    """The message catalog of ``lang``: English text -> its translation (empty for English),
+    merged from ``course_utils/locale/<lang>/*.json`` (one file per module that speaks).
 
     Raises:
-        ValueError: an unknown language.
+        ValueError: an unknown language, or one English text translated two ways.
     """
     if lang not in LANGUAGES:
         raise ValueError(f"unknown language {lang!r}: expected one of {', '.join(LANGUAGES)}.")
-    if lang == "en":
-        return {}
-    return json.loads((_LOCALE / f"{lang}.json").read_text(encoding="utf-8"))
+    merged: dict[str, str] = {}
+    for path in sorted((_LOCALE / lang).glob("*.json")) if lang != "en" else []:
+        for en, text in json.loads(path.read_text(encoding="utf-8")).items():
+            if merged.get(en, text) != text:
+                raise ValueError(f"{path.name}: {en!r} is translated two ways in the catalog.")
+            merged[en] = text
+    return merged
 
 
 def tr(text: str, /, **fields) -> str:
@@ -108,3 +113,38 @@ def tr(text: str, /, **fields) -> str:
     """
     translated = catalog(language()).get(text, text)
     return translated.format(**fields) if fields else translated
+
+
+def label(text):
+    """A table's column or index label in the learner's language (`tr` without fields); labels
+    that are not strings, or have no translation, stay as they are."""
+    return tr(text) if isinstance(text, str) else text
+
+
+def install_display() -> bool:
+    """In a kernel whose language is not English, show every pandas table with its column and
+    index labels translated (`label`): an IPython display formatter renames a copy for display
+    only, so code that reads a table by its English column names works in every edition.
+    Returns True when installed (idempotent), False outside IPython or in English."""
+    if language() == "en":
+        return False
+    try:  # lazy: IPython and pandas are only needed in a kernel
+        import pandas as pd
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+
+    def shown(df):
+        out = df.rename(columns=label, index=label)
+        out.columns.names = [label(n) for n in out.columns.names]
+        out.index.names = [label(n) for n in out.index.names]
+        return out
+
+    formatters = shell.display_formatter.formatters
+    formatters["text/html"].for_type(pd.DataFrame, lambda df: shown(df)._repr_html_())
+    formatters["text/plain"].for_type(
+        pd.DataFrame, lambda df, p, cycle: p.text(repr(shown(df))))
+    return True
