@@ -767,7 +767,7 @@ def test_lesson05_ladder_read_names_the_method_profile_called():
                          ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_lesson_and_exercise_keeps_its_word_budget(path):
     """Issue 24: a lesson is readable in about half an hour, at most 3,000 words of markdown; an
-    exercise at most 1,500 (DESIGN.md, "Say less, say it once")."""
+    exercise at most 1,500 (docs/method.md holds what a lesson no longer says)."""
     words = len(markdown(path).split())
     budget = 3000 if path.parent.name == "notebooks" else 1500
     assert words <= budget, f"{path.name}: {words} words of markdown (at most {budget:,})"
