@@ -59,22 +59,26 @@ def test_every_korean_message_keeps_the_fields_of_its_english_text():
         assert fields(en) == fields(ko), (en, ko)
 
 
-def _draw(text: str) -> list[str]:
+def _draw(text: str, caplog=None) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fig = _style.new_figure((3, 1.5))
         fig.add_subplot().set_title(text)
+        fig.suptitle(text, fontweight="bold")
         fig.savefig(io.BytesIO(), format="png")
-    return [str(w.message) for w in caught if "missing from" in str(w.message)]
+    found = [str(w.message) for w in caught if "missing from" in str(w.message)]
+    if caplog is not None:  # matplotlib logs "findfont: Failed to find font weight bold ..."
+        found += [r.getMessage() for r in caplog.records if "findfont" in r.getMessage()]
+    return found
 
 
-def test_hangul_is_drawn_in_a_font_that_has_it_and_would_be_boxes_without_it(monkeypatch):
+def test_hangul_is_drawn_in_a_font_that_has_it_and_would_be_boxes_without_it(monkeypatch, caplog):
     """A Korean label renders with no glyph missing (matplotlib warns "Glyph ... missing from
     font(s)" for each box it draws); the same label without the bundled font does warn."""
     label = "활성화 체크포인팅: 피크 메모리 −12 MiB"
     with matplotlib.rc_context():
         assert _style.use_hangul_font()
-        assert _draw(label) == []
+        assert _draw(label, caplog) == []   # no box, and a bold title finds a bold face
     with matplotlib.rc_context({"font.family": ["DejaVu Sans"]}):
         monkeypatch.setattr(_style, "use_hangul_font", lambda: False)
         assert _draw(label), "DejaVu Sans alone has no Hangul: the check above could not fail"

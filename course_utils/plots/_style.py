@@ -67,11 +67,14 @@ def use_hangul_font() -> bool:
     spec = importlib.util.find_spec("koreanize_matplotlib")
     if spec is None or not spec.submodule_search_locations:
         return False
-    path = Path(list(spec.submodule_search_locations)[0]) / "fonts" / f"{HANGUL_FONT}.ttf"
-    if not path.is_file():
+    fonts = Path(list(spec.submodule_search_locations)[0]) / "fonts"
+    files = sorted(fonts.glob(f"{HANGUL_FONT}*.ttf"))  # regular, bold, extra bold, light
+    if not files:
         return False
-    if HANGUL_FONT not in {f.name for f in font_manager.fontManager.ttflist}:
-        font_manager.fontManager.addfont(str(path))
+    known = {f.fname for f in font_manager.fontManager.ttflist}
+    for path in files:   # every weight: a bold title finds a bold face, with no warning
+        if str(path) not in known:
+            font_manager.fontManager.addfont(str(path))
     family = list(matplotlib.rcParams["font.family"])
     if family == ["sans-serif"]:
         family = list(matplotlib.rcParams["font.sans-serif"][:1])
