@@ -165,7 +165,8 @@ def check(question: str, answer) -> None:
     if not right:
         raise AssertionError(f"{question}: not this one. Hint: {words['hint']}")
     text = unseal(question, answer, words["explanation"], digits)
-    print(textwrap.fill(f"Right. {text}", width=100))
+    # Hangul is drawn twice as wide as Latin letters: half the characters per line
+    print(textwrap.fill(f"Right. {text}", width=100 if language() == "en" else 50))
 
 
 def author(question: str, answer, explanation: str, *, hint: str, bank: str,

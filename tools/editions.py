@@ -57,8 +57,13 @@ def korean_path(english: Path, root: Path = ROOT) -> Path:
 
 
 def _ko_badge(text: str, rel: str) -> str:
-    """The Colab badge of an English title, pointed at the Korean notebook ``rel``."""
-    return text.replace(f"/blob/main/{rel}", f"/blob/main/{KO}/{rel}")
+    """The Colab badge of an English title, pointed at the Korean notebook ``rel`` (a solution's
+    badge opens its exercise, as in English: the Korean exercise)."""
+    text = text.replace(f"/blob/main/{rel}", f"/blob/main/{KO}/{rel}")
+    if rel.startswith("solutions/"):
+        exercise = "exercises/" + rel.split("/", 1)[1]
+        text = text.replace(f"/blob/main/{exercise}", f"/blob/main/{KO}/{exercise}")
+    return text
 
 
 def build(english: dict, korean: dict | None, rel: str) -> dict:
