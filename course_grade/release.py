@@ -41,7 +41,10 @@ _CELL_METADATA_TO_DROP = (
 )
 
 STUDENT_PACKAGE = "course_utils"  # the package learners import (never the grader)
-_STUDENT_FILES = ("README.md", "LICENSE", "LICENSE.md", "LICENSE.txt", "environment.yml")
+_STUDENT_FILES = ("README.md", "README.ko.md", "LICENSE", "LICENSE.md", "LICENSE.txt",
+                  "environment.yml")
+#: The pages of docs/ the lessons link (the method page and the glossary, in both editions).
+_STUDENT_DOCS = ("method.md", "method.ko.md", "glossary.md")
 _SKIP_NAMES = ("__pycache__", ".ipynb_checkpoints")
 
 
@@ -218,9 +221,11 @@ def release_student(
 ) -> list[Path]:
     """Write the learners' bundle for a graded workshop into ``dest_dir``; return the files.
 
-    The course root is the folder that holds ``source_dir``. The bundle has the lessons
-    (``lessons_dir``, default ``<root>/notebooks``), ``exercises/`` (a fresh release of
-    ``source_dir``, hidden tests removed), the ``course_utils`` package, the learners'
+    The course root is the nearest folder above ``source_dir`` that holds ``pyproject.toml``;
+    ``source_dir`` may sit in an edition's folder (``ko/solutions``: the Korean edition), which
+    the bundle keeps. The bundle has the lessons (``lessons_dir``, default the ``notebooks``
+    beside ``source_dir``), ``exercises/`` (a fresh release of ``source_dir``, hidden tests
+    removed), the pages of ``docs/`` the lessons link, the ``course_utils`` package, the learners'
     ``pyproject.toml`` (see :func:`student_pyproject`: ``pip install -e DIR`` installs it) and
     ``README.md`` (plus ``environment.yml`` and a licence file when present). It never holds
     ``solutions/``, tests, or the grader. Raises GradingError if the sources are malformed, if
@@ -230,9 +235,12 @@ def release_student(
     """
     source = Path(source_dir)
     sources = load_sources(source)
-    root = source.resolve().parent
+    edition = source.resolve().parent   # the course root, or an edition's folder in it (ko/)
+    root = next((d for d in (edition, *edition.parents) if (d / "pyproject.toml").is_file()),
+                edition)
+    prefix = edition.relative_to(root)  # "" for English, "ko" for the Korean edition
     dest = Path(dest_dir)
-    lessons = Path(lessons_dir) if lessons_dir is not None else root / "notebooks"
+    lessons = Path(lessons_dir) if lessons_dir is not None else edition / "notebooks"
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise GradingError(f"{dest} exists and is not an empty folder: give a new folder")
     package = root / STUDENT_PACKAGE
@@ -252,15 +260,22 @@ def release_student(
 
     written: list[Path] = []
     dest.mkdir(parents=True, exist_ok=True)
-    _copy_tree(lessons, dest / "notebooks", written)
-    (dest / "exercises").mkdir()
+    # an edition keeps its folder (ko/notebooks, ko/exercises): the library tells the learner's
+    # language from it (course_utils.i18n); the lessons' links reach docs/ two levels up
+    _copy_tree(lessons, dest / prefix / "notebooks", written)
+    (dest / prefix / "exercises").mkdir(parents=True)
     for name, src in sources.items():
-        path = dest / "exercises" / name
+        path = dest / prefix / "exercises" / name
         path.write_text(dumps(release_notebook(src.nb, src.name)), encoding="utf-8")
         written.append(path)
     _copy_tree(package, dest / STUDENT_PACKAGE, written)
     (dest / "pyproject.toml").write_text(pyproject, encoding="utf-8")
     written.append(dest / "pyproject.toml")
+    for doc in sorted((root / "docs").glob("*.md")) if (root / "docs").is_dir() else []:
+        if doc.name in _STUDENT_DOCS:   # the pages the lessons link
+            (dest / "docs").mkdir(exist_ok=True)
+            (dest / "docs" / doc.name).write_text(doc.read_text(encoding="utf-8"), encoding="utf-8")
+            written.append(dest / "docs" / doc.name)
     for name in _STUDENT_FILES:
         if (root / name).is_file():
             text = (root / name).read_text(encoding="utf-8")

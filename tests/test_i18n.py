@@ -179,3 +179,48 @@ def test_every_message_the_library_speaks_has_its_korean_text():
     ko = i18n.catalog("ko")
     missing = sorted({f"{where}: {text!r}" for where, text in _tr_calls() if text not in ko})
     assert not missing, f"{len(missing)} message(s) without Korean text:\n" + "\n".join(missing[:20])
+
+
+# ------------------------------------------------------------------ the Korean edition in step
+
+def test_the_korean_edition_is_in_step_with_the_english_one():
+    """Issue 28: every Korean notebook has the English one's cells and ids, code byte for byte,
+    and every markdown cell translates the English cell as it is now (tools/editions.py)."""
+    problems = editions.sync(ROOT, check=True)
+    assert not problems, "\n".join(problems[:20]) + "\n(python tools/editions.py --status)"
+
+
+def test_the_korean_exercises_are_released_and_grade_like_the_english_ones():
+    """The Korean exercises are a fresh release of ko/solutions, and both editions' exercises
+    have the same test cells, grade ids and points: a class is graded alike in either."""
+    from course_grade import load_sources
+    from course_grade.release import check_release
+    assert check_release(ROOT / "ko" / "solutions", ROOT / "ko" / "exercises") == []
+    en, ko = load_sources(ROOT / "solutions"), load_sources(ROOT / "ko" / "solutions")
+    assert sorted(en) == sorted(ko)
+    for name in en:
+        assert en[name].tests == ko[name].tests, name
+        assert en[name].max_points == ko[name].max_points > 0
+
+
+def test_the_korean_readme_opens_every_korean_notebook():
+    """README.ko.md has an "Open in Colab" badge for each Korean lesson and exercise, and each
+    opens a file that exists."""
+    import re
+    readme = (ROOT / "README.ko.md").read_text(encoding="utf-8")
+    targets = set(re.findall(r"colab\.research\.google\.com/github/[^/]+/[^/]+/blob/main/"
+                             r"(ko/[\w/]+\.ipynb)", readme))
+    wanted = {p.relative_to(ROOT).as_posix() for folder in ("notebooks", "exercises")
+              for p in (ROOT / "ko" / folder).glob("[0-9][0-9]_*.ipynb")}
+    assert wanted and wanted <= targets
+    assert all((ROOT / t).is_file() for t in targets)
+
+
+def test_a_korean_student_bundle_keeps_its_edition_folder(tmp_path):
+    from course_grade.release import release_student
+    written = {p.relative_to(tmp_path / "b").as_posix()
+               for p in release_student(tmp_path / "b", ROOT / "ko" / "solutions")}
+    assert "ko/notebooks/01_amp_review.ipynb" in written
+    assert "ko/exercises/01_loss_scaling.ipynb" in written
+    assert {"docs/method.ko.md", "docs/glossary.md", "README.ko.md"} <= written
+    assert not any(p.startswith(("solutions/", "ko/solutions/")) for p in written)
