@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .hardware import require_device
+from .i18n import tr
 from .terms import short_dtype
 
 __all__ = ["VIEW_OPS", "OpRecord", "OpDtypeRecorder", "POLICY_PROBES", "autocast_policy"]
@@ -127,7 +128,7 @@ class OpDtypeRecorder(TorchDispatchMode):
                 continue
             note = ""
             if r.op == "_to_copy":
-                note = "cast of a weight" if r.reads_parameter else "cast of an activation"
+                note = tr("cast of a weight") if r.reads_parameter else tr("cast of an activation")
             rows.append({"module": r.module, "op": r.op, "inputs": ", ".join(r.inputs),
                          "output": ", ".join(r.outputs), "note": note})
         return pd.DataFrame(rows, columns=["module", "op", "inputs", "output", "note"])
@@ -238,7 +239,8 @@ def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) ->
     """
     require_device(device)
     if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"autocast_policy takes torch.float16 or torch.bfloat16, got {dtype}.")
+        raise ValueError(tr("autocast_policy takes torch.float16 or torch.bfloat16, got {dtype}.",
+                            dtype=dtype))
     low, kind = short_dtype(dtype), torch.device(device).type
     rows = {}
     for name, fn in _probe_calls(16, device).items():
@@ -248,13 +250,13 @@ def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) ->
             with torch.autocast(kind, dtype=dtype):
                 outs.append(short_dtype(fn(x).dtype))
         if outs == [low, low]:
-            rule = f"runs in {low}"
+            rule = tr("runs in {dtype}", dtype=low)
         elif outs == ["fp32", "fp32"]:
-            rule = "runs in fp32"
+            rule = tr("runs in fp32")
         elif outs == ["fp32", low]:
-            rule = "follows its input"
+            rule = tr("follows its input")
         else:
-            rule = "other"
+            rule = tr("other")
         rows[name] = {"fp32 input": outs[0], f"{low} input": outs[1], "autocast here": rule}
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = f"autocast({kind}, {low})"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from .i18n import tr
 from .terms import check_positive_int
 
 __all__ = ["IGNORE_INDEX", "chunked_cross_entropy", "chunked_loss_bytes"]
@@ -42,8 +43,8 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(kind):
         return torch.get_autocast_dtype(kind)
     if hidden.dtype != weight.dtype:
-        raise ValueError(f"hidden is {hidden.dtype} and weight {weight.dtype}: run under "
-                         "torch.autocast or give both one dtype.")
+        raise ValueError(tr("hidden is {hidden} and weight {weight}: run under torch.autocast or "
+                            "give both one dtype.", hidden=hidden.dtype, weight=weight.dtype))
     return hidden.dtype
 
 
@@ -166,25 +167,28 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     """
     check_positive_int("chunk_tokens", chunk_tokens)
     if hidden.dim() not in (2, 3):
-        raise ValueError(f"hidden must be (B, T, d) or (N, d), got shape {tuple(hidden.shape)}.")
+        raise ValueError(tr("hidden must be (B, T, d) or (N, d), got shape {shape}.",
+                            shape=tuple(hidden.shape)))
     d = hidden.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != d:
-        raise ValueError(f"weight must be (V, {d}) for hidden of width {d}, got shape "
-                         f"{tuple(weight.shape)}.")
+        raise ValueError(tr("weight must be (V, {d}) for hidden of width {d}, got shape {shape}.",
+                            d=d, shape=tuple(weight.shape)))
     V = weight.shape[0]
     if bias is not None and tuple(bias.shape) != (V,):
-        raise ValueError(f"bias must be ({V},), got shape {tuple(bias.shape)}.")
+        raise ValueError(tr("bias must be ({V},), got shape {shape}.", V=V,
+                            shape=tuple(bias.shape)))
     if targets.shape != hidden.shape[:-1]:
-        raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])} (one per token), "
-                         f"got {tuple(targets.shape)}.")
+        raise ValueError(tr("targets must have shape {want} (one per token), got {shape}.",
+                            want=tuple(hidden.shape[:-1]), shape=tuple(targets.shape)))
     if targets.dtype != torch.int64:
-        raise ValueError(f"targets must be int64 token ids, got {targets.dtype}.")
+        raise ValueError(tr("targets must be int64 token ids, got {dtype}.", dtype=targets.dtype))
     t = targets.reshape(-1)
     if not torch.compiler.is_compiling():
         bad = ((t < 0) | (t >= V)) & (t != ignore_index)
         if bool(bad.any()):
-            raise ValueError(f"target {int(t[bad][0])} is outside the vocabulary [0, {V}) and is "
-                             f"not ignore_index ({ignore_index}).")
+            raise ValueError(tr("target {target} is outside the vocabulary [0, {V}) and is not "
+                                "ignore_index ({ignore_index}).", target=int(t[bad][0]), V=V,
+                                ignore_index=ignore_index))
     dtype = _compute_dtype(hidden, weight)
     h = hidden.reshape(-1, d).to(dtype)
     w = weight.to(dtype)
@@ -228,7 +232,7 @@ def chunked_loss_bytes(tokens: int, d_model: int, vocab_size: int, chunk_tokens:
                     ("chunk_tokens", chunk_tokens)):
         check_positive_int(name, v)
     if elem_bytes not in (2, 4):
-        raise ValueError(f"elem_bytes must be 2 or 4, got {elem_bytes!r}.")
+        raise ValueError(tr("elem_bytes must be 2 or 4, got {elem_bytes!r}.", elem_bytes=elem_bytes))
     N, d, V, a = tokens, d_model, vocab_size, elem_bytes
     C = min(chunk_tokens, N)
     low = 0 if a == 4 else a

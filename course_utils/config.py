@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from .checkpointing import parse_policy
 from .hardware import detect
+from .i18n import tr
 from .terms import (
     DEVICE_KINDS,
     GiB,
@@ -77,11 +78,11 @@ class ModelShape:
     def __post_init__(self):
         _check_dimensions(self, ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size"))
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
-                             f"({self.n_heads}).")
+            raise ValueError(tr("d_model ({d_model}) must be divisible by n_heads ({n_heads}).",
+                                d_model=self.d_model, n_heads=self.n_heads))
         if self.attention not in ATTENTIONS:
-            raise ValueError(f"unknown attention {self.attention!r}: expected one of "
-                             f"{', '.join(ATTENTIONS)}.")
+            raise ValueError(tr("unknown attention {attention!r}: expected one of {names}.",
+                                attention=self.attention, names=", ".join(ATTENTIONS)))
 
     def replace(self, **changes) -> "ModelShape":
         """A copy with ``changes`` applied (validated again)."""
@@ -138,13 +139,14 @@ class RunConfig(PrecisionOnDevice):
 
     def __post_init__(self):
         if not isinstance(self.shape, ModelShape):
-            raise ValueError(f"shape must be a ModelShape, got {type(self.shape).__name__}.")
+            raise ValueError(tr("shape must be a ModelShape, got {type}.",
+                                type=type(self.shape).__name__))
         _check_dimensions(self, ("batch_size", "grad_accum_steps"))
         check_positive_int("loss_chunk", self.loss_chunk, minimum=0)  # 0: the plain loss
         autocast_dtype(self.precision)  # raises on an unknown precision
         if device_kind(self.device) not in DEVICE_KINDS:
-            raise ValueError(f"unknown device {self.device!r}: expected 'cpu', 'cuda', 'cuda:N' "
-                             "or 'mps'.")
+            raise ValueError(tr("unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or "
+                                "'mps'.", device=self.device))
         parse_policy(self.checkpoint, self.shape.n_layers)  # raises on an unfitting policy
 
     # The shape's fields, read through the config (config.n_layers, ...).
@@ -164,8 +166,7 @@ class RunConfig(PrecisionOnDevice):
         shape_changes = {k: changes.pop(k) for k in list(changes) if k in _SHAPE_FIELDS}
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}: valid are "
-                             f"{sorted(_SHAPE_FIELDS + _RUN_FIELDS)}.")
+            raise ValueError(_unknown_fields(unknown))
         if shape_changes:
             changes["shape"] = self.shape.replace(**shape_changes)
         return dataclasses.replace(self, **changes)
@@ -199,6 +200,12 @@ class RunConfig(PrecisionOnDevice):
 
 _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "shape")
 
+
+def _unknown_fields(unknown) -> str:
+    """The error message for field names that are neither the run's nor the shape's."""
+    return tr("unknown RunConfig field(s) {unknown}: valid are {valid}.", unknown=sorted(unknown),
+              valid=sorted(_SHAPE_FIELDS + _RUN_FIELDS))
+
 #: Model and batch dimensions per size profile (``batch_size`` is the run's; the rest is the
 #: shape's). The byte vocabulary is always 256.
 SIZE_PROFILES: dict[str, dict] = {
@@ -222,8 +229,8 @@ def size_profile(hw=None) -> str:
     env = os.environ.get(SIZE_ENV, "").strip()
     if env:
         if env not in SIZE_PROFILES:
-            raise ValueError(f"{SIZE_ENV}={env!r} is not a size profile: expected one of "
-                             f"{', '.join(SIZE_PROFILES)}.")
+            raise ValueError(tr("{var}={env!r} is not a size profile: expected one of {names}.",
+                                var=SIZE_ENV, env=env, names=", ".join(SIZE_PROFILES)))
         return env
     hw = hw or detect()
     if hw.device != "cuda":
@@ -243,15 +250,15 @@ def config_for(size: str | None = None, **overrides) -> RunConfig:
     """
     size = size or size_profile()
     if size not in SIZE_PROFILES:
-        raise ValueError(f"unknown size {size!r}: expected one of {', '.join(SIZE_PROFILES)}.")
+        raise ValueError(tr("unknown size {size!r}: expected one of {names}.", size=size,
+                            names=", ".join(SIZE_PROFILES)))
     kw = dict(SIZE_PROFILES[size])
     kw.update(overrides)
     kw.setdefault("device", default_device())
     shape_kw = {k: kw.pop(k) for k in list(kw) if k in _SHAPE_FIELDS}
     unknown = set(kw) - set(_RUN_FIELDS)
     if unknown:
-        raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}: valid are "
-                         f"{sorted(_SHAPE_FIELDS + _RUN_FIELDS)}.")
+        raise ValueError(_unknown_fields(unknown))
     return RunConfig(shape=ModelShape(**shape_kw), **kw)
 
 

@@ -11,6 +11,8 @@ import zlib
 
 import torch
 
+from .i18n import tr
+
 __all__ = ["corpus_bytes", "corpus_tensor", "get_batch", "batches"]
 
 VAL_FRACTION = 0.1
@@ -26,8 +28,8 @@ def corpus_bytes() -> bytes:
     try:
         from pydoc_data.topics import topics  # lazy: 460 KB of text, read on first use
     except ImportError as e:  # pragma: no cover - every CPython ships it
-        raise RuntimeError("this Python has no pydoc_data.topics; the course's text corpus "
-                           "comes from it (install a full CPython).") from e
+        raise RuntimeError(tr("this Python has no pydoc_data.topics; the course's text corpus "
+                              "comes from it (install a full CPython).")) from e
     return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8")
 
 
@@ -44,7 +46,7 @@ def corpus_tensor(split: str = "train") -> torch.Tensor:
         return data[:n]
     if split == "val":
         return data[n:]
-    raise ValueError(f"unknown split {split!r}: expected 'train' or 'val'.")
+    raise ValueError(tr("unknown split {split!r}: expected 'train' or 'val'.", split=split))
 
 
 def get_batch(batch_size: int, seq_len: int, split: str = "train", seed: int = 0,
@@ -59,11 +61,12 @@ def get_batch(batch_size: int, seq_len: int, split: str = "train", seed: int = 0
         ValueError: non-positive sizes, or ``seq_len`` longer than the split allows.
     """
     if batch_size < 1 or seq_len < 1:
-        raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size} and {seq_len}.")
+        raise ValueError(tr("batch_size and seq_len must be >= 1, got {batch_size} and "
+                            "{seq_len}.", batch_size=batch_size, seq_len=seq_len))
     data = corpus_tensor(split)
     if seq_len + 1 >= len(data):
-        raise ValueError(f"seq_len {seq_len} is too long for the {split} split "
-                         f"({len(data)} bytes).")
+        raise ValueError(tr("seq_len {seq_len} is too long for the {split} split ({n} bytes).",
+                            seq_len=seq_len, split=split, n=len(data)))
     g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{step}:{split}".encode()))
     starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=g)
     x = torch.stack([data[s:s + seq_len] for s in starts.tolist()])

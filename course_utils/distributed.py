@@ -57,6 +57,7 @@ import pandas as pd
 import torch
 
 from .hardware import usable_cores
+from .i18n import tr
 from .memory_model import sharded_estimate
 from .terms import MiB, check_positive_int
 
@@ -169,7 +170,12 @@ def max_world_size(backend: str) -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "gloo":
         return usable_cores()
-    raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(_BACKENDS)}.")
+    raise ValueError(_unknown_backend(backend))
+
+
+def _unknown_backend(backend) -> str:
+    return tr("unknown backend {backend!r}: expected one of {names}.", backend=backend,
+              names=", ".join(_BACKENDS))
 
 
 def threads_per_rank(nproc: int) -> int:
@@ -190,10 +196,12 @@ def _check_nproc(nproc, backend: str) -> None:
     limit = max_world_size(backend)
     if nproc > limit:
         if backend == "nccl":
-            raise ValueError(f"{nproc} NCCL ranks need {nproc} GPUs; this machine has {limit}. "
-                             "Use fewer ranks, or backend='gloo' to run the ranks on the CPU.")
-        raise ValueError(f"{nproc} gloo ranks need {nproc} CPU cores (one each); this machine "
-                         f"lets this process use {limit}. Use at most {limit} ranks.")
+            raise ValueError(tr("{nproc} NCCL ranks need {nproc} GPUs; this machine has {limit}. "
+                                "Use fewer ranks, or backend='gloo' to run the ranks on the CPU.",
+                                nproc=nproc, limit=limit))
+        raise ValueError(tr("{nproc} gloo ranks need {nproc} CPU cores (one each); this machine "
+                            "lets this process use {limit}. Use at most {limit} ranks.",
+                            nproc=nproc, limit=limit))
 
 
 def _children(pid: int) -> list[int]:
@@ -261,7 +269,7 @@ def _last_error(stderr: str) -> str:
                 name = signal.Signals(-int(d.group(1))).name
             except ValueError:
                 name = f"signal {-int(d.group(1))}"
-            died = f"rank {d.group(2)} died of {name}"
+            died = tr("rank {rank} died of {signal}", rank=d.group(2), signal=name)
     parts = [p for p in (died, found or fatal) if p]
     return ": ".join(parts)
 
@@ -312,13 +320,15 @@ def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
     """
     backend = backend or default_backend()
     if backend not in _BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(_BACKENDS)}.")
+        raise ValueError(_unknown_backend(backend))
     _check_nproc(nproc, backend)
     if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+        raise ValueError(tr("timeout must be a positive number of seconds, got {timeout!r}.",
+                            timeout=timeout))
     script = Path(script).resolve()
     if not script.is_file():
-        raise FileNotFoundError(f"no script at {script}: write it first (e.g. with %%writefile).")
+        raise FileNotFoundError(tr("no script at {script}: write it first (e.g. with "
+                                   "%%writefile).", script=script))
     threads = int((env or {}).get("OMP_NUM_THREADS", threads_per_rank(nproc)))
     with tempfile.TemporaryDirectory(prefix="torchrun-reports-") as out_dir:
         package_root = str(Path(__file__).resolve().parent.parent)
@@ -378,28 +388,33 @@ def _run(script: Path, nproc: int, backend: str, threads: int, args: list, timeo
     except subprocess.TimeoutExpired:
         stdout, stderr = _stop(proc)
         raise LaunchError(
-            f"torchrun did not finish within {timeout:g} s ({nproc} ranks, {script.name}); it and "
-            f"its ranks were stopped. Last lines of stderr:\n{_tail(stderr)}",
+            tr("torchrun did not finish within {timeout:g} s ({nproc} ranks, {script}); it and "
+               "its ranks were stopped. Last lines of stderr:\n{tail}", timeout=timeout,
+               nproc=nproc, script=script.name, tail=_tail(stderr)),
             None, stdout, _tail(stderr)) from None
     except BaseException:  # KeyboardInterrupt (the notebook's stop button): leave no rank behind
         _stop(proc, grace=5.0)
         raise
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
-        last = _last_error(stderr)
+        fields = {"status": proc.returncode, "nproc": nproc, "script": script.name,
+                  "last": _last_error(stderr), "tail": _ranks_stderr_tail(stderr)}
         raise LaunchError(
-            f"torchrun exited with status {proc.returncode} ({nproc} ranks, {script.name})"
-            + (f"; the ranks' last error: {last}" if last else "")
-            + f"\nLast lines of the ranks' stderr:\n{_ranks_stderr_tail(stderr)}", proc.returncode,
-            stdout, _ranks_stderr_tail(stderr))
+            tr("torchrun exited with status {status} ({nproc} ranks, {script}); the ranks' last "
+               "error: {last}\nLast lines of the ranks' stderr:\n{tail}", **fields)
+            if fields["last"] else
+            tr("torchrun exited with status {status} ({nproc} ranks, {script})\nLast lines of "
+               "the ranks' stderr:\n{tail}", **fields),
+            proc.returncode, stdout, fields["tail"])
     reports = []
     for rank in range(nproc):
         path = out_dir / f"rank{rank}.json"
         if path.is_file():
             reports.append(json.loads(path.read_text()))
         elif expect_reports:
-            raise LaunchError(f"rank {rank} wrote no report (call rank_report(...) in {script.name} "
-                              f"on every rank). Last lines of stderr:\n{_tail(stderr)}",
+            raise LaunchError(tr("rank {rank} wrote no report (call rank_report(...) in {script} "
+                                 "on every rank). Last lines of stderr:\n{tail}", rank=rank,
+                                 script=script.name, tail=_tail(stderr)),
                               proc.returncode, stdout, _tail(stderr))
     return Launch(command, nproc, backend, threads, proc.returncode, stdout, stderr, seconds,
                   reports)
@@ -418,7 +433,7 @@ def rank_report(payload: dict) -> Path | None:
         TypeError: ``payload`` is not a dict or holds values JSON cannot encode.
     """
     if not isinstance(payload, dict):
-        raise TypeError(f"rank_report takes a dict, got {type(payload).__name__}.")
+        raise TypeError(tr("rank_report takes a dict, got {type}.", type=type(payload).__name__))
     text = json.dumps(payload)
     folder = os.environ.get(REPORT_ENV)
     if not folder:
@@ -478,12 +493,13 @@ def write_module(path: str | os.PathLike, *functions, header: str = _MODULE_HEAD
     parts = [header]
     for fn in functions:
         if not inspect.isfunction(fn):
-            raise TypeError(f"write_module takes functions, got {type(fn).__name__} {fn!r}.")
+            raise TypeError(tr("write_module takes functions, got {type} {fn!r}.",
+                               type=type(fn).__name__, fn=fn))
         try:
             parts.append(textwrap.dedent(inspect.getsource(fn)))
         except (OSError, TypeError) as e:
-            raise ValueError(f"cannot read the source of {fn.__name__}: define it in a notebook "
-                             f"cell or a file ({e}).") from None
+            raise ValueError(tr("cannot read the source of {name}: define it in a notebook cell "
+                                "or a file ({error}).", name=fn.__name__, error=e)) from None
     path = Path(path)
     path.write_text("\n\n".join(parts))
     return path
@@ -514,7 +530,8 @@ def sharding_table(reports: Iterable[dict], config, labels: dict | None = None):
         try:
             K, rank, stages = int(rep["world_size"]), int(rep["rank"]), rep["stages"]
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"a rank report needs world_size, rank and stages; got {rep!r}") from e
+            raise ValueError(tr("a rank report needs world_size, rank and stages; got {report!r}",
+                                report=rep)) from e
         for stage, measured in sorted(stages.items(), key=lambda kv: int(kv[0])):
             est = sharded_estimate(config, K, int(stage))
             parts = {k: int(measured[k]) for k in ("parameters", "gradients", "optimizer_state")}

@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from .fp32_matmul import tf32_probe  # lesson 03 imports it from here
+from .i18n import tr
 from .terms import PRECISION_DTYPES, short_dtype
 
 __all__ = ["FORMATS", "SPEC_FORMATS", "FormatInfo", "resolve_dtype", "format_info", "format_table",
@@ -60,10 +61,10 @@ def resolve_dtype(fmt) -> torch.dtype:
     elif isinstance(fmt, str) and (fmt in FORMATS or fmt in _ALIASES):
         dt = FORMATS.get(fmt) or _ALIASES[fmt]
     else:
-        raise ValueError(f"unknown number format {fmt!r}: expected a floating torch.dtype or one "
-                         f"of {', '.join(list(FORMATS) + list(_ALIASES))}.")
+        raise ValueError(tr("unknown number format {fmt!r}: expected a floating torch.dtype or "
+                            "one of {names}.", fmt=fmt, names=", ".join(list(FORMATS) + list(_ALIASES))))
     if not dt.is_floating_point:
-        raise ValueError(f"{dt} is not a floating-point dtype.")
+        raise ValueError(tr("{dtype} is not a floating-point dtype.", dtype=dt))
     return dt
 
 
@@ -243,8 +244,8 @@ def round_to_format(x: torch.Tensor, fmt) -> torch.Tensor:
     """
     info = format_info(fmt)
     if info.sign_bits == 0:
-        raise ValueError(f"{info.name} is a scale format (powers of two, no sign): "
-                         "see mx_scale_exponents.")
+        raise ValueError(tr("{name} is a scale format (powers of two, no sign): see "
+                            "mx_scale_exponents.", name=info.name))
     x = _finite_float(x)
     a = x.abs().clamp(max=info.max)
     e = (torch.frexp(a).exponent - 1).float()                    # floor(log2 |x|), exact
@@ -255,10 +256,10 @@ def round_to_format(x: torch.Tensor, fmt) -> torch.Tensor:
 
 def _finite_float(x) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise ValueError(f"expected a floating-point tensor, got {type(x).__name__}.")
+        raise ValueError(tr("expected a floating-point tensor, got {type}.", type=type(x).__name__))
     x = x.detach().float()
     if not bool(torch.isfinite(x).all()):
-        raise ValueError("the tensor holds inf or NaN: scaled formats need finite values.")
+        raise ValueError(tr("the tensor holds inf or NaN: scaled formats need finite values."))
     return x
 
 
@@ -314,14 +315,15 @@ def _recipe(recipe) -> Recipe:
     if isinstance(recipe, Recipe):
         return recipe
     if recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}: expected one of {', '.join(RECIPES)}.")
+        raise ValueError(tr("unknown recipe {recipe!r}: expected one of {names}.", recipe=recipe,
+                            names=", ".join(RECIPES)))
     return RECIPES[recipe]
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     if x.dim() == 0 or x.shape[-1] % block:
-        raise ValueError(f"a block format needs the last dimension divisible by {block}; this "
-                         f"tensor's shape is {tuple(x.shape)}.")
+        raise ValueError(tr("a block format needs the last dimension divisible by {block}; this "
+                            "tensor's shape is {shape}.", block=block, shape=tuple(x.shape)))
     return x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
 
 
@@ -417,7 +419,7 @@ def quantization_table(tensors: dict, recipes=tuple(RECIPES)) -> pd.DataFrame:
         ValueError: no tensors, or as `fake_quantize`.
     """
     if not tensors:
-        raise ValueError("quantization_table needs at least one tensor.")
+        raise ValueError(tr("quantization_table needs at least one tensor."))
     rows = []
     for name in recipes:
         r = _recipe(name)
@@ -450,13 +452,13 @@ def log2_histogram(values: torch.Tensor, lo: int | None = None, hi: int | None =
     finite = v[torch.isfinite(v)]
     nz = finite[finite != 0].abs()
     if nz.numel() == 0:
-        raise ValueError("log2_histogram needs at least one nonzero finite value.")
+        raise ValueError(tr("log2_histogram needs at least one nonzero finite value."))
     # frexp: |v| = m x 2^e with m in [0.5, 1), so floor(log2|v|) = e - 1 exactly (no rounding).
     k = torch.frexp(nz).exponent.long() - 1
     lo = int(k.min()) if lo is None else int(lo)
     hi = int(k.max()) if hi is None else int(hi)
     if lo > hi:
-        raise ValueError(f"lo ({lo}) must be <= hi ({hi}).")
+        raise ValueError(tr("lo ({lo}) must be <= hi ({hi}).", lo=lo, hi=hi))
     k = k.clamp(lo, hi)
     counts = torch.bincount(k - lo, minlength=hi - lo + 1)
     s = pd.Series(counts.tolist(), index=pd.RangeIndex(lo, hi + 1, name="log2 bin"), name="count")
@@ -478,7 +480,7 @@ def underflow_stats(values: torch.Tensor, fmt, scale: float = 1.0) -> dict:
         ValueError: an unknown format, or a scale that is not a positive finite number.
     """
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}.")
+        raise ValueError(tr("scale must be a positive finite number, got {scale!r}.", scale=scale))
     info = format_info(fmt)
     v = values.detach().flatten().float()
     v = v[torch.isfinite(v) & (v != 0)]
@@ -502,7 +504,9 @@ def _case_label(fmt, scale: float) -> str:
     if scale == 1:
         return name
     k = math.log2(scale)
-    return f"{name}, loss x 2^{k:g}" if k == int(k) else f"{name}, loss x {scale:g}"
+    if k == int(k):
+        return tr("{name}, loss x 2^{k:g}", name=name, k=k)
+    return tr("{name}, loss x {scale:g}", name=name, scale=scale)
 
 
 def underflow_table(groups: dict, cases) -> pd.DataFrame:
@@ -522,7 +526,8 @@ def underflow_table(groups: dict, cases) -> pd.DataFrame:
         ValueError: empty ``groups`` or ``cases``, or a bad format or scale.
     """
     if not groups or not cases:
-        raise ValueError("underflow_table needs at least one group and one (format, scale) case.")
+        raise ValueError(tr("underflow_table needs at least one group and one (format, scale) "
+                            "case."))
     rows = []
     for fmt, scale in cases:
         for name, vals in groups.items():

@@ -16,6 +16,7 @@ import torch
 from torch.utils import benchmark
 
 from .hardware import require_device
+from .i18n import tr
 
 __all__ = ["FP32_MATMUL_MODES", "fp32_precision_api", "fp32_matmul_settings",
            "fp32_matmul_precision", "fp32_matmul_probe", "tf32_probe"]
@@ -75,8 +76,9 @@ def fp32_matmul_precision(backend: str, mode: str):
         ValueError: an unknown backend, or a mode that backend does not take.
     """
     if mode not in FP32_MATMUL_MODES.get(backend, ()):
-        raise ValueError(f"fp32 matmul modes: {FP32_MATMUL_MODES} (backend: its modes); got "
-                         f"backend {backend!r}, mode {mode!r}.")
+        raise ValueError(tr("fp32 matmul modes: {modes} (backend: its modes); got backend "
+                            "{backend!r}, mode {mode!r}.", modes=FP32_MATMUL_MODES,
+                            backend=backend, mode=mode))
     if fp32_precision_api():
         setting = getattr(torch.backends, backend).matmul
         before = setting.fp32_precision
@@ -105,6 +107,12 @@ def _reduced_modes(dev: torch.device, capability) -> tuple[str, tuple[str, ...]]
     return None
 
 
+def _check_probe_size(n: int, budget_s: float) -> None:
+    if n < 1 or budget_s <= 0:
+        raise ValueError(tr("n and budget_s must be positive, got {n} and {budget_s}.", n=n,
+                            budget_s=budget_s))
+
+
 def fp32_matmul_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2,
                       capability=None) -> pd.DataFrame | None:
     """One ``(n x n) @ (n x n)`` fp32 matmul in full fp32 (``"ieee"``) and in the faster mode
@@ -126,8 +134,7 @@ def fp32_matmul_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2
         ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
     """
     require_device(device)
-    if n < 1 or budget_s <= 0:
-        raise ValueError(f"n and budget_s must be positive, got {n} and {budget_s}.")
+    _check_probe_size(n, budget_s)
     dev = torch.device(device)
     plan = _reduced_modes(dev, capability)
     if plan is None:
@@ -170,8 +177,7 @@ def tf32_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2,
     """
     require_device(device)
     if torch.device(device).type != "cuda":
-        if n < 1 or budget_s <= 0:
-            raise ValueError(f"n and budget_s must be positive, got {n} and {budget_s}.")
+        _check_probe_size(n, budget_s)
         return None
     df = fp32_matmul_probe(device, n, budget_s, capability)
     return None if df is None else {"fp32": df.loc["ieee", "seconds"], "tf32": df.loc["tf32", "seconds"]}

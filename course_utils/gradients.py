@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .i18n import tr
 from .terms import check_positive_int
 
 __all__ = ["GradientCapture", "capture_gradients"]
@@ -146,8 +147,8 @@ class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gr
         params = [self._sample(self._keep(g), rate) for g in grads]
         self.max_values = budget
         if not params and not self._grads:
-            raise ValueError("capture_gradients recorded no gradients: run the forward and "
-                             "loss.backward() inside the with-block.")
+            raise ValueError(tr("capture_gradients recorded no gradients: run the forward and "
+                                "loss.backward() inside the with-block."))
         self.result.parameters = torch.cat(params) if params else torch.empty(0)
         self.result.by_module = dict(self._grads)
         self.result.activations = (torch.cat(list(self._grads.values())) if self._grads

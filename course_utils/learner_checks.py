@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from torch.utils.flop_counter import FlopCounterMode
 
 from .checkpointing import checkpoint_every_segment, run_blocks
+from .i18n import tr
 from .memory_timeline import allocated_after
 from .saved_tensors import SavedTensorMeter
 
@@ -71,14 +72,14 @@ def forward_selective(blocks, x: torch.Tensor, policy) -> torch.Tensor:
 
 def _check(blocks, x, needs_grad: bool = False) -> None:
     if not isinstance(blocks, torch.nn.Module):
-        raise TypeError(f"blocks should be the nn.ModuleList (or nn.Sequential) of blocks, got "
-                        f"{type(blocks).__name__}.")
+        raise TypeError(tr("blocks should be the nn.ModuleList (or nn.Sequential) of blocks, got "
+                           "{type}.", type=type(blocks).__name__))
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x should be a tensor of shape (batch, seq, d_model), got "
-                        f"{type(x).__name__}.")
+        raise TypeError(tr("x should be a tensor of shape (batch, seq, d_model), got {type}.",
+                           type=type(x).__name__))
     if needs_grad and not x.requires_grad:
-        raise ValueError("x should require grad (its gradient is compared too): use the "
-                         "exercise's x, made with requires_grad=True.")
+        raise ValueError(tr("x should require grad (its gradient is compared too): use the "
+                            "exercise's x, made with requires_grad=True."))
 
 
 def gradients(forward, blocks, x: torch.Tensor, *args) -> list[torch.Tensor]:

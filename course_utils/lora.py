@@ -45,6 +45,7 @@ from torch import nn
 from .config import RunConfig
 from .data import batches
 from .experiments import round_sig
+from .i18n import tr
 from .memory_model import (
     PEAK_PARTS,
     SCALE_MODELS,
@@ -126,7 +127,8 @@ def _check_targets(targets) -> tuple:
     targets = tuple(targets)
     unknown = set(targets) - set(TARGETS)
     if not targets or unknown:
-        raise ValueError(f"targets must be a non-empty subset of {TARGETS}, got {targets!r}.")
+        raise ValueError(tr("targets must be a non-empty subset of {targets}, got {got!r}.",
+                            targets=TARGETS, got=targets))
     return targets
 
 
@@ -158,8 +160,9 @@ def setup(config: RunConfig, rank: int = 8, alpha: float = 16.0, targets=TARGETS
             machine lacks.
     """
     if config.precision != "bf16":
-        raise ValueError(f"a LoRA model here has a bf16 base and runs under bf16 autocast: pass "
-                         f"config.replace(precision='bf16'), not {config.precision!r}.")
+        raise ValueError(tr("a LoRA model here has a bf16 base and runs under bf16 autocast: pass "
+                            "config.replace(precision='bf16'), not {precision!r}.",
+                            precision=config.precision))
     _check_rank(rank)
     targets = _check_targets(targets)
     model = (adapt or add_lora)(build_model(config), rank, alpha, targets)
@@ -198,8 +201,9 @@ def estimate(config: RunConfig, rank: int = 8, targets=TARGETS,
         ValueError: a policy other than ``full``, a rank below 1, an unknown target.
     """
     if config.checkpoint != "full":
-        raise ValueError("lora.estimate models per-block checkpointing (checkpoint='full'), the "
-                         f"LoRA route of lesson 03; got {config.checkpoint!r}.")
+        raise ValueError(tr("lora.estimate models per-block checkpointing (checkpoint='full'), "
+                            "the LoRA route of lesson 03; got {policy!r}.",
+                            policy=config.checkpoint))
     targets = _check_targets(targets)
     B, T, d, V, L = (config.batch_size, config.seq_len, config.d_model, config.vocab_size,
                      config.n_layers)
@@ -272,7 +276,8 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
     for name, v in (("micro_batch", micro_batch), ("accum", accum)):
         check_positive_int(name, v)
     if model not in SCALE_MODELS:
-        raise ValueError(f"unknown model {model!r}: expected one of {', '.join(SCALE_MODELS)}.")
+        raise ValueError(tr("unknown model {model!r}: expected one of {names}.", model=model,
+                            names=", ".join(SCALE_MODELS)))
     shape = {} if seq_len is None else {"seq_len": seq_len}
     cfg = scale_config(model, micro_batch, "bf16", "full", **shape).replace(grad_accum_steps=accum)
     full = full_estimate(cfg)
@@ -295,14 +300,14 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
                      **{f"at peak: {k}": parts.get(k, 0) / GiB for k in PEAK_PARTS}})
 
     N = full.n_parameters
-    row("full fine-tune (bf16 autocast + checkpointing)", f"{N / 1e9:.2f}B", full,
+    row(tr("full fine-tune (bf16 autocast + checkpointing)"), f"{N / 1e9:.2f}B", full,
         full.peak_moment, full.peak_components)
-    row(f"LoRA r={rank}, frozen bf16 base (+ checkpointing)", f"{lora.n_adapter / 1e6:.1f}M",
-        lora, lora.peak_moment, lora.peak_components)
-    row(f"next: QLoRA r={rank}, NF4 base (+ checkpointing)", f"{qlora.n_adapter / 1e6:.1f}M",
-        qlora, qlora.peak_moment, qlora.peak_components)
-    row("next: 8-bit AdamW, full fine-tune", f"{N / 1e9:.2f}B", full, adam8_moment, adam8_parts,
-        optimizer=adam8_state)
+    row(tr("LoRA r={rank}, frozen bf16 base (+ checkpointing)", rank=rank),
+        f"{lora.n_adapter / 1e6:.1f}M", lora, lora.peak_moment, lora.peak_components)
+    row(tr("next: QLoRA r={rank}, NF4 base (+ checkpointing)", rank=rank),
+        f"{qlora.n_adapter / 1e6:.1f}M", qlora, qlora.peak_moment, qlora.peak_components)
+    row(tr("next: 8-bit AdamW, full fine-tune"), f"{N / 1e9:.2f}B", full, adam8_moment,
+        adam8_parts, optimizer=adam8_state)
     return pd.DataFrame(rows)
 
 

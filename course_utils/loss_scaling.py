@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .i18n import tr
+
 __all__ = ["read_scaler_trace", "snapshot", "update_norm"]
 
 
@@ -41,7 +43,7 @@ def read_scaler_trace(trace, scaler, init_scale: float) -> dict:
     rows = _rows(trace)
     need = {"injected", "scale", "stepped"}
     if not rows or any(need - set(r) for r in rows):
-        raise ValueError(f"read_scaler_trace needs rows with {sorted(need)}.")
+        raise ValueError(tr("read_scaler_trace needs rows with {keys}.", keys=sorted(need)))
     grow, back = scaler.get_growth_factor(), scaler.get_backoff_factor()
     prev, clean, backoffs_ok, growth_after = float(init_scale), 0, [], []
     for r in rows:
@@ -74,6 +76,7 @@ def update_norm(model: torch.nn.Module, before: list[torch.Tensor]) -> float:
     """
     params = list(model.parameters())
     if len(params) != len(before) or any(p.shape != b.shape for p, b in zip(params, before)):
-        raise ValueError("update_norm: `before` is not a snapshot of this model's parameters.")
+        raise ValueError(tr("update_norm: `before` is not a snapshot of this model's "
+                            "parameters."))
     sq = sum(float((p.detach().double() - b.double()).pow(2).sum()) for p, b in zip(params, before))
     return sq ** 0.5

@@ -21,6 +21,7 @@ from .checkpointing import apply_checkpointing
 from .chunked_loss import chunked_cross_entropy
 from .config import ModelShape
 from .hardware import require_device
+from .i18n import tr
 from .terms import check_positive_int
 
 __all__ = ["CausalSelfAttention", "MLP", "Block", "GPT", "build_model"]
@@ -135,8 +136,8 @@ class GPT(nn.Module):
         """
         B, T = idx.shape
         if T > self.shape.seq_len:
-            raise ValueError(f"sequence of {T} tokens is longer than the model's seq_len "
-                             f"{self.shape.seq_len}.")
+            raise ValueError(tr("sequence of {T} tokens is longer than the model's seq_len "
+                                "{seq_len}.", T=T, seq_len=self.shape.seq_len))
         pos = torch.arange(T, device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(pos)
         for block in self.layers:

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils._pytree import tree_leaves
 
+from .i18n import tr
 from .training import DEFAULT_MAX_GRAD_NORM, StepCounter, train_step
 
 __all__ = ["GUARDS", "nan_in_weight", "overflow", "FirstNonFinite", "nonfinite_parameters",
@@ -45,7 +46,10 @@ def _named(items, name: str, what: str):
     found = dict(items)
     if name not in found:
         names = ", ".join(list(found)[:6])
-        raise ValueError(f"the model has no {what} {name!r}; it has {names}, ...")
+        raise ValueError(
+            tr("the model has no parameter {name!r}; it has {names}, ...", name=name, names=names)
+            if what == "parameter" else
+            tr("the model has no submodule {name!r}; it has {names}, ...", name=name, names=names))
     return found[name]
 
 
@@ -57,7 +61,8 @@ def nan_in_weight(model: torch.nn.Module, name: str, index: int = 0) -> None:
     """
     param = _named(model.named_parameters(), name, "parameter")
     if not 0 <= index < param.numel():
-        raise ValueError(f"index {index} is outside {name}, which has {param.numel()} entries.")
+        raise ValueError(tr("index {index} is outside {name}, which has {n} entries.",
+                            index=index, name=name, n=param.numel()))
     with torch.no_grad():
         param.view(-1)[index] = float("nan")
 
@@ -78,7 +83,8 @@ def overflow(model: torch.nn.Module, module: str):
 
     def blow_up(_mod, _inputs, out):
         if not (torch.is_tensor(out) and out.is_floating_point()):
-            raise TypeError(f"overflow: {module}'s output is not a floating-point tensor.")
+            raise TypeError(tr("overflow: {module}'s output is not a floating-point tensor.",
+                               module=module))
         largest = out.detach().abs().max().item()
         return out * (2 * torch.finfo(out.dtype).max / largest if largest > 0 else float("inf"))
 
@@ -147,7 +153,8 @@ def changed_parameters(model: torch.nn.Module, before: list[torch.Tensor]) -> in
     """
     params = list(model.parameters())
     if len(params) != len(before) or any(p.shape != b.shape for p, b in zip(params, before)):
-        raise ValueError("changed_parameters: `before` is not a snapshot of this model's parameters.")
+        raise ValueError(tr("changed_parameters: `before` is not a snapshot of this model's "
+                            "parameters."))
     return sum(not torch.equal(p.detach().nan_to_num(), b.nan_to_num())
                or not torch.equal(p.detach().isnan(), b.isnan())
                for p, b in zip(params, before))

@@ -28,6 +28,8 @@ import torch.nn as nn
 from torch.autograd.graph import save_on_cpu
 from torch.utils.checkpoint import checkpoint
 
+from .i18n import tr
+
 __all__ = ["PCIE_GBPS", "CountingSaveOnCpu", "OffloadedBlock", "offloaded_bytes",
            "transfer_time_estimate"]
 
@@ -119,5 +121,6 @@ def transfer_time_estimate(bytes_to_host: int, gbps: float = PCIE_GBPS) -> float
         ValueError: negative bytes or a non-positive bandwidth.
     """
     if bytes_to_host < 0 or not gbps > 0:
-        raise ValueError(f"bytes must be >= 0 and gbps > 0, got {bytes_to_host!r}, {gbps!r}.")
+        raise ValueError(tr("bytes must be >= 0 and gbps > 0, got {bytes!r}, {gbps!r}.",
+                            bytes=bytes_to_host, gbps=gbps))
     return 2 * bytes_to_host / (gbps * 1e9)

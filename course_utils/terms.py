@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .i18n import tr
+
 __all__ = ["PRECISIONS", "PRECISION_DTYPES", "DEVICE_KINDS", "KiB", "MiB", "GiB", "precision_dtype",
            "autocast_dtype", "short_dtype", "device_kind", "default_device", "cuda_index",
            "PrecisionOnDevice", "check_positive_int"]
@@ -53,8 +55,8 @@ def precision_dtype(precision: str) -> torch.dtype:
         ValueError: an unknown precision, naming the valid ones.
     """
     if precision not in PRECISION_DTYPES:
-        raise ValueError(f"unknown precision {precision!r}: expected one of "
-                         f"{', '.join(PRECISIONS)}.")
+        raise ValueError(tr("unknown precision {precision!r}: expected one of {names}.",
+                            precision=precision, names=", ".join(PRECISIONS)))
     return PRECISION_DTYPES[precision]
 
 
@@ -85,8 +87,8 @@ def device_kind(device: str | torch.device) -> str:
     try:
         return torch.device(device).type
     except (RuntimeError, TypeError) as e:
-        raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or "
-                         "'mps'.") from e
+        raise ValueError(tr("unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or "
+                            "'mps'.", device=device)) from e
 
 
 def default_device() -> str:
@@ -110,7 +112,7 @@ def cuda_index(device: str | torch.device) -> int:
     """
     dev = torch.device(device)
     if dev.type != "cuda":
-        raise ValueError(f"{device!r} is not a CUDA device.")
+        raise ValueError(tr("{device!r} is not a CUDA device.", device=device))
     return torch.cuda.current_device() if dev.index is None else dev.index
 
 
@@ -145,6 +147,13 @@ def check_positive_int(name: str, value, *, minimum: int = 1, allow_none: bool =
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} must be {what}{' or None' if allow_none else ''}, "
-                         f"got {value!r}.")
+        fields = {"name": name, "minimum": minimum, "value": value}
+        if minimum == 1:
+            message = (tr("{name} must be a positive integer or None, got {value!r}.", **fields)
+                       if allow_none else
+                       tr("{name} must be a positive integer, got {value!r}.", **fields))
+        else:
+            message = (tr("{name} must be an integer >= {minimum} or None, got {value!r}.",
+                          **fields) if allow_none else
+                       tr("{name} must be an integer >= {minimum}, got {value!r}.", **fields))
+        raise ValueError(message)

@@ -32,6 +32,7 @@ from .checkpointing import CompiledUnderBudget
 from .config import RunConfig
 from .data import batches, get_batch
 from .guard import check_feasible
+from .i18n import tr
 from .models import build_model
 from .terms import check_positive_int
 
@@ -163,8 +164,8 @@ def compile_blocks(model: torch.nn.Module) -> torch.nn.Module:
     """
     layers = getattr(model, "layers", None)
     if layers is None:
-        raise ValueError(f"compile_blocks needs a model with .layers (the course's GPT); "
-                         f"got {type(model).__name__}.")
+        raise ValueError(tr("compile_blocks needs a model with .layers (the course's GPT); got "
+                            "{type}.", type=type(model).__name__))
     for unit in layers:
         if not isinstance(unit, CompiledUnderBudget):
             unit.compile()

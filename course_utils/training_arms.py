@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from .config import RunConfig
 from .guard import check_feasible
+from .i18n import tr
 from .terms import autocast_dtype, check_positive_int
 from .training import StepCounter, TrainHistory, evaluate, setup, train_step
 
@@ -71,7 +72,8 @@ class Arm:
     def __post_init__(self):
         autocast_dtype(self.precision)
         if not (isinstance(self.loss_factor, (int, float)) and self.loss_factor > 0):
-            raise ValueError(f"loss_factor must be a positive number, got {self.loss_factor!r}.")
+            raise ValueError(tr("loss_factor must be a positive number, got {factor!r}.",
+                                factor=self.loss_factor))
 
 
 @dataclass
@@ -196,14 +198,14 @@ def train_arms(config: RunConfig, arms, steps: int, eval_every: int | None = Non
     """
     arms = list(arms)
     if not arms:
-        raise ValueError("train_arms needs at least one Arm.")
+        raise ValueError(tr("train_arms needs at least one Arm."))
     labels = [a.label for a in arms]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"arm labels must differ, got {labels}.")
+        raise ValueError(tr("arm labels must differ, got {labels}.", labels=labels))
     for a in arms:
         check_feasible(config.replace(precision=a.precision), force=force)
     eval_every = eval_every or max(1, steps // 5)
-    bar = tqdm(total=len(arms) * steps, desc="training", disable=not progress, leave=False)
+    bar = tqdm(total=len(arms) * steps, desc=tr("training"), disable=not progress, leave=False)
     try:
         return {a.label: train_arm(config, a, steps, eval_every, eval_batches, bar) for a in arms}
     finally:
@@ -225,7 +227,7 @@ def _pct(x: float) -> str:
     """A share (0 to 1) as a percentage with two significant figures."""
     if x == 0:
         return "0%"
-    return f"{100 * x:.2g}%" if 100 * x >= 1e-3 else "under 0.001%"
+    return f"{100 * x:.2g}%" if 100 * x >= 1e-3 else tr("under 0.001%")
 
 
 def flushed_trend(history: ArmHistory) -> str:
@@ -247,23 +249,24 @@ def flushed_trend(history: ArmHistory) -> str:
     k = max(1, n // 5)
     first, last = sum(f[:k]) / k, sum(f[-k:]) / k
     steps = history.steps if len(history.steps) == n else list(range(1, n + 1))
-    head = f"step {steps[0]}" if k == 1 else f"steps {steps[0]}-{steps[k - 1]}"
-    tail = f"step {steps[-1]}" if k == 1 else f"steps {steps[-k]}-{steps[-1]}"
-    mean = "" if k == 1 else "mean of "
+
+    def when(a: int, b: int) -> str:  # the steps a share is the mean of
+        return (tr("step {step}", step=steps[a]) if k == 1 else
+                tr("mean of steps {first}-{last}", first=steps[a], last=steps[b]))
+
+    shares = {"first": _pct(first), "head": when(0, k - 1), "last": _pct(last),
+              "tail": when(-k, -1)}
     top = max(range(n), key=lambda i: f[i])
     if f[top] == 0:
-        return f"stayed at 0% at every one of the {n} steps"
+        return tr("stayed at 0% at every one of the {n} steps", n=n)
     if 0 < top < n - 1 and f[top] > 1.5 * max(first, last):
-        return (f"rose to {_pct(f[top])} at step {steps[top]} and fell back: {_pct(first)} "
-                f"({mean}{head}), {_pct(last)} ({mean}{tail})")
+        return tr("rose to {peak} at step {step} and fell back: {first} ({head}), {last} ({tail})",
+                  peak=_pct(f[top]), step=steps[top], **shares)
     if last > 1.25 * first:
-        verb = "rose"
-    elif first > 1.25 * last:
-        verb = "fell"
-    else:
-        return (f"stayed about level: {_pct(first)} ({mean}{head}), {_pct(last)} "
-                f"({mean}{tail})")
-    return f"{verb} from {_pct(first)} ({mean}{head}) to {_pct(last)} ({mean}{tail})"
+        return tr("rose from {first} ({head}) to {last} ({tail})", **shares)
+    if first > 1.25 * last:
+        return tr("fell from {first} ({head}) to {last} ({tail})", **shares)
+    return tr("stayed about level: {first} ({head}), {last} ({tail})", **shares)
 
 
 def results_table(histories: dict, reference: str) -> pd.DataFrame:
@@ -277,7 +280,8 @@ def results_table(histories: dict, reference: str) -> pd.DataFrame:
         ValueError: ``reference`` is not one of the arms.
     """
     if reference not in histories:
-        raise ValueError(f"reference {reference!r} is not one of {list(histories)}.")
+        raise ValueError(tr("reference {reference!r} is not one of {labels}.",
+                            reference=reference, labels=list(histories)))
     rows = {}
     for label, h in histories.items():
         rows[label] = {

@@ -90,6 +90,19 @@ def test_autocast_policy_reads_this_devices_lists():
         autocast_policy("cuda:7" if not torch.cuda.is_available() else "nonsense")
 
 
+def test_autocast_policy_says_its_rules_in_korean_and_keeps_its_english_labels(monkeypatch):
+    """Issue 28: a Korean learner reads what autocast does in Korean; the probes (index) and the
+    columns stay English, so code that looks them up works in both editions."""
+    english = autocast_policy("cpu", torch.bfloat16)
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    t = autocast_policy("cpu", torch.bfloat16)
+    assert list(t.index) == list(english.index) and list(t.columns) == list(english.columns)
+    assert t.loc["linear (matmul)", "autocast here"] == "bf16으로 실행"
+    assert t.loc["cross_entropy (the loss)", "autocast here"] == "fp32로 실행"
+    assert t.loc["layer_norm", "autocast here"] == "입력 dtype을 따름"
+    assert t[["fp32 input", "bf16 input"]].equals(english[["fp32 input", "bf16 input"]])
+
+
 def test_ops_by_dtype_groups_a_recording():
     cfg = config_for("smoke", device="cpu")
     model = build_model(cfg)

@@ -166,6 +166,16 @@ def test_the_last_error_reads_torchruns_record_and_the_ranks_lines():
     assert distributed._last_error(killed) == "rank 0 died of SIGKILL"
 
 
+def test_a_korean_learner_reads_the_launchers_errors_in_korean(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    killed = "E1124 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 7) of binary: python\n"
+    assert distributed._last_error(killed) == "랭크 0이(가) SIGKILL 신호로 종료됨"
+    with pytest.raises(FileNotFoundError) as info:
+        distributed.launch(tmp_path / "nope.py", 1, backend="gloo")
+    assert str(info.value) == (f"{(tmp_path / 'nope.py').resolve()}에 스크립트가 없습니다. 먼저 "
+                               "작성하세요(예: %%writefile로).")
+
+
 def test_ranks_end_without_interpreter_teardown(tmp_path):
     # the rank runner ends each rank with os._exit once the script is done: nothing runs at
     # interpreter teardown (where gloo's threads, still alive, could abort the rank)

@@ -141,3 +141,19 @@ def test_underflow_table_layout():
         underflow_table({}, [("fp16", 1)])
     with pytest.raises(ValueError):
         underflow_table(groups, [])
+
+
+def test_underflow_table_names_the_loss_scale_in_korean_and_keeps_its_numbers(monkeypatch):
+    """Issue 28: the row a Korean learner reads says 손실 (loss) in Korean; the counts and the
+    columns the code reads are the English run's."""
+    groups = {"a": torch.tensor([FP16_SUB / 4, 1.0])}
+    cases = [("fp16", 1), ("fp16", 2.0 ** 16), ("fp16", 1000.0)]
+    english = underflow_table(groups, cases)
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    korean = underflow_table(groups, cases)
+    assert list(korean.index.get_level_values("stored as")) == [
+        "fp16", "fp16, 손실 x 2^16", "fp16, 손실 x 1000"]
+    assert list(korean.columns) == list(english.columns)
+    assert (korean.to_numpy() == english.to_numpy()).all()
+    with pytest.raises(ValueError, match="^log2_histogram에는 0이 아닌 유한한 값이"):
+        log2_histogram(torch.zeros(3))

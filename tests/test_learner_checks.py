@@ -36,6 +36,18 @@ def test_exercise02_helpers_count_calls_gradients_memory_and_flops(cfg):
         learner_checks.forward_calls(learner_checks.forward_plain, list(blocks), x)
 
 
+def test_the_checks_tell_a_korean_learner_what_to_pass_in_korean(monkeypatch):
+    """Issue 28: an exercise's check refuses bad input in the learner's language."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+    with pytest.raises(TypeError) as info:
+        learner_checks.forward_calls(learner_checks.forward_plain, list(blocks), torch.ones(1, 4))
+    assert str(info.value) == ("blocks는 블록들의 nn.ModuleList(또는 nn.Sequential)여야 합니다. "
+                               "받은 것: list.")
+    with pytest.raises(ValueError, match=r"^x는 requires_grad가 켜져 있어야 합니다"):
+        learner_checks.gradients(learner_checks.forward_plain, blocks, torch.ones(1, 4))
+
+
 def _manual_grads(cfg, micro):
     model = build_model(cfg)
     for x, y in micro:

@@ -68,3 +68,21 @@ def test_the_count_check_takes_a_minimum_and_none_where_allowed():
         check_positive_int("k", 1, minimum=2)
     with pytest.raises(ValueError, match="must be a positive integer or None, got 0"):
         check_positive_int("steps", 0, allow_none=True)
+
+
+def test_a_korean_learner_reads_the_count_check_and_a_bad_config_in_korean(monkeypatch):
+    """Issue 28: the messages a learner meets on bad input come in the learner's language, the
+    value and the valid names as they are; English stays the default (the tests above)."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    with pytest.raises(ValueError) as info:
+        check_positive_int("steps", 0)
+    assert str(info.value) == "steps은(는) 양의 정수여야 합니다. 받은 값: 0."
+    with pytest.raises(ValueError) as info:
+        check_positive_int("k", 1, minimum=2, allow_none=True)
+    assert str(info.value) == "k은(는) 2 이상의 정수이거나 None이어야 합니다. 받은 값: 1."
+    with pytest.raises(ValueError) as info:
+        config_for("huge")
+    assert str(info.value) == ("알 수 없는 크기 'huge'입니다. 다음 중 하나여야 합니다: "
+                               "smoke, cpu, t4, a100, h100.")
+    with pytest.raises(ValueError, match=r"^알 수 없는 정밀도 'fp8'"):
+        precision_dtype("fp8")

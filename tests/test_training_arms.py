@@ -118,6 +118,19 @@ def test_flushed_trend_says_how_the_share_moved():
         flushed_trend(arm_history("e", [1.0], []))
 
 
+def test_flushed_trend_in_korean_is_one_sentence_per_case_with_the_same_numbers(monkeypatch):
+    """Issue 28: under COURSE_LANG=ko each case is its own Korean template (Korean word order),
+    filled with the same shares and steps as the English sentence."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    assert flushed_trend(arm_history("f", [1.0], [0.03, 0.02, 0.01, 0.005, 0.001])) == \
+        "감소함: 3%(스텝 1) → 0.1%(스텝 5)"
+    assert flushed_trend(arm_history("r", [1.0], [0.001 * i for i in range(1, 21)])) == \
+        "증가함: 0.25%(스텝 1-4 평균) → 1.9%(스텝 17-20 평균)"
+    assert flushed_trend(arm_history("z", [1.0], [0.0] * 5)) == "5개 스텝 모두에서 0%로 유지됨"
+    assert flushed_trend(arm_history("u", [1.0], [1e-6] * 3)) == \
+        "거의 일정하게 유지됨: 0.001% 미만(스텝 1), 0.001% 미만(스텝 3)"
+
+
 T4 = HardwareInfo(device="cuda", name="Tesla T4", compute_capability=(7, 5), native_bf16=False,
                   fp16_fast=True, bf16_emulated=True)
 
