@@ -181,9 +181,10 @@ def test_one_verdict_per_claim_from_the_engine(path):
     assert not re.search(r'"(held|busted|failed|depends|not measured here)"', code(path))
 
 
-@pytest.mark.parametrize("path", [LESSON[n] for n in ("01", "02", "03", "05")],
-                         ids=lesson_ids([LESSON[n] for n in ("01", "02", "03", "05")]))
+@pytest.mark.parametrize("path", LESSONS, ids=lesson_ids(LESSONS))
 def test_the_setup_cell_chooses_the_threads_once(path):
+    """docs/method.md#time: torch's threads are chosen once per machine and kept for every
+    lesson, lesson 04 included (its phase split measures memory in-process)."""
     assert code(path).count("use_threads()") == 1
     assert "use_threads()" in cell(path, "setup").source
 
