@@ -316,9 +316,11 @@ def _why_policy(profile, pick: _Pick | None, mine: list, ex, want: int, need: in
                        f"{_ratio_words(profile.ratio(chosen['m']))}.")
     if pick is None:
         return reasons
-    for other, (ref, r) in pick.beaten.items():
+    for other, (ref, r) in pick.beaten.items():   # told by the pair's own rounds: a verdict and
+        # its band, no point ratio (the table's times are each against none, not against ref)
         who = "No checkpointing fits too, but measured" if other == "none" else f"{other} fits too, with"
-        reasons.append(f"{who} {_ratio_words(r, _name(ref['policy']))}.")
+        reasons.append(f"{who} a step time {r.verdict} than {_name(ref['policy'])}'s, round by "
+                       f"round ({r.band_text()}).")
     if pick.versus:
         rest = list(pick.versus)
         told = all(r.verdict == "within noise" for r in pick.versus.values())
@@ -375,21 +377,24 @@ def _outside_blocks_note(profile, chosen: dict) -> list[str]:
     repeated blocks than inside them: there the head's logits and the loss's copies (B x T x V
     values) set the saved bytes, which no checkpoint policy reaches, and a chunked
     cross-entropy does (issue 26; `course_utils.chunked_loss`, lesson 03 §6)."""
-    try:
+    try:  # what is saved outside the blocks does not depend on the policy: read it from none,
+        # whose saved tensors the meter files by module (selective's cache has no module name)
         m = profile.get(chosen["precision"], chosen["policy"])
-        by_block = profile.saved_by_block(chosen["precision"], chosen["policy"])["MiB"]
+        by_none = profile.saved_by_block(chosen["precision"], "none")["MiB"]
     except (KeyError, AttributeError, TypeError, ValueError):
         return []
-    if getattr(m.config, "unit", "tokens") != "tokens" or "outside the blocks" not in by_block:
+    if getattr(m.config, "unit", "tokens") != "tokens" or "outside the blocks" not in by_none \
+            or m.saved_total is None:
         return []
-    outside = float(by_block["outside the blocks"])
-    inside = float(by_block.drop("outside the blocks").sum())
+    outside = float(by_none["outside the blocks"])
+    inside = m.saved_total / MiB - outside
     if outside <= inside:
         return []
     return [f"Under {chosen['policy']} the model saves {outside:.3g} MiB outside its blocks "
-            f"against {inside:.3g} MiB inside them: in a language model that is the head's logits "
-            "and the loss's copies, which no checkpoint policy reaches. A chunked cross-entropy "
-            "keeps one chunk of logits at a time (course_utils.chunked_loss; lesson 03 §6)."]
+            f"against {inside:.3g} MiB inside them. In a language model that is the head, its "
+            "logits and the loss's copies, which no checkpoint policy reaches; a chunked "
+            "cross-entropy keeps one chunk of logits at a time (course_utils.chunked_loss; "
+            "lesson 03 §6)."]
 
 
 def _checked(ex, budget_bytes: int, policy: str, micro: int, accum: int, want: int,
