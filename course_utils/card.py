@@ -57,6 +57,7 @@ import pandas as pd
 from .experiments import plain_label, sig_text, size_text
 from .extrapolate import CUDA_PLANNING_SHARE, check_prediction, extrapolate
 from .hardware import detect, recommend_precision
+from .i18n import tr
 from .offload import PCIE_GBPS, transfer_time_estimate
 from .profiling import profile
 from .search import memory_budget
@@ -94,10 +95,12 @@ def budget_from_device(device: str, fraction: float = 0.9) -> tuple[int, str]:
             budget: give a number of bytes).
     """
     try:
-        return memory_budget(fraction, device), f"{fraction:.0%} of the GPU memory free now"
+        return memory_budget(fraction, device), tr("{fraction:.0%} of the GPU memory free now",
+                                                   fraction=fraction)
     except ValueError:
-        raise ValueError(f"device {device!r} has no GPU memory to read a budget from: give a "
-                         "budget in bytes (course-profile --budget 2GiB).") from None
+        raise ValueError(tr("device {device!r} has no GPU memory to read a budget from: give a "
+                            "budget in bytes (course-profile --budget 2GiB).",
+                            device=device)) from None
 
 
 @dataclass
@@ -143,30 +146,42 @@ class Card:
 
     @property
     def recipe(self) -> str:
-        """``bf16 autocast + full checkpointing, micro-batch 12 x 3 accumulation steps``."""
+        """``bf16 autocast + full checkpointing, micro-batch 12 x 3 accumulation steps`` (in the
+        learner's language)."""
         prec = "fp32" if self.precision == "fp32" else f"{self.precision} autocast"
         if self.precision == "fp16":
             prec += " + GradScaler"
-        pol = {"none": "no checkpointing", "full": "full checkpointing",
-               "selective": "selective checkpointing", "offload": "activation offloading",
-               "offload+checkpoint": "checkpointing + offloading of block inputs",
-               "hf": "Hugging Face's gradient checkpointing"}.get(self.policy, self.policy)
-        return (f"{prec} + {pol}, micro-batch {self.micro_batch} x {self.accum_steps} "
-                f"accumulation step{'s' * (self.accum_steps != 1)}")
+        pol = {"none": tr("no checkpointing"), "full": tr("full checkpointing"),
+               "selective": tr("selective checkpointing"), "offload": tr("activation offloading"),
+               "offload+checkpoint": tr("checkpointing + offloading of block inputs"),
+               "hf": tr("Hugging Face's gradient checkpointing")}.get(self.policy, self.policy)
+        if self.accum_steps == 1:
+            return tr("{precision} + {policy}, micro-batch {micro} x {accum} accumulation step",
+                      precision=prec, policy=pol, micro=self.micro_batch, accum=self.accum_steps)
+        return tr("{precision} + {policy}, micro-batch {micro} x {accum} accumulation steps",
+                  precision=prec, policy=pol, micro=self.micro_batch, accum=self.accum_steps)
 
     def text(self) -> str:
         """The card as text: a title, the recipe, the numbers, the reasons."""
-        lines = [f"Recommendation for {self.model} on {self.device_name}",
-                 f"  recipe      : {self.recipe} (effective batch {self.effective_batch}"
-                 + (f"; target {self.target_batch})" if self.target_batch != self.effective_batch
-                    else ")"),
-                 f"  budget      : {size_text(self.budget_bytes)} ({self.budget_source})",
-                 f"  peak        : predicted {size_text(self.predicted_peak)}"
-                 + (f", measured {size_text(self.measured_peak)}" if self.measured_peak else "")]
+        lines = [tr("Recommendation for {model} on {device}", model=self.model,
+                    device=self.device_name),
+                 tr("  recipe      : {recipe} (effective batch {effective}; target {target})",
+                    recipe=self.recipe, effective=self.effective_batch, target=self.target_batch)
+                 if self.target_batch != self.effective_batch else
+                 tr("  recipe      : {recipe} (effective batch {effective})", recipe=self.recipe,
+                    effective=self.effective_batch),
+                 tr("  budget      : {budget} ({source})", budget=size_text(self.budget_bytes),
+                    source=tr(self.budget_source)),
+                 tr("  peak        : predicted {predicted}, measured {measured}",
+                    predicted=size_text(self.predicted_peak),
+                    measured=size_text(self.measured_peak)) if self.measured_peak else
+                 tr("  peak        : predicted {predicted}",
+                    predicted=size_text(self.predicted_peak))]
         if self.throughput:
-            lines.append(f"  throughput  : {sig_text(self.throughput)} {self.unit}/s (measured at "
-                         f"micro-batch {self.measured_batch})")
-        lines.append("  why:")
+            lines.append(tr("  throughput  : {throughput} {unit}/s (measured at micro-batch "
+                            "{batch})", throughput=sig_text(self.throughput), unit=tr(self.unit),
+                            batch=self.measured_batch))
+        lines.append(tr("  why:"))
         lines += [f"   - {r}" for r in self.reasons]
         return "\n".join(lines)
 
@@ -187,34 +202,40 @@ class Card:
         return json.loads(json.dumps(d, default=str))
 
 
-def _ratio_words(r, of: str = "no checkpointing") -> str:
+def _ratio_words(r, of: str | None = None) -> str:
     """A step-time comparison in words: the ratio only where it is outside the noise (a
-    speed-up as ``"1.43x faster"``), always with its noise band (`TimeRatio.band_text`)."""
+    speed-up as ``"1.43x faster"``), always with its noise band (`TimeRatio.band_text`);
+    ``of`` names the other policy (default: no checkpointing)."""
+    of = of or _name("none")
     if r.ratio is None:
-        return "a step time that was not measured"
+        return tr("a step time that was not measured")
     band = r.band_text()
     if r.verdict == "faster":
-        return f"a step time {1 / r.ratio:.2f}x faster than {of} ({band})"
+        return tr("a step time {speedup:.2f}x faster than {other} ({band})", speedup=1 / r.ratio,
+                  other=of, band=band)
     if r.verdict == "slower":
-        return f"a step time {r.ratio:.2f}x slower than {of} ({band})"
+        return tr("a step time {ratio:.2f}x slower than {other} ({band})", ratio=r.ratio,
+                  other=of, band=band)
     if r.verdict == "within noise":
-        return f"a step time within the noise of {of} ({band})"
+        return tr("a step time within the noise of {other} ({band})", other=of, band=band)
     if r.verdict == "emulated":
-        return (f"a step time about {emulated_factor(r.ratio)} that of {of} (emulated here: not "
-                "the speed of real hardware)")
-    return f"a step time against {of}: {r.verdict} ({band})"
+        return tr("a step time about {factor} that of {other} (emulated here: not the speed of "
+                  "real hardware)", factor=emulated_factor(r.ratio), other=of)
+    return tr("a step time against {other}: {verdict} ({band})", other=of, verdict=tr(r.verdict),
+              band=band)
 
 
 def _name(policy: str) -> str:
-    return "no checkpointing" if policy == "none" else policy
+    return tr("no checkpointing") if policy == "none" else policy
 
 
 def _flops_order(policies) -> str:
     """``policies`` in `PREFERENCE` order, as the tie rule's last key is printed."""
     order = sorted(policies, key=_rank)
-    note = (" (offload recomputes nothing but copies every saved tensor to the host and back: "
-            "it ranks after selective)" if "offload" in order and "selective" in order else "")
-    return ", ".join(order) + note
+    if "offload" in order and "selective" in order:
+        return tr("{order} (offload recomputes nothing but copies every saved tensor to the host "
+                  "and back: it ranks after selective)", order=", ".join(order))
+    return ", ".join(order)
 
 
 @dataclass
@@ -295,45 +316,70 @@ def _why_policy(profile, pick: _Pick | None, mine: list, ex, want: int, need: in
     none_b = plain["largest batch"] if plain else 0
     reasons = []
     if policy == "none":
-        reasons.append(f"Without checkpointing a micro-batch of {none_b} fits the budget, enough "
-                       f"for the target of {want}: nothing needs recomputing." if none_b >= want else
-                       f"Without checkpointing a micro-batch of {none_b} fits, at least the {need} at "
-                       f"which throughput was measured; {accum} accumulation steps reach the "
-                       f"target of {want} with no recomputation.")
+        reasons.append(tr("Without checkpointing a micro-batch of {batch} fits the budget, enough "
+                          "for the target of {target}: nothing needs recomputing.", batch=none_b,
+                          target=want) if none_b >= want else
+                       tr("Without checkpointing a micro-batch of {batch} fits, at least the "
+                          "{measured} at which throughput was measured; {accum} accumulation steps "
+                          "reach the target of {target} with no recomputation.", batch=none_b,
+                          measured=need, accum=accum, target=want))
     else:
         if none_b == 0:
-            reasons.append(f"Without checkpointing not even a batch of 1 fits "
-                           f"({ex.peak(1, 'none') / MiB:.1f} MiB predicted).")
+            reasons.append(tr("Without checkpointing not even a batch of 1 fits ({peak:.1f} MiB "
+                              "predicted).", peak=ex.peak(1, "none") / MiB))
         elif none_b < need:
-            reasons.append(f"Without checkpointing only {none_b} samples fit, fewer than the "
-                           f"{need} at which throughput was measured.")
+            reasons.append(tr("Without checkpointing only {batch} samples fit, fewer than the "
+                              "{measured} at which throughput was measured.", batch=none_b,
+                              measured=need))
         short = [o["policy"] for o in mine if o["largest batch"] < need
                  and o["policy"] not in ("none", policy)]
         if short:
-            reasons.append(f"{', '.join(short)} do{'es' * (len(short) == 1)} not reach a "
-                           f"micro-batch of {need} under the budget.")
-        reasons.append(f"With {policy} a micro-batch of {chosen['largest batch']} fits, at "
-                       f"{_ratio_words(profile.ratio(chosen['m']))}.")
+            reasons.append(tr("{policies} does not reach a micro-batch of {batch} under the "
+                              "budget.", policies=short[0], batch=need) if len(short) == 1 else
+                           tr("{policies} do not reach a micro-batch of {batch} under the budget.",
+                              policies=", ".join(short), batch=need))
+        reasons.append(tr("With {policy} a micro-batch of {batch} fits, at {comparison}.",
+                          policy=policy, batch=chosen["largest batch"],
+                          comparison=_ratio_words(profile.ratio(chosen["m"]))))
     if pick is None:
         return reasons
     for other, (ref, r) in pick.beaten.items():   # told by the pair's own rounds: a verdict and
         # its band, no point ratio (the table's times are each against none, not against ref)
-        who = "No checkpointing fits too, but measured" if other == "none" else f"{other} fits too, with"
-        reasons.append(f"{who} a step time {r.verdict} than {_name(ref['policy'])}'s, round by "
-                       f"round ({r.band_text()}).")
+        words = tr("a step time slower than {other}'s, round by round ({band})",
+                   other=_name(ref["policy"]), band=r.band_text())
+        reasons.append(tr("No checkpointing fits too, but measured {comparison}.", comparison=words)
+                       if other == "none" else
+                       tr("{policy} fits too, with {comparison}.", policy=other, comparison=words))
     if pick.versus:
-        rest = list(pick.versus)
-        told = all(r.verdict == "within noise" for r in pick.versus.values())
-        bands = "; ".join(f"{p} against {policy}: {r.band_text() if told else r.verdict}"
-                          for p, r in pick.versus.items())
-        sizes = ", ".join(f"{o['policy']} {min(o['largest batch'], want)}" for o in pick.tied)
-        reasons.append(
-            f"{', '.join(rest)} {'has a step time' if len(rest) == 1 else 'have step times'} "
-            f"{'within the noise of' if told else 'not told apart from'} {_name(policy)}'s "
-            f"({bands}), so time does not decide. The tie goes to the larger micro-batch under the "
-            f"budget, up to the target of {want} ({sizes}), then to fewer recomputed FLOPs "
-            f"({_flops_order(o['policy'] for o in pick.tied)}): {policy}.")
+        reasons.append(_tie_words(pick, policy, want))
     return reasons
+
+
+def _tie_words(pick: _Pick, policy: str, want: int) -> str:
+    """The sentences of a tie: the tied policies' bands (or verdicts) against the choice, and the
+    rule that broke the tie."""
+    rest = ", ".join(pick.versus)
+    told = all(r.verdict == "within noise" for r in pick.versus.values())
+    bands = "; ".join(tr("{policy} against {chosen}: {band}", policy=p, chosen=policy,
+                         band=r.band_text() if told else tr(r.verdict))
+                      for p, r in pick.versus.items())
+    fields = dict(policies=rest, chosen=_name(policy), bands=bands)
+    one = len(pick.versus) == 1
+    if told:
+        first = (tr("{policies} has a step time within the noise of {chosen}'s ({bands}), so time "
+                    "does not decide.", **fields) if one else
+                 tr("{policies} have step times within the noise of {chosen}'s ({bands}), so time "
+                    "does not decide.", **fields))
+    else:
+        first = (tr("{policies} has a step time not told apart from {chosen}'s ({bands}), so time "
+                    "does not decide.", **fields) if one else
+                 tr("{policies} have step times not told apart from {chosen}'s ({bands}), so time "
+                    "does not decide.", **fields))
+    sizes = ", ".join(f"{o['policy']} {min(o['largest batch'], want)}" for o in pick.tied)
+    return first + " " + tr(
+        "The tie goes to the larger micro-batch under the budget, up to the target of {target} "
+        "({sizes}), then to fewer recomputed FLOPs ({order}): {policy}.", target=want,
+        sizes=sizes, order=_flops_order(o["policy"] for o in pick.tied), policy=policy)
 
 
 def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str, hw,
@@ -345,30 +391,40 @@ def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str
     policy = chosen["policy"]
     others = sorted((o for o in mine if o is not chosen), key=lambda o: -o["largest batch"])
     if others:
-        reasons.append("Largest micro-batch under the budget by policy: " + ", ".join(
-            f"{o['policy']} {o['largest batch']}" for o in [chosen, *others]) + ".")
+        reasons.append(tr("Largest micro-batch under the budget by policy: {batches}.",
+                          batches=", ".join(f"{o['policy']} {o['largest batch']}"
+                                            for o in [chosen, *others])))
     for o in options:
         if o["precision"] != precision and o["policy"] == policy and o["largest batch"]:
-            why = " (emulated on this machine: not recommended for speed)" if o["emulated"] else ""
-            reasons.append(f"In {o['precision']} the same policy would fit a micro-batch of "
-                           f"{o['largest batch']}{why}.")
+            reasons.append(tr("In {precision} the same policy would fit a micro-batch of {batch} "
+                              "(emulated on this machine: not recommended for speed).",
+                              precision=o["precision"], batch=o["largest batch"])
+                           if o["emulated"] else
+                           tr("In {precision} the same policy would fit a micro-batch of "
+                              "{batch}.", precision=o["precision"], batch=o["largest batch"]))
     off = next((mm for mm in profile.measurements if mm.config.checkpoint == "offload"
                 and mm.config.precision == precision), None)
     if off is not None and off.bytes_to_host:
         moved = off.bytes_to_host
         if hw.device == "cuda":  # its step time is said once: above, if it was a candidate
-            timed = "" if "offload" in stated else f": {_ratio_words(profile.ratio(off))}"
-            reasons.append(f"Offloading moved {moved / MiB:.1f} MiB per step to the host and back "
-                           f"(measured at micro-batch {measured_batch}){timed}.")
+            fields = dict(moved=moved / MiB, batch=measured_batch)
+            reasons.append(tr("Offloading moved {moved:.1f} MiB per step to the host and back "
+                              "(measured at micro-batch {batch}).", **fields)
+                           if "offload" in stated else
+                           tr("Offloading moved {moved:.1f} MiB per step to the host and back "
+                              "(measured at micro-batch {batch}): {comparison}.", **fields,
+                              comparison=_ratio_words(profile.ratio(off))))
         else:
-            reasons.append(f"Offloading would move {moved / MiB:.1f} MiB per step to the host and "
-                           f"back at micro-batch {measured_batch}: about "
-                           f"{transfer_time_estimate(moved) * 1e3:.1f} ms over a {PCIE_GBPS:g} GB/s "
-                           "PCIe link (an estimate: on a CPU nothing is moved).")
+            reasons.append(tr("Offloading would move {moved:.1f} MiB per step to the host and "
+                              "back at micro-batch {batch}: about {ms:.1f} ms over a {gbps:g} GB/s "
+                              "PCIe link (an estimate: on a CPU nothing is moved).",
+                              moved=moved / MiB, batch=measured_batch,
+                              ms=transfer_time_estimate(moved) * 1e3, gbps=PCIE_GBPS))
     reasons += _outside_blocks_note(profile, chosen)
     if hw.device == "cuda":
-        reasons.append(f"Planned to {CUDA_PLANNING_SHARE:.0%} of the budget: the allocator "
-                       "keeps freed blocks cached, so it reserves more than the peak it allocates.")
+        reasons.append(tr("Planned to {share:.0%} of the budget: the allocator keeps freed blocks "
+                          "cached, so it reserves more than the peak it allocates.",
+                          share=CUDA_PLANNING_SHARE))
     return reasons
 
 
@@ -390,11 +446,11 @@ def _outside_blocks_note(profile, chosen: dict) -> list[str]:
     inside = m.saved_total / MiB - outside
     if outside <= inside:
         return []
-    return [f"Under {chosen['policy']} the model saves {outside:.3g} MiB outside its blocks "
-            f"against {inside:.3g} MiB inside them. In a language model that is the head, its "
-            "logits and the loss's copies, which no checkpoint policy reaches; a chunked "
-            "cross-entropy keeps one chunk of logits at a time (course_utils.chunked_loss; "
-            "lesson 03 §6)."]
+    return [tr("Under {policy} the model saves {outside:.3g} MiB outside its blocks against "
+               "{inside:.3g} MiB inside them. In a language model that is the head, its logits and "
+               "the loss's copies, which no checkpoint policy reaches; a chunked cross-entropy "
+               "keeps one chunk of logits at a time (course_utils.chunked_loss; lesson 03 §6).",
+               policy=chosen["policy"], outside=outside, inside=inside)]
 
 
 def _checked(ex, budget_bytes: int, policy: str, micro: int, accum: int, want: int,
@@ -402,12 +458,12 @@ def _checked(ex, budget_bytes: int, policy: str, micro: int, accum: int, want: i
     """Rule 4: one real step at ``micro``; on CUDA, after an out-of-memory step, the micro-batch
     steps down by `BACK_OFF` (at most `CHECKS` steps). Returns ``(micro, accum, want,
     measured peak or None, note, sentences)``."""
-    reasons, measured, note = [], None, "not checked"
+    reasons, measured, note = [], None, tr("not checked")
     for _ in range(CHECKS if on_cuda else 1):
         c = check_prediction(ex, budget_bytes, policy, batch_size=micro)
         measured, note = c.measured_peak, c.note
-        reasons.append(f"Checked with one real step: {note}" if c.measured_peak or c.oom
-                       else f"Not checked: {note}")
+        reasons.append(tr("Checked with one real step: {note}", note=note)
+                       if c.measured_peak or c.oom else tr("Not checked: {note}", note=note))
         if not (c.oom and on_cuda and micro > 1):
             break
         # the step ran out of memory: never recommend it; step down and check again
@@ -416,11 +472,13 @@ def _checked(ex, budget_bytes: int, policy: str, micro: int, accum: int, want: i
             want = smaller
         accum = math.ceil(want / smaller)
         micro = math.ceil(want / accum)  # <= smaller
-        reasons.append(f"So the micro-batch steps down to {micro} ({accum} accumulation "
-                       f"step{'s' if accum > 1 else ''}).")
+        reasons.append(tr("So the micro-batch steps down to {micro} ({accum} accumulation "
+                          "steps).", micro=micro, accum=accum) if accum > 1 else
+                       tr("So the micro-batch steps down to {micro} ({accum} accumulation step).",
+                          micro=micro, accum=accum))
     if measured is None and on_cuda and c.oom:
-        note = (f"{note} No micro-batch checked fits: give a smaller budget or a policy that "
-                "saves more.")
+        note = tr("{note} No micro-batch checked fits: give a smaller budget or a policy that "
+                  "saves more.", note=note)
     return micro, accum, want, measured, note, reasons
 
 
@@ -444,7 +502,8 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
             batch 1 (the message gives the smallest predicted peak and what to try).
     """
     if not budget_bytes or budget_bytes <= 0:
-        raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
+        raise ValueError(tr("budget_bytes must be a positive number of bytes, got {budget!r}.",
+                            budget=budget_bytes))
     check_positive_int("target_batch", target_batch, allow_none=True)
     first = profile.measurements[0]
     hw = hw or detect(first.config.device)
@@ -460,9 +519,11 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
             and (on_cuda or not o["policy"].startswith("offload")) and o not in changed]
     if not mine:
         smallest = min(ex.peak(1, p) for p in ex.fits)
-        raise ValueError(f"nothing fits {budget_bytes / MiB:.1f} MiB in {precision}, even at "
-                         f"batch 1: the smallest predicted peak is {smallest / MiB:.1f} MiB. Give a "
-                         "larger budget, a shorter sequence, or profile 'full' and 'offload'.")
+        raise ValueError(tr("nothing fits {budget:.1f} MiB in {precision}, even at batch 1: the "
+                            "smallest predicted peak is {smallest:.1f} MiB. Give a larger budget, a "
+                            "shorter sequence, or profile 'full' and 'offload'.",
+                            budget=budget_bytes / MiB, precision=precision,
+                            smallest=smallest / MiB))
     # no target: the largest micro-batch of the policy first in PREFERENCE (no accumulation)
     want = target_batch or min(mine, key=lambda o: _rank(o["policy"]))["largest batch"]
     need = min(want, measured_batch)
@@ -472,13 +533,14 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
     policy = chosen["policy"]
     accum = math.ceil(want / min(chosen["largest batch"], want))
     micro = math.ceil(want / accum)  # the smallest micro-batch that reaches the target in accum steps
-    reasons = [f"{o['policy']} is left out: it changed the first step's gradients beyond rounding "
-               f"(largest difference {o['m'].grad_max_diff:.2g}, the largest gradient "
-               f"{o['m'].grad_scale:.3g}), so it would train another model." for o in changed]
+    reasons = [tr("{policy} is left out: it changed the first step's gradients beyond rounding "
+                  "(largest difference {diff:.2g}, the largest gradient {scale:.3g}), so it would "
+                  "train another model.", policy=o["policy"], diff=o["m"].grad_max_diff,
+                  scale=o["m"].grad_scale) for o in changed]
     reasons += _why_policy(profile, pick, mine, ex, want, need, accum)
     stated = {policy, *(pick.beaten if pick else ()), *(pick.versus if pick else ())}
     reasons += _side_notes(profile, options, chosen, mine, precision, hw, measured_batch, stated)
-    measured_peak, note = None, "not checked"
+    measured_peak, note = None, tr("not checked")
     if check:
         micro, accum, want, measured_peak, note, checked = _checked(
             ex, budget_bytes, policy, micro, accum, want, target_batch is not None, on_cuda)

@@ -18,6 +18,7 @@ from .cli_args import add_precisions_and_policies, positive_int, positive_second
 from .config import SIZE_PROFILES, config_for, size_profile
 from .experiments import compare, ladder, summary
 from .hardware import detect, recommend_precision, report, use_threads
+from .i18n import tr
 from .measure import accept
 from .results import bench_rows, check_out_dir, write_bench
 
@@ -27,29 +28,31 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="course-bench",
-        description="Train the course's byte-level transformer on real text in the "
-                    "configurations this machine should compare (fp32, the recommended "
-                    "precision, activation checkpointing full and selective); print measured "
-                    "step time, peak memory and saved-activation bytes next to the analytic "
-                    "estimate.")
+        description=tr("Train the course's byte-level transformer on real text in the "
+                       "configurations this machine should compare (fp32, the recommended "
+                       "precision, activation checkpointing full and selective); print measured "
+                       "step time, peak memory and saved-activation bytes next to the analytic "
+                       "estimate."))
     p.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
-                   help="size profile (default: $COURSE_SIZE, else chosen from the hardware)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best)")
+                   help=tr("size profile (default: $COURSE_SIZE, else chosen from the hardware)"))
+    p.add_argument("--device", default=None, help=tr("cpu, cuda, cuda:N or mps (default: best)"))
     add_precisions_and_policies(
-        p, precisions_help="comma-separated, e.g. fp32,bf16 (with --policies: a grid)",
-        policies_help="comma-separated checkpoint policies: none, full, every-K, segments:N, "
-                      "selective, memory-budget:B")
+        p, precisions_help=tr("comma-separated, e.g. fp32,bf16 (with --policies: a grid)"),
+        policies_help=tr("comma-separated checkpoint policies: none, full, every-K, segments:N, "
+                         "selective, memory-budget:B"))
     for flag, kind, what in (
-            ("--steps", positive_int, "timed rounds (default: as many as fit in the size's time "
-                                      "budget)"),
-            ("--budget", positive_seconds, "seconds of timed steps (default: per size profile)"),
-            ("--batch-size", positive_int, "sequences per micro-batch (default: the size's)"),
-            ("--seq-len", positive_int, "tokens per sequence (default: the size's)")):
+            ("--steps", positive_int, tr("timed rounds (default: as many as fit in the size's "
+                                         "time budget)")),
+            ("--budget", positive_seconds, tr("seconds of timed steps (default: per size "
+                                              "profile)")),
+            ("--batch-size", positive_int, tr("sequences per micro-batch (default: the size's)")),
+            ("--seq-len", positive_int, tr("tokens per sequence (default: the size's)"))):
         p.add_argument(flag, type=kind, default=None, help=what)
-    p.add_argument("--out", type=Path, default=None, help="folder for bench.json and bench.png")
+    p.add_argument("--out", type=Path, default=None,
+                   help=tr("folder for bench.json and bench.png"))
     p.add_argument("--force", action="store_true",
-                   help="run configurations that would be refused (fp16 on a CPU, emulated bf16 "
-                        "on a GPU, an estimated peak above the free memory)")
+                   help=tr("run configurations that would be refused (fp16 on a CPU, emulated "
+                           "bf16 on a GPU, an estimated peak above the free memory)"))
     return p
 
 
@@ -79,19 +82,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     threads = use_threads()
-    print(f"course-bench: size '{size}': {base.n_layers} layers, d_model {base.d_model}, "
-          f"{base.n_heads} heads, seq {base.seq_len}, batch {base.batch_size}; threads: "
-          f"{threads.threads} ({threads.reason})")
+    print("course-bench: " + tr("size '{size}': {n_layers} layers, d_model {d_model}, {n_heads} "
+                                "heads, seq {seq_len}, batch {batch}; threads: {threads} "
+                                "({reason})", size=size, n_layers=base.n_layers,
+                                d_model=base.d_model, n_heads=base.n_heads, seq_len=base.seq_len,
+                                batch=base.batch_size, threads=threads.threads,
+                                reason=tr(threads.reason)))
     print(report(hw))
     df = compare(configs, budget_s=args.budget, steps=args.steps, force=args.force, hw=hw)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary(df).to_string())
-    print("time vs first: the median of per-round step-time ratios to the first row, shown only "
-          "outside the noise (its noise band, as printed, excludes 1.00). est: the analytic "
-          "estimate (course_utils.memory_model). saved: saved tensors = activations + autocast "
-          "weight copies + logits. MiB = 2^20 bytes.")
+    print(tr("time vs first: the median of per-round step-time ratios to the first row, shown only "
+             "outside the noise (its noise band, as printed, excludes 1.00). est: the analytic "
+             "estimate (course_utils.memory_model). saved: saved tensors = activations + autocast "
+             "weight copies + logits. MiB = 2^20 bytes."))
     for note in sorted(set(n for n in df["notes"] if n)):
-        print(f"note: {note}")
+        print(tr("note: {note}", note=note))
     if args.out:
         from .plots import comparison_chart  # lazy: matplotlib loads only when a chart is written
         rec = recommend_precision(hw)
@@ -100,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                    "recommendation": {"precision": rec.precision, "grad_scaler": rec.grad_scaler,
                                       "reason": rec.reason},
                    "rows": bench_rows(df)}
-        fig = comparison_chart(df, title=f"{hw.name}, size '{size}'")
+        fig = comparison_chart(df, title=hw.name, size=size)  # "<GPU>, size '<size>'"
         paths = write_bench(args.out, payload, fig)
-        print("wrote " + " and ".join(str(p) for p in paths))
+        print(tr("wrote {paths}", paths=tr(" and ").join(str(p) for p in paths)))
     return 0
 
 

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .i18n import tr
 from .terms import PRECISIONS, GiB, MiB, check_positive_int
 
 __all__ = ["comma_list", "positive_int", "positive_seconds", "parse_bytes",
@@ -31,10 +32,11 @@ def comma_list(valid: Sequence[str] | None = None, what: str = "value") -> Calla
     def parse(text: str) -> list[str]:
         items = [t.strip() for t in text.split(",") if t.strip()]
         if not items:
-            raise argparse.ArgumentTypeError(f"no {what} given")
+            raise argparse.ArgumentTypeError(tr("no {what} given", what=tr(what)))
         bad = [t for t in items if valid is not None and t not in valid]
         if bad:
-            raise argparse.ArgumentTypeError(f"unknown {what} {bad}: expected {', '.join(valid)}")
+            raise argparse.ArgumentTypeError(tr("unknown {what} {bad}: expected {valid}",
+                                                what=tr(what), bad=bad, valid=", ".join(valid)))
         return items
     return parse
 
@@ -60,7 +62,8 @@ def positive_int(text: str) -> int:
         value = int(text)
         check_positive_int("value", value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(tr("expected a positive integer, got {text!r}",
+                                            text=text)) from None
     return value
 
 
@@ -76,7 +79,8 @@ def positive_seconds(text: str) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(tr("expected a positive number of seconds, got {text!r}",
+                                            text=text))
     return value
 
 
@@ -110,15 +114,19 @@ def check_out_folder(folder: str | os.PathLike, flag: str = "--out") -> Path:
     """
     out = Path(folder)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{flag} {str(out)!r} is an existing file, not a folder.")
+        raise ValueError(tr("{flag} {path!r} is an existing file, not a folder.", flag=flag,
+                            path=str(out)))
     parent = out if out.exists() else out.parent
     if not parent.exists():
-        raise ValueError(f"{flag} {str(out)!r}: its parent folder {str(parent)!r} does not exist.")
+        raise ValueError(tr("{flag} {path!r}: its parent folder {parent!r} does not exist.",
+                            flag=flag, path=str(out), parent=str(parent)))
     if not parent.is_dir():
-        raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is not a folder.")
+        raise ValueError(tr("{flag} {path!r}: {parent!r} is not a folder.", flag=flag,
+                            path=str(out), parent=str(parent)))
     why = cannot_write(parent)
     if why:
-        raise ValueError(f"{flag} {str(out)!r}: {str(parent)!r} is not writable ({why}).")
+        raise ValueError(tr("{flag} {path!r}: {parent!r} is not writable ({why}).", flag=flag,
+                            path=str(out), parent=str(parent), why=why))
     return out
 
 
@@ -141,21 +149,26 @@ def check_out_file(out: str | os.PathLike, default_name: str, flag: str = "--out
     if path.is_dir() or text.endswith(("/", os.sep)):
         path = check_out_folder(path, flag) / default_name
         if path.is_dir():
-            raise ValueError(f"{flag} {text!r}: {str(path)!r} is a folder: give a file name.")
+            raise ValueError(tr("{flag} {path!r}: {file!r} is a folder: give a file name.",
+                                flag=flag, path=text, file=str(path)))
     folder = path.parent
     for parent in (folder, *folder.parents):  # the nearest that exists must be a folder
         if parent.exists():
             if not parent.is_dir():
-                raise ValueError(f"{flag} {text!r}: {str(parent)!r} is a file, not a folder.")
+                raise ValueError(tr("{flag} {path!r}: {parent!r} is a file, not a folder.",
+                                    flag=flag, path=text, parent=str(parent)))
             break
     if not folder.exists() and not text.endswith(("/", os.sep)):
-        raise ValueError(f"{flag} {text!r}: the folder {str(folder)!r} does not exist.")
+        raise ValueError(tr("{flag} {path!r}: the folder {folder!r} does not exist.", flag=flag,
+                            path=text, folder=str(folder)))
     why = cannot_write(folder) if folder.exists() else None
     if why:
-        raise ValueError(f"{flag} {text!r}: cannot write into the folder {str(folder)!r} ({why}).")
+        raise ValueError(tr("{flag} {path!r}: cannot write into the folder {folder!r} ({why}).",
+                            flag=flag, path=text, folder=str(folder), why=why))
     why = cannot_write(path) if path.exists() else None
     if why:
-        raise ValueError(f"{flag} {text!r}: cannot rewrite {str(path)!r} ({why}).")
+        raise ValueError(tr("{flag} {path!r}: cannot rewrite {file!r} ({why}).", flag=flag,
+                            path=text, file=str(path), why=why))
     return path
 
 
@@ -167,6 +180,6 @@ def parse_bytes(text: str) -> int:
     """
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a size such as 14GiB, 512MiB or 2e9 bytes, got "
-                                         f"{text!r}")
+        raise argparse.ArgumentTypeError(tr("expected a size such as 14GiB, 512MiB or 2e9 bytes, "
+                                            "got {text!r}", text=text))
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])

@@ -47,6 +47,7 @@ from .cli_args import (
 from .config import SIZE_PROFILES, size_profile
 from .guard import memory_headroom
 from .hardware import detect, recommend_precision, use_threads
+from .i18n import tr
 from .profiling import ModelSpec, profile
 from .saved_tensors import saved_bytes
 from .terms import GiB, default_device
@@ -72,74 +73,77 @@ GPUS = {
 def _callable(text: str):
     mod, _, attr = text.partition(":")
     if not mod or not attr:
-        raise argparse.ArgumentTypeError(f"expected module:function, got {text!r}")
+        raise argparse.ArgumentTypeError(tr("expected module:function, got {text!r}", text=text))
     try:
         obj = importlib.import_module(mod)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
-        raise argparse.ArgumentTypeError(f"cannot load {text!r}: {e}") from None
+        raise argparse.ArgumentTypeError(tr("cannot load {text!r}: {error}", text=text,
+                                            error=e)) from None
     if not callable(obj):
-        raise argparse.ArgumentTypeError(f"{text!r} is not callable")
+        raise argparse.ArgumentTypeError(tr("{text!r} is not callable", text=text))
     return obj
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="course-profile",
-        description="Profile any PyTorch or Hugging Face model in each precision and checkpoint "
-                    "policy (step time, peak memory, saved tensors), extrapolate its peak to any "
-                    "batch, and print which recipe fits a memory budget, and why.")
-    src = p.add_argument_group("the model (one of)")
+        description=tr("Profile any PyTorch or Hugging Face model in each precision and "
+                       "checkpoint policy (step time, peak memory, saved tensors), extrapolate its "
+                       "peak to any batch, and print which recipe fits a memory budget, and why."))
+    src = p.add_argument_group(tr("the model (one of)"))
     src.add_argument("model", nargs="?", type=_callable, default=None,
-                     help="module:function returning an nn.Module (needs --batch-fn)")
+                     help=tr("module:function returning an nn.Module (needs --batch-fn)"))
     src.add_argument("--hf-config", metavar="MODEL_TYPE", default=None,
-                     help="a transformers model type built from its configuration class, random "
-                          "weights, nothing downloaded: gpt2, llama, mistral...")
-    src.add_argument("--course-gpt", action="store_true", help="the course's own GPT")
-    src.add_argument("--cnn", action="store_true", help="a small residual CNN (no transformer)")
-    shape = p.add_argument_group("dimensions (--hf-config; --course-gpt takes --size)")
-    for flag, default, what in (("--n-layer", None, "blocks"), ("--d-model", None, "width"),
-                                ("--n-head", None, "attention heads"),
-                                ("--seq-len", None, "tokens per sequence"),
-                                ("--vocab-size", 256, "vocabulary (256: bytes)")):
+                     help=tr("a transformers model type built from its configuration class, "
+                             "random weights, nothing downloaded: gpt2, llama, mistral..."))
+    src.add_argument("--course-gpt", action="store_true", help=tr("the course's own GPT"))
+    src.add_argument("--cnn", action="store_true",
+                     help=tr("a small residual CNN (no transformer)"))
+    shape = p.add_argument_group(tr("dimensions (--hf-config; --course-gpt takes --size)"))
+    for flag, default, what in (("--n-layer", None, tr("blocks")), ("--d-model", None, tr("width")),
+                                ("--n-head", None, tr("attention heads")),
+                                ("--seq-len", None, tr("tokens per sequence")),
+                                ("--vocab-size", 256, tr("vocabulary (256: bytes)"))):
         shape.add_argument(flag, type=positive_int, default=default, help=what)
     shape.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
-                       help="size profile for defaults (default: $COURSE_SIZE or the hardware's)")
-    fn = p.add_argument_group("your own model")
+                       help=tr("size profile for defaults (default: $COURSE_SIZE or the "
+                               "hardware's)"))
+    fn = p.add_argument_group(tr("your own model"))
     fn.add_argument("--batch-fn", type=_callable, default=None,
-                    help="module:function, f(batch_size) -> batch (tensor, tuple or dict)")
+                    help=tr("module:function, f(batch_size) -> batch (tensor, tuple or dict)"))
     fn.add_argument("--loss-fn", type=_callable, default=None,
-                    help="module:function, f(output, batch) -> scalar loss")
+                    help=tr("module:function, f(output, batch) -> scalar loss"))
     fn.add_argument("--forward-fn", type=_callable, default=None,
-                    help="module:function, f(model, batch) -> output")
+                    help=tr("module:function, f(model, batch) -> output"))
     fn.add_argument("--blocks", default=None,
-                    help="dotted path of the repeated blocks (default: found automatically)")
-    run = p.add_argument_group("what to measure")
+                    help=tr("dotted path of the repeated blocks (default: found automatically)"))
+    run = p.add_argument_group(tr("what to measure"))
     budget = run.add_mutually_exclusive_group()
     budget.add_argument("--budget", type=parse_bytes, default=None,
-                        help="memory budget, e.g. 14GiB (default on a GPU: 90%% of its free "
-                             "memory; on a CPU without --for: the profile, no card)")
+                        help=tr("memory budget, e.g. 14GiB (default on a GPU: 90%% of its free "
+                                "memory; on a CPU without --for: the profile, no card)"))
     budget.add_argument("--for", dest="for_gpu", choices=list(GPUS), default=None,
-                        help="plan for this GPU: its memory, as CUDA reports it, is the budget "
-                             "(measured here; for a laptop planning a rented GPU)")
+                        help=tr("plan for this GPU: its memory, as CUDA reports it, is the budget "
+                                "(measured here; for a laptop planning a rented GPU)"))
     run.add_argument("--target-batch", type=positive_int, default=None,
-                     help="effective batch wanted (micro-batch x accumulation steps)")
+                     help=tr("effective batch wanted (micro-batch x accumulation steps)"))
     run.add_argument("--batch-size", type=positive_int, default=None,
-                     help="micro-batch that is timed (default: the size profile's)")
+                     help=tr("micro-batch that is timed (default: the size profile's)"))
     add_precisions_and_policies(
-        run, precisions_help="comma-separated (default: fp32 and this machine's recipe)",
+        run, precisions_help=tr("comma-separated (default: fp32 and this machine's recipe)"),
         policies_default=["none", "full", "selective", "offload"],
-        policies_help="comma-separated: none, full, every-K, selective, offload, "
-                      "offload+checkpoint, hf (default: none,full,selective,offload)")
-    run.add_argument("--device", default=None, help="cpu, cuda, cuda:N, mps (default: best)")
+        policies_help=tr("comma-separated: none, full, every-K, selective, offload, "
+                         "offload+checkpoint, hf (default: none,full,selective,offload)"))
+    run.add_argument("--device", default=None, help=tr("cpu, cuda, cuda:N, mps (default: best)"))
     run.add_argument("--time-budget", type=positive_seconds, default=None,
-                     help="seconds of alternated timing (default: the size profile's)")
+                     help=tr("seconds of alternated timing (default: the size profile's)"))
     run.add_argument("--no-check", action="store_true",
-                     help="skip the real step that checks the predicted peak")
+                     help=tr("skip the real step that checks the predicted peak"))
     run.add_argument("--out", default=None,  # a string: a trailing / says "a folder"
-                     help="write the card and tables as JSON: a file, or a folder (an existing "
-                          "one, or a new one ending in /) for course-profile-<model>.json")
+                     help=tr("write the card and tables as JSON: a file, or a folder (an existing "
+                             "one, or a new one ending in /) for course-profile-<model>.json"))
     return p
 
 
@@ -147,11 +151,11 @@ def _zoo(args, parser):
     size = args.size or size_profile()
     chosen = [bool(args.model), bool(args.hf_config), args.course_gpt, args.cnn]
     if sum(chosen) != 1:
-        parser.error("give exactly one model: module:function, --hf-config TYPE, --course-gpt or "
-                     "--cnn")
+        parser.error(tr("give exactly one model: module:function, --hf-config TYPE, --course-gpt "
+                        "or --cnn"))
     if args.model is not None:
         if args.batch_fn is None:
-            parser.error("a model given as module:function needs --batch-fn module:function")
+            parser.error(tr("a model given as module:function needs --batch-fn module:function"))
         return model_zoo.ZooModel(getattr(args.model, "__name__", "model"), args.model,
                                   args.batch_fn, args.loss_fn, args.forward_fn), 4
     if args.course_gpt:
@@ -164,15 +168,17 @@ def _zoo(args, parser):
         if val is not None:
             dims[key] = val
     if dims["d_model"] % dims["n_heads"]:
-        parser.error(f"--d-model {dims['d_model']} must be divisible by --n-head {dims['n_heads']}")
+        parser.error(tr("--d-model {d_model} must be divisible by --n-head {n_heads}",
+                        d_model=dims["d_model"], n_heads=dims["n_heads"]))
     try:
         model_zoo.require_transformers().utils.logging.set_verbosity_error()  # a CLI prints the card only
         return model_zoo.hf_causal_lm(args.hf_config, vocab_size=args.vocab_size, **dims), 4
     except ImportError as e:
         parser.error(str(e))
     except (ValueError, KeyError):
-        parser.error(f"--hf-config {args.hf_config!r} is not a transformers model type (for example "
-                     "gpt2, llama, mistral, qwen2: the keys of transformers.CONFIG_MAPPING)")
+        parser.error(tr("--hf-config {model_type!r} is not a transformers model type (for example "
+                        "gpt2, llama, mistral, qwen2: the keys of transformers.CONFIG_MAPPING)",
+                        model_type=args.hf_config))
 
 
 def _budget(args, device: str) -> tuple[int | None, str | None]:
@@ -182,7 +188,8 @@ def _budget(args, device: str) -> tuple[int | None, str | None]:
         return args.budget, None
     if args.for_gpu is not None:
         name, nbytes, _ = GPUS[args.for_gpu]
-        return nbytes, f"a {name}'s memory as CUDA reports it: --for {args.for_gpu}"
+        return nbytes, tr("a {gpu}'s memory as CUDA reports it: --for {key}", gpu=name,
+                          key=args.for_gpu)
     try:
         return budget_from_device(device)[0], None
     except ValueError:
@@ -205,11 +212,12 @@ def check_batch_fits(zoo, batch_size: int, device: str, blocks=None) -> None:
     per_sample = saved_bytes(lambda: spec.loss_fn(spec.forward(model, one), one), model=model)
     free, where = memory_headroom(detect(device))
     if free and per_sample and per_sample * batch_size > free:
-        raise ValueError(
-            f"micro-batch {batch_size}: its saved tensors alone would take "
-            f"{per_sample * batch_size / GiB:.2f} GiB ({per_sample:,} bytes per sample, measured "
-            f"at a batch of 1), more than the {free / GiB:.2f} GiB {where}: give --batch-size "
-            f"{max(1, free // per_sample)} or less (a bound: the step needs more than this).")
+        raise ValueError(tr(
+            "micro-batch {batch}: its saved tensors alone would take {need:.2f} GiB ({per_sample:,} "
+            "bytes per sample, measured at a batch of 1), more than the {free:.2f} GiB {where}: "
+            "give --batch-size {largest} or less (a bound: the step needs more than this).",
+            batch=batch_size, need=per_sample * batch_size / GiB, per_sample=per_sample,
+            free=free / GiB, where=tr(where), largest=max(1, free // per_sample)))
 
 
 def _json(prof, exs, card) -> str:
@@ -261,10 +269,11 @@ def main(argv=None) -> int:
     budget, source = _budget(args, device)
     if args.for_gpu is not None:
         gpu, nbytes, whence = GPUS[args.for_gpu]
-        print(f"course-profile: planning for a {gpu}: budget {nbytes / GiB:.2f} GiB, the memory "
-              f"CUDA reports on one ({whence}). Measured on {device}: step times are this "
-              "machine's, not the GPU's, and the GPU's kernels can change the peak; no check "
-              "step (it would run a batch sized for the GPU here).")
+        print("course-profile: " + tr(
+            "planning for a {gpu}: budget {budget:.2f} GiB, the memory CUDA reports on one "
+            "({source}). Measured on {device}: step times are this machine's, not the GPU's, and "
+            "the GPU's kernels can change the peak; no check step (it would run a batch sized for "
+            "the GPU here).", gpu=gpu, budget=nbytes / GiB, source=whence, device=device))
     use_threads()
     try:
         batch_size = args.batch_size or default_batch
@@ -273,13 +282,15 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, KeyError) as e:
         print(f"course-profile: {e}", file=sys.stderr)
         return 2
-    print(f"{prof.name}: {prof.n_blocks} x {prof.block_type} at {prof.blocks!r}, "
-          f"{prof.n_parameters / 1e6:.2f} M parameters\n")
+    print(tr("{model}: {n_blocks} x {block_type} at {path!r}, {millions:.2f} M parameters",
+             model=prof.name, n_blocks=prof.n_blocks, block_type=prof.block_type,
+             path=prof.blocks, millions=prof.n_parameters / 1e6) + "\n")
     print(prof.summary().to_string())
     print()
     if card is None:
-        print(f"No recommendation card: {device} has no GPU memory to take a budget from. For "
-              f"one, plan for a GPU (--for {'|'.join(GPUS)}) or give a budget (--budget 14GiB).")
+        print(tr("No recommendation card: {device} has no GPU memory to take a budget from. For "
+                 "one, plan for a GPU (--for {gpus}) or give a budget (--budget 14GiB).",
+                 device=device, gpus="|".join(GPUS)))
     else:
         print(card.text())
     if out is not None:
@@ -287,10 +298,11 @@ def main(argv=None) -> int:
             out.parent.mkdir(exist_ok=True)
             out.write_text(_json(prof, exs, card))
         except OSError as e:
-            print(f"course-profile: could not write {out}: {e.strerror or e} (the results are "
-                  "printed above)", file=sys.stderr)
+            print("course-profile: " + tr("could not write {path}: {error} (the results are "
+                                          "printed above)", path=out, error=e.strerror or e),
+                  file=sys.stderr)
             return 1
-        print(f"\nwrote {out}")
+        print("\n" + tr("wrote {paths}", paths=out))
     return 0
 
 

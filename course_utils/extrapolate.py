@@ -48,6 +48,7 @@ import torch
 from .experiments import size_text
 from .guard import available_memory_bytes, cuda_memory_cap
 from .hardware import detect
+from .i18n import tr
 from .profiling import (
     ModelSpec,
     ProfileConfig,
@@ -132,7 +133,8 @@ class Extrapolation:
 
     def _fit(self, policy: str) -> PolicyFit:
         if policy not in self.fits:
-            raise KeyError(f"policy {policy!r} was not measured: measured {sorted(self.fits)}.")
+            raise KeyError(tr("policy {policy!r} was not measured: measured {measured}.",
+                              policy=policy, measured=sorted(self.fits)))
         return self.fits[policy]
 
     def peak(self, batch: int, policy: str = "none") -> int:
@@ -223,7 +225,8 @@ CUDA_PLANNING_SHARE = 0.9
 
 #: What to try when reserved-but-unallocated memory runs a step out of memory: the allocator
 #: setting of PyTorch's CUDA memory-management notes, under its torch 2.13 name
-#: (``PYTORCH_CUDA_ALLOC_CONF``, the older name, is still read).
+#: (``PYTORCH_CUDA_ALLOC_CONF``, the older name, is still read). In English: a note shows
+#: ``tr(ALLOC_CONF_HINT)``.
 ALLOC_CONF_HINT = ("if much memory is reserved but unallocated, PYTORCH_ALLOC_CONF="
                    "expandable_segments:True lets the allocator grow blocks instead of "
                    "fragmenting them")
@@ -237,7 +240,7 @@ def _oom_gist(error: str | None) -> str:
     if ours:
         return f" ({ours.group(1).rstrip('.')})"
     found = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", error or "")
-    return f" (the step asked for {found.group(1)} more)" if found else ""
+    return " " + tr("(the step asked for {size} more)", size=found.group(1)) if found else ""
 
 
 def block_input_bytes(spec: ModelSpec, batch_size: int, precision: str = "fp32") -> int:
@@ -259,7 +262,8 @@ def block_input_bytes(spec: ModelSpec, batch_size: int, precision: str = "fp32")
     finally:
         h.remove()
     if not seen:
-        raise ValueError("the first block received no tensor argument: cannot measure its input.")
+        raise ValueError(tr("the first block received no tensor argument: cannot measure its "
+                            "input."))
     return seen[0]
 
 
@@ -288,8 +292,8 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
         if len(b) != 2 or b[0] >= b[1]:
             raise ValueError("not two increasing batches")
     except ValueError:
-        raise ValueError(f"batches must be two increasing positive integers (b1, b2), got "
-                         f"{batches!r}.") from None
+        raise ValueError(tr("batches must be two increasing positive integers (b1, b2), got "
+                            "{batches!r}.", batches=batches)) from None
     spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,
                             device=device, seed=seed, name=name)
     _, container = find_blocks(spec.skeleton(), spec.blocks)
@@ -307,11 +311,12 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
             cfg = ProfileConfig(spec.name, precision, policy, n, spec.device, unit, per, seed=seed)
             m, _, _ = measure_config(spec, cfg, lr=lr)
             if m.oom:
-                raise ValueError(f"{cfg.label} ran out of memory at batch {n}, one of the small "
-                                 f"batches measured: {m.error}")
+                raise ValueError(tr("{config} ran out of memory at batch {batch}, one of the small "
+                                    "batches measured: {error}", config=cfg.label, batch=n,
+                                    error=m.error))
             if m.peak_forward_backward is None:
-                raise ValueError(f"no peak-memory counter on {spec.device}: nothing to "
-                                 "extrapolate from.")
+                raise ValueError(tr("no peak-memory counter on {device}: nothing to extrapolate "
+                                    "from.", device=spec.device))
             ms.append(m)
         ex.measurements += ms
         (p1, p2) = (ms[0].peak_forward_backward, ms[1].peak_forward_backward)
@@ -352,22 +357,25 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
         KeyError: ``policy`` was not measured by ``ex``.
     """
     if not budget_bytes or budget_bytes <= 0:
-        raise ValueError(f"budget_bytes must be a positive number of bytes, got {budget_bytes!r}.")
+        raise ValueError(tr("budget_bytes must be a positive number of bytes, got {budget!r}.",
+                            budget=budget_bytes))
     on_cuda = device_kind(ex.spec.device) == "cuda"
     plan = int(budget_bytes * CUDA_PLANNING_SHARE) if on_cuda else budget_bytes
     b = batch_size or ex.largest_batch(plan, policy)
     if b < 1:
-        raise ValueError(f"not even batch 1 fits {size_text(plan)} with {policy}: its "
-                         f"predicted peak is {size_text(ex.peak(1, policy))}.")
+        raise ValueError(tr("not even batch 1 fits {budget} with {policy}: its predicted peak is "
+                            "{peak}.", budget=size_text(plan), policy=policy,
+                            peak=size_text(ex.peak(1, policy))))
     predicted = ex.peak(b, policy)
     spec = ex.spec
     if device_kind(spec.device) == "cpu":  # nothing stops a CPU step from exhausting the RAM
         free = available_memory_bytes(detect("cpu"))
         if free and predicted > RAM_FRACTION * free:
             return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, False,
-                                   f"batch {b} with {policy} not run: its predicted peak, "
-                                   f"{size_text(predicted)}, is more than {RAM_FRACTION:.0%} of the "
-                                   f"{size_text(free)} of RAM free now.")
+                                   tr("batch {batch} with {policy} not run: its predicted peak, "
+                                      "{peak}, is more than {share:.0%} of the {free} of RAM free "
+                                      "now.", batch=b, policy=policy, peak=size_text(predicted),
+                                      share=RAM_FRACTION, free=size_text(free)))
     cfg = ProfileConfig(spec.name, ex.precision, policy, b, spec.device, ex.unit,
                         ex.items_per_sample, seed=spec.seed)
     cap = cuda_memory_cap(spec.device, budget_bytes) if on_cuda else contextlib.nullcontext()
@@ -375,21 +383,23 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
         m, _, _ = measure_config(spec, cfg)
     if m.oom:
         return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, True,
-                               f"batch {b} with {policy} ran out of memory under the "
-                               f"{size_text(budget_bytes)} budget{_oom_gist(m.error)}, with "
-                               f"{size_text(predicted)} predicted: the budget caps the memory the "
-                               f"allocator reserves, more than the peak it allocates; "
-                               f"{ALLOC_CONF_HINT}.")
+                               tr("batch {batch} with {policy} ran out of memory under the "
+                                  "{budget} budget{gist}, with {predicted} predicted: the budget "
+                                  "caps the memory the allocator reserves, more than the peak it "
+                                  "allocates; {hint}.", batch=b, policy=policy,
+                                  budget=size_text(budget_bytes), gist=_oom_gist(m.error),
+                                  predicted=size_text(predicted), hint=tr(ALLOC_CONF_HINT)))
     measured = m.peak_allocated
     err = (predicted - measured) / measured
     fits = measured <= budget_bytes
-    planned = "" if batch_size else (
-        f" (the largest predicted to fit {CUDA_PLANNING_SHARE:.0%} of the budget)" if on_cuda
-        else " (the largest predicted to fit the budget)")
-    note = (f"batch {b}{planned} with {policy}: predicted {size_text(predicted)}, measured "
-            f"{size_text(measured)} ({err:+.1%}); "
-            + ("within the budget." if fits else
-               f"over the {size_text(budget_bytes)} budget by {size_text(measured - budget_bytes)}: the "
-               "prediction was too low."))
+    planned = "" if batch_size else " " + (
+        tr("(the largest predicted to fit {share:.0%} of the budget)", share=CUDA_PLANNING_SHARE)
+        if on_cuda else tr("(the largest predicted to fit the budget)"))
+    note = tr("batch {batch}{planned} with {policy}: predicted {predicted}, measured {measured} "
+              "({error:+.1%}); ", batch=b, planned=planned, policy=policy,
+              predicted=size_text(predicted), measured=size_text(measured), error=err) + (
+        tr("within the budget.") if fits else
+        tr("over the {budget} budget by {excess}: the prediction was too low.",
+           budget=size_text(budget_bytes), excess=size_text(measured - budget_bytes)))
     return PredictionCheck(policy, b, budget_bytes, predicted, measured, err, fits, False, note,
                            m.saved_total)

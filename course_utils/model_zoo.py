@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from .config import config_for
 from .data import get_batch
+from .i18n import tr
 from .models import GPT
 
 __all__ = ["ZooModel", "HF_SIZES", "hf_causal_lm", "ResBlock", "SmallCNN", "small_cnn",
@@ -50,8 +51,8 @@ def require_transformers():
     try:
         import transformers  # lazy: an optional dependency (the hf extra), imported when asked for
     except ImportError as e:
-        raise ImportError("Hugging Face models need transformers: pip install -e '.[hf]' "
-                          "(or pip install transformers).") from e
+        raise ImportError(tr("Hugging Face models need transformers: pip install -e '.[hf]' "
+                             "(or pip install transformers).")) from e
     return transformers
 
 
@@ -105,8 +106,11 @@ def hf_causal_lm(model_type: str = "gpt2", *, n_layers: int = 2, d_model: int = 
         return {"input_ids": ids, "labels": ids, "use_cache": False}  # training: no KV cache
 
     return ZooModel(f"{cls.__name__.removesuffix('Config')}-{n_layers}L-{d_model}d", build,
-                    make_batch, describe=f"{cls.__name__}({n_layers} layers, d {d_model}, "
-                    f"{n_heads} heads, seq {seq_len}, vocab {vocab_size}), random weights")
+                    make_batch, describe=tr("{config}({n_layers} layers, d {d_model}, {n_heads} "
+                                            "heads, seq {seq_len}, vocab {vocab}), random weights",
+                                            config=cls.__name__, n_layers=n_layers,
+                                            d_model=d_model, n_heads=n_heads, seq_len=seq_len,
+                                            vocab=vocab_size))
 
 
 class ResBlock(nn.Module):
@@ -150,8 +154,9 @@ def small_cnn(channels: int = 32, n_blocks: int = 4, image: int = 32,
     return ZooModel(f"SmallCNN-{n_blocks}x{channels}", lambda: SmallCNN(channels, n_blocks, n_classes),
                     make_batch, loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]),
                     forward=lambda model, batch: model(batch[0]),
-                    describe=f"residual CNN, {n_blocks} blocks of {channels} channels, "
-                    f"{image}x{image} images")
+                    describe=tr("residual CNN, {n_blocks} blocks of {channels} channels, "
+                                "{image}x{image} images", n_blocks=n_blocks, channels=channels,
+                                image=image))
 
 
 def course_gpt(size: str | None = None, **overrides) -> ZooModel:
@@ -160,5 +165,5 @@ def course_gpt(size: str | None = None, **overrides) -> ZooModel:
     cfg = config_for(size, **overrides)
     return ZooModel(f"course GPT ({cfg.n_layers}L-{cfg.d_model}d)", lambda: GPT(cfg.shape),
                     lambda n: get_batch(n, cfg.seq_len),
-                    describe=f"the course's GPT: {cfg.n_layers} blocks, d {cfg.d_model}, "
-                    f"seq {cfg.seq_len}")
+                    describe=tr("the course's GPT: {n_layers} blocks, d {d_model}, seq {seq_len}",
+                                n_layers=cfg.n_layers, d_model=cfg.d_model, seq_len=cfg.seq_len))

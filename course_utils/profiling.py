@@ -76,6 +76,7 @@ from .config import size_profile
 from .experiments import paired_step_s, plain_label, sig_text, time_cell
 from .guard import available_memory_bytes
 from .hardware import detect, is_emulated, require_device
+from .i18n import tr
 from .measure import EMULATED_TIMING, Measurement, noting_out_of_memory, time_in_alternation
 from .memory_timeline import memory_timeline, phase
 from .offload import OffloadedBlock, offloaded_bytes
@@ -150,32 +151,36 @@ def find_blocks(model: nn.Module, blocks: str | nn.Module | None = None) -> tupl
         TypeError: ``model`` is not an ``nn.Module``.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"profile needs a torch.nn.Module (or a function returning one), got "
-                        f"{type(model).__name__}.")
+        raise TypeError(tr("profile needs a torch.nn.Module (or a function returning one), got "
+                           "{kind}.", kind=type(model).__name__))
     if isinstance(blocks, str):
         try:
             found = model.get_submodule(blocks) if blocks else model
         except AttributeError:
-            raise NoRepeatedBlocks(f"{type(model).__name__} has no submodule {blocks!r}; its "
-                                   f"lists of blocks: {_describe(model)}.") from None
+            raise NoRepeatedBlocks(tr("{model} has no submodule {blocks!r}; its lists of blocks: "
+                                      "{lists}.", model=type(model).__name__, blocks=blocks,
+                                      lists=_describe(model))) from None
         if not isinstance(found, (nn.ModuleList, nn.Sequential)) or len(found) < 1:
-            raise NoRepeatedBlocks(f"{blocks!r} is a {type(found).__name__}, not an "
-                                   "nn.ModuleList or nn.Sequential of blocks.")
+            raise NoRepeatedBlocks(tr("{blocks!r} is a {kind}, not an nn.ModuleList or "
+                                      "nn.Sequential of blocks.", blocks=blocks,
+                                      kind=type(found).__name__))
         return blocks, found
     if isinstance(blocks, nn.Module):
         for name, m in model.named_modules():
             if m is blocks:
                 return find_blocks(model, name)
-        raise NoRepeatedBlocks("the blocks you passed are not a submodule of this model.")
+        raise NoRepeatedBlocks(tr("the blocks you passed are not a submodule of this model."))
     if blocks is not None:
-        raise TypeError(f"blocks is a dotted path, a module or None, got {type(blocks).__name__}.")
+        raise TypeError(tr("blocks is a dotted path, a module or None, got {kind}.",
+                           kind=type(blocks).__name__))
     cands = _candidates(model)
     if not cands:
-        raise NoRepeatedBlocks(
-            f"no repeated blocks found in {type(model).__name__}: checkpoint policies wrap the "
-            "modules of an nn.ModuleList or nn.Sequential of at least 2 same-class modules with "
-            f"parameters, and it has none ({_describe(model)}). Put the repeated part of the "
-            "model in an nn.ModuleList, or name it with blocks='path.to.list'.")
+        raise NoRepeatedBlocks(tr(
+            "no repeated blocks found in {model}: checkpoint policies wrap the modules of an "
+            "nn.ModuleList or nn.Sequential of at least 2 same-class modules with parameters, and "
+            "it has none ({lists}). Put the repeated part of the model in an nn.ModuleList, or "
+            "name it with blocks='path.to.list'.", model=type(model).__name__,
+            lists=_describe(model)))
     return max(cands, key=lambda c: (_n_params(c[1]), len(c[1])))
 
 
@@ -190,10 +195,10 @@ def block_of(module_name: str, blocks_path: str) -> int | None:
 
 
 def _describe(model: nn.Module) -> str:
-    lists = [f"{name or '(the model)'}: {len(m)} x "
+    lists = [f"{name or tr('(the model)')}: {len(m)} x "
              f"{'/'.join(sorted({type(c).__name__ for c in m}))}"
              for name, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
-    return "; ".join(lists[:6]) if lists else "no nn.ModuleList or nn.Sequential at all"
+    return "; ".join(lists[:6]) if lists else tr("no nn.ModuleList or nn.Sequential at all")
 
 
 class CheckpointedBlock(nn.Module):
@@ -227,8 +232,9 @@ def parse_model_policy(policy: str, n_blocks: int) -> tuple[str, int | None]:
         return p, None
     if p and p.startswith("every-") and p[6:].isdigit() and 1 <= int(p[6:]) <= n_blocks:
         return "every-k", int(p[6:])
-    raise ValueError(f"checkpoint policy {policy!r} does not fit a model of {n_blocks} blocks: "
-                     f"valid policies are {', '.join(POLICIES)} (K from 1 to {n_blocks}).")
+    raise ValueError(tr("checkpoint policy {policy!r} does not fit a model of {n_blocks} blocks: "
+                        "valid policies are {policies} (K from 1 to {n_blocks}).", policy=policy,
+                        n_blocks=n_blocks, policies=", ".join(POLICIES)))
 
 
 def _selective_block(block: nn.Module) -> CheckpointedBlock:
@@ -262,8 +268,9 @@ def _enable_hf(model: nn.Module) -> None:
     elif name == "gradient_checkpointing_enable":  # older releases
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
-        raise ValueError(f"policy 'hf' calls a Hugging Face model's gradient_checkpointing_enable(),"
-                         f" and {type(model).__name__} has none: use 'full' instead.")
+        raise ValueError(tr("policy 'hf' calls a Hugging Face model's "
+                            "gradient_checkpointing_enable(), and {model} has none: use 'full' "
+                            "instead.", model=type(model).__name__))
 
 
 def wrap_blocks(model: nn.Module, policy: str, blocks: str | nn.Module | None = None) -> nn.Module:
@@ -281,7 +288,8 @@ def wrap_blocks(model: nn.Module, policy: str, blocks: str | nn.Module | None = 
     path, container = find_blocks(model, blocks)
     mode, k = parse_model_policy(policy, len(container))
     if any(isinstance(b, (CheckpointedBlock, OffloadedBlock)) for b in container):
-        raise ValueError(f"the blocks of {path!r} are wrapped already: wrap a fresh copy.")
+        raise ValueError(tr("the blocks of {path!r} are wrapped already: wrap a fresh copy.",
+                            path=path))
     if mode == "hf":
         _enable_hf(model)
         return model
@@ -321,22 +329,24 @@ def default_loss(output, batch) -> torch.Tensor:
     if loss is None and isinstance(output, torch.Tensor):
         loss = output
     if loss is None:
-        raise ValueError(f"no loss in the model's output ({type(output).__name__}): pass "
-                         "loss_fn=lambda output, batch: ... returning a scalar tensor (or give "
-                         "a Hugging Face model labels=... in the batch).")
+        raise ValueError(tr("no loss in the model's output ({kind}): pass loss_fn=lambda output, "
+                            "batch: ... returning a scalar tensor (or give a Hugging Face model "
+                            "labels=... in the batch).", kind=type(output).__name__))
     return loss
 
 
 def _check_loss(loss) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor):
-        raise ValueError(f"the loss must be a scalar tensor, got {type(loss).__name__}.")
+        raise ValueError(tr("the loss must be a scalar tensor, got {kind}.",
+                            kind=type(loss).__name__))
     if loss.dim() != 0:
-        raise ValueError(f"the loss is a tensor of shape {tuple(loss.shape)}, not a scalar: "
-                         "backward needs one number. Reduce it (loss.mean()) or pass loss_fn, e.g. "
-                         "loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]).")
+        raise ValueError(tr("the loss is a tensor of shape {shape}, not a scalar: backward needs "
+                            "one number. Reduce it (loss.mean()) or pass loss_fn, e.g. "
+                            "loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]).",
+                            shape=tuple(loss.shape)))
     if not loss.requires_grad:
-        raise ValueError("the loss does not require grad: it does not depend on the model's "
-                         "parameters (is the model in no_grad mode, or frozen?).")
+        raise ValueError(tr("the loss does not require grad: it does not depend on the model's "
+                            "parameters (is the model in no_grad mode, or frozen?)."))
     return loss
 
 
@@ -355,8 +365,8 @@ def _batch_info(batch) -> tuple[int, str, int]:
     integer ``(batch, seq, ...)`` tensor (token ids), else ``samples``."""
     ts = _tensors(batch)
     if not ts or ts[0].dim() == 0:
-        raise ValueError("make_batch must return a tensor, a tuple/list or a dict of tensors "
-                         "whose first dimension is the batch.")
+        raise ValueError(tr("make_batch must return a tensor, a tuple/list or a dict of tensors "
+                            "whose first dimension is the batch."))
     first = ts[0]
     n = first.shape[0]
     if not first.is_floating_point() and not first.is_complex() and first.dim() >= 2:
@@ -524,7 +534,7 @@ class ModelSpec:
         device = device or default_device()
         require_device(device)
         if not callable(make_batch):
-            raise TypeError("make_batch must be a function: make_batch(batch_size) -> batch.")
+            raise TypeError(tr("make_batch must be a function: make_batch(batch_size) -> batch."))
         if isinstance(model, nn.Module):
             template = given = model
 
@@ -535,13 +545,13 @@ class ModelSpec:
                 torch.manual_seed(seed)
                 m = factory()
                 if not isinstance(m, nn.Module):
-                    raise TypeError(f"the model factory returned {type(m).__name__}, not an "
-                                    "nn.Module.")
+                    raise TypeError(tr("the model factory returned {kind}, not an nn.Module.",
+                                       kind=type(m).__name__))
                 return m
             given, template = None, _built_on("meta", build)
         else:
-            raise TypeError(f"profile needs an nn.Module or a function returning one, got "
-                            f"{type(model).__name__}.")
+            raise TypeError(tr("profile needs an nn.Module or a function returning one, got "
+                               "{kind}.", kind=type(model).__name__))
         path, _ = find_blocks(template, blocks)
         return cls(build, make_batch, loss_fn or default_loss, forward or call_model,
                    name or type(template).__name__, path, device, seed, given)
@@ -654,17 +664,19 @@ def _size(n: int) -> str:
 def _fits_or_raise(spec: ModelSpec, budget_bytes: int | None, hw) -> None:
     need = static_bytes(spec.skeleton())
     free = available_memory_bytes(hw)
-    limits = [(budget_bytes, "the budget")] if budget_bytes else []
+    limits = [(budget_bytes, tr("the budget"))] if budget_bytes else []
     if free:
-        limits.append((free, f"the {'GPU memory' if hw.device == 'cuda' else 'RAM'} free now"))
+        limits.append((free, tr("the GPU memory free now") if hw.device == "cuda"
+                        else tr("the RAM free now")))
     for limit, what in limits:
         if need > limit:
-            raise ModelDoesNotFit(
-                f"{spec.name} does not fit before the first step: its parameters, gradients and "
-                f"AdamW state take {_size(need)} (16 bytes per fp32 parameter) and {what} "
-                f"is {_size(limit)}, before any activation. No checkpoint policy or batch "
-                "size changes that: shard the optimizer state (lesson 04), freeze most "
-                "parameters (LoRA, lesson 03), or use a device with more memory.")
+            raise ModelDoesNotFit(tr(
+                "{model} does not fit before the first step: its parameters, gradients and AdamW "
+                "state take {need} (16 bytes per fp32 parameter) and {limit_name} is {limit}, "
+                "before any activation. No checkpoint policy or batch size changes that: shard "
+                "the optimizer state (lesson 04), freeze most parameters (LoRA, lesson 03), or use "
+                "a device with more memory.", model=spec.name, need=_size(need), limit_name=what,
+                limit=_size(limit)))
 
 
 def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=None,
@@ -744,8 +756,9 @@ class Profile:
         for m in self.measurements:
             if m.config.precision == precision and m.config.checkpoint == policy:
                 return m
-        raise KeyError(f"{precision}+{policy} was not profiled: measured "
-                       f"{[m.config.label for m in self.measurements]}.")
+        raise KeyError(tr("{precision}+{policy} was not profiled: measured {labels}.",
+                          precision=precision, policy=policy,
+                          labels=[m.config.label for m in self.measurements]))
 
     def reference(self, m: ProfileMeasurement) -> ProfileMeasurement:
         """The row ``m`` is compared with: ``none`` in its precision (else the first row)."""
@@ -783,28 +796,32 @@ class Profile:
         in one sentence: bit for bit equal, or equal to within the largest difference (next to
         the largest gradient)."""
         diffs = [m for m in self.measurements if m.grad_max_diff is not None]
-        n = f"over all {len(diffs)} configurations" if len(diffs) > 1 else "of the one configuration"
         if not diffs:
-            return "gradients: not compared"
+            return tr("gradients: not compared")
+        n = (tr("over all {n} configurations", n=len(diffs)) if len(diffs) > 1
+             else tr("of the one configuration"))
         changed = [m for m in diffs if m.gradients_changed]
         if changed:
-            return ("gradients of the first step against 'none': "
-                    + "; ".join(f"{m.config.label} CHANGED them (largest difference "
-                                f"{m.grad_max_diff:.2g}, the largest gradient {m.grad_scale:.3g})"
-                                for m in changed)
-                    + ": beyond rounding, so that policy trains another model; do not use it. "
-                    "A likely cause: a random op (dropout) whose output the policy keeps is not "
-                    "re-run in recomputation, so the random ops after it draw other numbers "
-                    "(set dropout to 0, or leave ops that draw random numbers out of a save list)")
+            return tr("gradients of the first step against 'none': {changes}: beyond rounding, so "
+                      "that policy trains another model; do not use it. A likely cause: a random "
+                      "op (dropout) whose output the policy keeps is not re-run in recomputation, "
+                      "so the random ops after it draw other numbers (set dropout to 0, or leave "
+                      "ops that draw random numbers out of a save list)", changes="; ".join(
+                          tr("{config} CHANGED them (largest difference {diff:.2g}, the largest "
+                             "gradient {scale:.3g})", config=m.config.label, diff=m.grad_max_diff,
+                             scale=m.grad_scale) for m in changed))
         worst = max(diffs, key=lambda m: m.grad_max_diff)
         if worst.grad_max_diff == 0:
-            return f"gradients of the first step against 'none', {n}: bit-for-bit equal"
-        scale = f" (the largest gradient is {worst.grad_scale:.3g})" if worst.grad_scale else ""
+            return tr("gradients of the first step against 'none', {which}: bit-for-bit equal",
+                      which=n)
+        scale = (" " + tr("(the largest gradient is {scale:.3g})", scale=worst.grad_scale)
+                 if worst.grad_scale else "")
         gpu = any(m.config.device_type == "cuda" for m in self.measurements)
-        return (f"gradients of the first step against 'none', {n}: equal to within "
-                f"{worst.grad_max_diff:.2g}{scale}, not bit for bit"
-                + (": GPU kernels that add in a varying order differ in the last bits even "
-                   "between two plain runs" if gpu else ""))
+        text = tr("gradients of the first step against 'none', {which}: equal to within "
+                  "{diff:.2g}{scale}, not bit for bit", which=n, diff=worst.grad_max_diff,
+                  scale=scale)
+        return text + (": " + tr("GPU kernels that add in a varying order differ in the last bits "
+                                 "even between two plain runs") if gpu else "")
 
     def time_text(self, m: ProfileMeasurement) -> str:
         """``m``'s time against its reference as a table cell: `course_utils.experiments.time_cell`
@@ -812,7 +829,7 @@ class Profile:
         the same direction: ``"1.31x slower (1.24-1.38x)"``, ``"within noise (0.95-1.07x)"``."""
         ref = self.reference(m)
         if m is ref:
-            return "1.00x (reference, emulated)" if m.emulated else "1.00x (reference)"
+            return tr("1.00x (reference, emulated)") if m.emulated else tr("1.00x (reference)")
         r = self.ratio(m)
         cell = time_cell(r.ratio, r.verdict)
         if r.low is None or r.ratio is None or r.verdict not in ("faster", "slower", "within noise"):
@@ -891,7 +908,7 @@ def _measure_all(prof: Profile, spec: ModelSpec, configs: list, *, lr: float, hw
     rows to time (none when ``keep_states`` is False; emulated rows are timed by their one
     step)."""
     states, reference = {}, {}
-    for i, cfg in enumerate(tqdm(configs, desc="memory", disable=not progress, leave=False)):
+    for i, cfg in enumerate(tqdm(configs, desc=tr("memory"), disable=not progress, leave=False)):
         m, st, grads = measure_config(spec, cfg, lr=lr, hw=hw,
                                       reference_grads=reference.get(cfg.precision),
                                       keep_state=keep_states)
@@ -961,8 +978,9 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
     _fits_or_raise(spec, budget_bytes, hw)
     n, unit, per = _batch_info(spec.batch(batch_size))
     if n != batch_size:
-        raise ValueError(f"make_batch({batch_size}) returned a batch of {n}: its first dimension "
-                         "must be the batch size asked for.")
+        raise ValueError(tr("make_batch({batch_size}) returned a batch of {n}: its first "
+                            "dimension must be the batch size asked for.", batch_size=batch_size,
+                            n=n))
     prof = Profile(spec.name, path, type(container[0]).__name__, len(container),
                    _n_params(template), static_bytes(template), unit, size=size_profile())
     del template
@@ -972,7 +990,7 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
     if states:
         order = list(states)
         budget = budget_s or default_budget_s(prof.size)
-        with tqdm(desc="step time", disable=not progress, leave=False) as bar:
+        with tqdm(desc=tr("step time"), disable=not progress, leave=False) as bar:
             time_in_alternation([prof.measurements[i] for i in order],
                                 [states[i] for i in order], budget if steps is None else None,
                                 steps, progress=bar, device=spec.device)

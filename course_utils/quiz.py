@@ -33,7 +33,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from .i18n import language
+from .i18n import language, tr
 
 __all__ = ["BANK_DIR", "answer_key", "seal", "unseal", "bank_entry", "question_bank", "check",
            "author", "translate"]
@@ -45,11 +45,11 @@ BANK_DIR = Path(__file__).resolve().parent / "quizzes"
 def _normalise(answer, digits: int | None) -> str:
     if digits is None:
         if not isinstance(answer, str):
-            raise TypeError(f"this question takes a choice (a letter such as 'b'), got "
-                            f"{type(answer).__name__} {answer!r}.")
+            raise TypeError(tr("this question takes a choice (a letter such as 'b'), got {kind} "
+                               "{answer!r}.", kind=type(answer).__name__, answer=answer))
         return answer.strip().lower()
     if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
-        raise TypeError(f"this question takes a finite number, got {answer!r}.")
+        raise TypeError(tr("this question takes a finite number, got {answer!r}.", answer=answer))
     return f"{round(float(answer), digits):.{digits}f}"
 
 
@@ -153,20 +153,24 @@ def check(question: str, answer) -> None:
     digits, choices = entry.get("digits"), entry.get("choices")
     words = {**entry, **entry.get(language(), {})}   # the learner's language, where translated
     if answer is None or answer is Ellipsis:
-        raise AssertionError(f"{question}: no answer yet. Set the answer variable above.")
+        raise AssertionError(tr("{question}: no answer yet. Set the answer variable above.",
+                                question=question))
     if choices is not None and (not isinstance(answer, str) or len(answer.strip()) != 1
                                 or answer.strip().lower() not in choices.lower()):
-        raise AssertionError(f"{question}: answer with one of the letters "
-                             f"{', '.join(choices)}; yours is {answer!r}.")
+        raise AssertionError(tr("{question}: answer with one of the letters {letters}; yours is "
+                                "{answer!r}.", question=question, letters=", ".join(choices),
+                                answer=answer))
     try:
         right = answer_key(question, answer, digits) == entry["key"]
     except TypeError as e:
         raise AssertionError(f"{question}: {e}") from None
     if not right:
-        raise AssertionError(f"{question}: not this one. Hint: {words['hint']}")
+        raise AssertionError(tr("{question}: not this one. Hint: {hint}", question=question,
+                                hint=words["hint"]))
     text = unseal(question, answer, words["explanation"], digits)
     # Hangul is drawn twice as wide as Latin letters: half the characters per line
-    print(textwrap.fill(f"Right. {text}", width=100 if language() == "en" else 50))
+    print(textwrap.fill(tr("Right. {explanation}", explanation=text),
+                        width=100 if language() == "en" else 50))
 
 
 def author(question: str, answer, explanation: str, *, hint: str, bank: str,

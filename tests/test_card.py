@@ -271,3 +271,22 @@ def test_the_card_points_to_a_chunked_loss_when_the_logits_outweigh_the_blocks()
         texts[vocab] = (card.text(), outside > by_block.drop("outside the blocks").sum())
     assert texts[128_256][1] and "chunked cross-entropy" in texts[128_256][0]
     assert not texts[256][1] and "chunked cross-entropy" not in texts[256][0]
+
+
+def test_a_korean_kernel_gets_the_card_and_the_profile_in_korean(monkeypatch):
+    """Issue 28: under COURSE_LANG=ko the card's sentences and the profile's words are Korean;
+    the card's fields (policy, verdict) and the tables' column names stay English."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    close = {"none": [1.0] * 6, "selective": [1.28, 1.33, 1.27, 1.31, 1.29, 1.32],
+             "full": [1.31, 1.30, 1.30, 1.32, 1.30, 1.29]}
+    card = _card_for(close, budget_between=("selective", "none"))
+    text = card.text()
+    assert card.policy == "full" and text.startswith("cpu에서 toy에 대한 추천\n  레시피      : fp32 + 전체")
+    assert "selective의 스텝 시간은 full과(와) 노이즈 범위 안에서 같으므로" in text
+    assert "동률이면 목표 16까지에서 예산 안의 마이크로배치가 더 큰 쪽" in text
+    assert "the larger micro-batch" not in text and "largest batch" in card.options_table()
+    prof = synthetic_profile(close)
+    assert prof.gradients_text() == "'none' 대비 첫 스텝의 그래디언트, 구성 3개 모두에서: 비트 단위로 같음"
+    assert prof.time_text(prof.measurements[0]) == "1.00x (기준)"
+    with pytest.raises(KeyError, match="프로파일링하지 않았습니다: 측정한 것은"):
+        prof.get("bf16", "full")

@@ -632,3 +632,22 @@ def test_the_ipywidgets_line_under_test():
     assert int(ipywidgets.__version__.split(".")[0]) in (7, 8)
     if expected:
         assert ipywidgets.__version__.startswith(expected + "."), ipywidgets.__file__
+
+
+def test_a_korean_kernel_gets_the_dashboard_in_korean(monkeypatch, quick_chart):
+    """Issue 28: under COURSE_LANG=ko the controls, the preview, the progress, the message and
+    the table's labels are Korean; the history keeps its English columns and values."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    base = config_for("smoke")
+    d = Dashboard(size="smoke", hw=AVX2, compare_fn=FakeCompare(), background=False,
+                  clock=seeded_clock(base, base.replace(checkpoint="full")))
+    assert (d.run_button.description, d.precision.description) == ("실행", "정밀도")
+    assert "기준선: fp32 (여기서의 레시피, 체크포인팅 없음)" in text(d.preview.value)
+    d.checkpoint.value = "full"
+    d.run_button.click()
+    msg = text(d.message.value)
+    assert "과(와) 기준선 fp32 의 비교(#1: 여기서의 레시피" in msg and "최대 메모리" in msg
+    assert "against its baseline" not in msg and d.progress_label.value == "완료"
+    assert "기준선 대비 시간" in d.table.value and "(기준선)" in d.table.value
+    assert d.history["time_verdict"].tolist()[-1] in ("faster", "slower", "within noise",
+                                                      "too small to time", "too few rounds")

@@ -79,6 +79,6 @@ def test_on_cuda_the_check_plans_below_the_budget_and_an_out_of_memory_step_says
     c = check_prediction(ex, budget, "none")
     assert ran == [ex.largest_batch(int(budget * CUDA_PLANNING_SHARE))] and ran[0] < 40
     assert c.oom and not c.fits and c.measured_peak is None
-    assert "tried to allocate 192.00 MiB more" in c.note
+    assert "the step asked for 192.00 MiB more" in c.note
     assert "PYTORCH_ALLOC_CONF=expandable_segments:True" in c.note
     assert "PYTORCH_CUDA_ALLOC_CONF" not in c.note and "prediction was too low" not in c.note

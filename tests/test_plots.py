@@ -928,3 +928,35 @@ def test_pareto_front_reads_ties_from_the_rows_own_rounds():
     table = table.assign(step_time_s=[1.0, 1.08, 1.08])
     table.attrs.update(measurements=tied, size="cpu")
     assert front(table) == [86, 69]                   # truly tied: the smaller one dominates
+
+
+def test_a_korean_kernel_gets_the_charts_in_korean(monkeypatch):
+    """Issue 28: under COURSE_LANG=ko the charts' titles, axes, legends and bar notes are Korean
+    (configuration names, numbers and units stay); a verdict stays an English constant in the
+    data and is shown as its Korean word; every text a chart looks up by value (default titles,
+    verdicts, claim statuses, the parts of a peak, the phases of a step) has its Korean."""
+    import inspect
+
+    from course_utils import claims, i18n, memory_model, step_timing
+    from course_utils.plots._timing import time_note
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    fig = plots.comparison_chart(compare_table(), size="cpu")
+    ax_t, ax_p = fig.axes[:2]
+    assert ax_p.get_title() == "최대 할당 메모리" and ax_t.get_ylabel() == "스텝 시간(ms)"
+    assert fig.get_suptitle() == "크기 'cpu'"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "저장됨: autocast 가중치 사본" in legend and "추정치" in legend
+    note = time_note(1.3, "slower", low=1.2, high=1.4)
+    assert (note.text, note.verdict) == ("1.30x 더 느림", "slower")
+    table = pd.DataFrame({"says": ["bf16 cuts memory"], "status": ["held"],
+                          "evidence": ["peak 0.81x"], "where": ["[01 §6](#6)"]})
+    html = plots.styled_claims(table).to_html()
+    assert ">성립<" in html and ">판정<" in html and "#C8E6C9" in html  # coloured by its status
+    assert list(table["status"]) == ["held"]
+    ko = i18n.catalog("ko")
+    defaults = [p.default for name in plots.__all__
+                for p in inspect.signature(getattr(plots, name)).parameters.values()
+                if p.name in ("title", "ylabel") and isinstance(p.default, str) and p.default]
+    looked_up = [*defaults, *step_timing.VERDICTS, *claims.STATUSES, *memory_model.PEAK_PARTS,
+                 "forward", "backward", "optimizer", "says", "status", "evidence", "where"]
+    assert len(defaults) >= 5 and [t for t in looked_up if t not in ko] == []

@@ -100,3 +100,15 @@ def test_a_translated_question_speaks_the_learners_language(bank, monkeypatch, c
     assert "exponent range" in capsys.readouterr().out
     quiz.check("bytes", 16)   # not translated: English in every language
     assert "4 + 4 + 8" in capsys.readouterr().out
+
+
+def test_a_korean_kernel_gets_the_checkers_words_in_korean(bank, capsys, monkeypatch):
+    """Issue 28: the checker's own phrases are Korean under COURSE_LANG=ko (the hint and the
+    explanation are the bank's: English here, where the entry has no Korean)."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    with pytest.raises(AssertionError, match="bf16: 이 답이 아닙니다. 힌트: lesson 01 §1"):
+        quiz.check("bf16", "a")
+    with pytest.raises(AssertionError, match="a, b, c, d 중 한 글자로 답하세요"):
+        quiz.check("bf16", "z")
+    quiz.check("bf16", "c")
+    assert capsys.readouterr().out.startswith("정답입니다. fp32's exponent range.")

@@ -15,6 +15,7 @@ import pandas as pd
 from ..config import RunConfig
 from ..experiments import summary, time_cell
 from ..hardware import HardwareInfo, recommend_precision
+from ..i18n import label, tr
 from ..memory_model import estimate
 from ..step_timing import TOO_SMALL, TOO_SMALL_WHY
 from ..terms import MiB
@@ -38,20 +39,23 @@ def oom_suggestions(config: RunConfig, hw: HardwareInfo | None = None, limit: in
         rec = recommend_precision(hw)
         low = rec.precision if rec.precision != "fp32" else rec.low
     now = estimate(config).peak_allocated
-    candidates = {f"{low} autocast": config.replace(precision=low),
-                  "checkpoint 'full'": config.replace(checkpoint="full"),
-                  f"{low} + checkpoint 'full'": config.replace(precision=low, checkpoint="full")}
+    candidates = {tr("{low} autocast", low=low): config.replace(precision=low),
+                  tr("checkpoint 'full'"): config.replace(checkpoint="full"),
+                  tr("{low} + checkpoint 'full'", low=low): config.replace(precision=low,
+                                                                          checkpoint="full")}
     if config.batch_size > 1:
         half, accum = max(1, config.batch_size // 2), config.grad_accum_steps * 2
-        candidates[f"batch {half} x accumulation {accum} (same effective batch)"] = \
-            config.replace(batch_size=half, grad_accum_steps=accum)
+        candidates[tr("batch {half} x accumulation {accum} (same effective batch)", half=half,
+                      accum=accum)] = config.replace(batch_size=half, grad_accum_steps=accum)
     if config.seq_len > 16:
-        candidates[f"sequence {config.seq_len // 2}"] = config.replace(seq_len=config.seq_len // 2)
+        candidates[tr("sequence {seq_len}", seq_len=config.seq_len // 2)] = \
+            config.replace(seq_len=config.seq_len // 2)
     rows = []
     for name, cfg in candidates.items():
         peak = estimate(cfg).peak_allocated
         if cfg != config and peak < now:
-            rows.append((peak, f"{name}: estimated peak {peak / MiB:,.0f} MiB (now {now / MiB:,.0f} MiB)"))
+            rows.append((peak, tr("{variant}: estimated peak {peak:,.0f} MiB (now {now:,.0f} MiB)",
+                                  variant=name, peak=peak / MiB, now=now / MiB)))
     return [text for _, text in sorted(set(rows))[:limit]]
 
 
@@ -59,7 +63,7 @@ def history_table(df: pd.DataFrame) -> pd.DataFrame:
     """The dashboard's history as a readable table: `course_utils.experiments.summary` (the
     course's one results table: time ratios only outside the noise) with the row number, the
     size and the measured dtypes of the saved activations; ratios are to each Run's baseline."""
-    labels = df["label"] + df["baseline"].map({True: " (baseline)", False: ""})
+    labels = df["label"] + df["baseline"].map({True: " " + tr("(baseline)"), False: ""})
     out = summary(df.assign(label=labels)).reset_index()
     out = out.rename(columns={"time vs first": "time vs baseline"})
     out.insert(0, "#", df["run"].to_numpy())
@@ -80,7 +84,7 @@ def box(kind: str, lines: list[str]) -> str:
 def first_line(e: BaseException) -> str:
     """``"RuntimeError: the first line of its message"``."""
     text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else 'no message'}"
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else tr('no message')}"
 
 
 def dtype_text(acts: dict | None) -> str:
@@ -96,28 +100,32 @@ def time_words(row: dict, size: str) -> str:
     the verdict is faster or slower (outside the noise)."""
     verdict, ratio = row.get("time_verdict"), row.get("time_ratio")
     low, high = row.get("time_ratio_low"), row.get("time_ratio_high")
+    timing = tr(str(row.get("timing")))  # how it was timed, from the measurement
     if verdict in ("faster", "slower"):
-        band = ""
+        cell = time_cell(ratio, verdict)
         if pd.notna(low) and pd.notna(high):  # the band in the words' own direction
             lo, hi = (1 / high, 1 / low) if verdict == "faster" else (low, high)
-            band = f", noise band {lo:.2f}-{hi:.2f}x"
-        return f"step time {time_cell(ratio, verdict)} than the baseline's ({row.get('timing')}{band})"
+            return tr("step time {ratio} than the baseline's ({timing}, noise band "
+                      "{low:.2f}-{high:.2f}x)", ratio=cell, timing=timing, low=lo, high=hi)
+        return tr("step time {ratio} than the baseline's ({timing})", ratio=cell,
+                  timing=timing)
     if verdict == "within noise":
-        return ("step time: within noise of the baseline's (its noise band includes 1.00x; "
-                f"{row.get('timing')})")
+        return tr("step time: within noise of the baseline's (its noise band includes 1.00x; "
+                  "{timing})", timing=timing)
     if verdict == "too few rounds":
-        return f"step time: too few rounds to tell ({row.get('timing')})"
+        return tr("step time: too few rounds to tell ({timing})", timing=timing)
     if verdict == TOO_SMALL:
-        return f"step time: {TOO_SMALL} ({TOO_SMALL_WHY})"
+        return tr("step time: too small to time ({why})", why=tr(TOO_SMALL_WHY))
     if verdict == "emulated":
-        return (f"step time: {row['precision']} is emulated here: not the speed of real hardware "
-                "(timed with the fewest steps that give a number)")
-    return "step time: not timed"
+        return tr("step time: {precision} is emulated here: not the speed of real hardware "
+                  "(timed with the fewest steps that give a number)", precision=row["precision"])
+    return tr("step time: not timed")
 
 
 def table_html(df: pd.DataFrame) -> str:
     """`history_table` of ``df`` as the dashboard's HTML table (class ``course-history``)."""
-    return (_STYLE + '<div style="overflow-x:auto">' + history_table(df).to_html(
+    shown = history_table(df).rename(columns=label)  # labels in the learner's language
+    return (_STYLE + '<div style="overflow-x:auto">' + shown.to_html(
         index=False, na_rep="-", border=0, classes="course-history",
         float_format=lambda v: f"{v:,.2f}") + "</div>")
 
@@ -125,19 +133,24 @@ def table_html(df: pd.DataFrame) -> str:
 def _measured(row: dict, base: dict, size: str) -> str:
     step = row.get("paired_step_time_s")  # the baseline's median x the ratio: agrees with it
     step = step if pd.notna(step) else row.get("step_time_s")
-    parts = [f"step {step * 1e3:,.1f} ms" if pd.notna(step) else ""]
+    parts = [tr("step {ms:,.1f} ms", ms=step * 1e3) if pd.notna(step) else ""]
     other = row is not base
     if other and base["status"] == "ok":
         parts.append(time_words(row, size))
     if pd.notna(row.get("peak_allocated")):
-        ratio = (f" ({row['peak_ratio']:.2f}x the baseline's)"
-                 if other and pd.notna(row.get("peak_ratio")) else "")
-        parts.append(f"peak {row['peak_allocated'] / MiB:,.1f} MiB{ratio}")
+        peak = row["peak_allocated"] / MiB
+        parts.append(tr("peak {peak:,.1f} MiB ({ratio:.2f}x the baseline's)", peak=peak,
+                        ratio=row["peak_ratio"])
+                     if other and pd.notna(row.get("peak_ratio"))
+                     else tr("peak {peak:,.1f} MiB", peak=peak))
     if pd.notna(row.get("saved_total")):
-        ratio = f" ({row['saved_ratio']:.2f}x)" if other and pd.notna(row.get("saved_ratio")) else ""
-        parts.append(f"saved tensors {row['saved_total'] / MiB:,.2f} MiB{ratio}")
+        saved = row["saved_total"] / MiB
+        parts.append(tr("saved tensors {saved:,.2f} MiB ({ratio:.2f}x)", saved=saved,
+                        ratio=row["saved_ratio"])
+                     if other and pd.notna(row.get("saved_ratio"))
+                     else tr("saved tensors {saved:,.2f} MiB", saved=saved))
     if row.get("saved_dtypes"):
-        parts.append(f"saved activations by dtype: {row['saved_dtypes']}")
+        parts.append(tr("saved activations by dtype: {dtypes}", dtypes=row["saved_dtypes"]))
     return "; ".join(p for p in parts if p) + "."
 
 
@@ -156,28 +169,34 @@ def result_message(configs, rows: list[dict], hw: HardwareInfo, size: str, notes
     name = f"<b>{html.escape(row['label'])}</b> (#{row['run']})"
     if row["status"] != "ok":
         kind = "error"
-        what = "ran out of memory" if row["status"] == "OOM" else "failed"
-        lines.append(f"{name} {what}: {html.escape(str(row.get('error') or ''))}")
+        error = html.escape(str(row.get("error") or ""))
+        lines.append(tr("{name} ran out of memory: {error}", name=name, error=error)
+                     if row["status"] == "OOM" else
+                     tr("{name} failed: {error}", name=name, error=error))
         if row["status"] == "OOM":
             sugg = oom_suggestions(configs[-1], hw)
             if sugg:
-                lines.append("Smaller variants, by the analytic model: "
-                             + "; ".join(html.escape(s) for s in sugg) + ".")
-        lines.append("The dashboard still works: change a setting and press Run again.")
+                lines.append(tr("Smaller variants, by the analytic model: {variants}.",
+                                variants="; ".join(html.escape(s) for s in sugg)))
+        lines.append(tr("The dashboard still works: change a setting and press Run again."))
     elif row is base:
-        lines.append(f"{name} is the baseline itself (the recipe here, no checkpointing).")
+        lines.append(tr("{name} is the baseline itself (the recipe here, no checkpointing).",
+                        name=name))
         lines.append(_measured(row, base, size))
     else:
-        lines.append(f"{name} against its baseline <b>{html.escape(base['label'])}</b> "
-                     f"(#{base['run']}: the recipe here, no checkpointing, same size).")
+        lines.append(tr("{name} against its baseline {baseline} (#{run}: the recipe here, no "
+                        "checkpointing, same size).", name=name,
+                        baseline=f"<b>{html.escape(base['label'])}</b>", run=base["run"]))
         if base["status"] == "OOM":
-            lines.append("The baseline of this size ran out of memory; this configuration fits.")
+            lines.append(tr("The baseline of this size ran out of memory; this configuration "
+                            "fits."))
         lines.append(_measured(row, base, size))
-    lines += [f"ran anyway: {html.escape(p)}" for p in forced]
-    lines += [f"note: {html.escape(n)}" for n in notes]
+    lines += [tr("ran anyway: {problem}", problem=html.escape(p)) for p in forced]
+    lines += [tr("note: {note}", note=html.escape(n)) for n in notes]
     if took_s is not None:
-        lines.append(f"This Run took {took_s:.1f} s" + (f" (predicted {predicted_s:.1f} s)."
-                                                        if predicted_s else "."))
+        lines.append(tr("This Run took {took:.1f} s (predicted {predicted:.1f} s).", took=took_s,
+                        predicted=predicted_s) if predicted_s else
+                     tr("This Run took {took:.1f} s.", took=took_s))
     return box(kind, lines)
 
 
@@ -188,15 +207,17 @@ def header_html(hw: HardwareInfo, size: str, base: RunConfig, recipe, budget_s: 
     ``synchronous``: why Runs happen on the kernel's thread here (e.g. on Colab), said with
     what that means (no Stop button); None where they happen on a worker thread."""
     scaler = " + GradScaler" if recipe.grad_scaler else ""
-    sync = ("" if synchronous is None else
-            f" A Run happens in the kernel's thread here ({html.escape(synchronous)}): the "
-            "progress bar still moves, but there is no Stop button; interrupt the kernel to "
-            "stop a Run.")
-    return (f"<b>{html.escape(hw.name)}</b> ({hw.device}), size profile <code>{size}</code>: "
-            f"d_model {base.d_model}, {base.n_heads} heads. Recipe here: <b>{recipe.precision}"
-            f"</b>{scaler}. Each Run compares your configuration with its baseline, <b>"
-            f"{recipe.precision}</b> without checkpointing at the same size, timed in "
-            f"alternation for about {budget_s:g} s.{sync}")
+    sync = ("" if synchronous is None else " " + tr(
+        "A Run happens in the kernel's thread here ({why}): the progress bar still moves, but "
+        "there is no Stop button; interrupt the kernel to stop a Run.",
+        why=html.escape(synchronous)))
+    return tr("{hardware} ({device}), size profile {size}: d_model {d_model}, {n_heads} heads. "
+              "Recipe here: {recipe}. Each Run compares your configuration with its baseline, "
+              "{precision} without checkpointing at the same size, timed in alternation for about "
+              "{budget:g} s.", hardware=f"<b>{html.escape(hw.name)}</b>", device=hw.device,
+              size=f"<code>{size}</code>", d_model=base.d_model, n_heads=base.n_heads,
+              recipe=f"<b>{recipe.precision}</b>{scaler}",
+              precision=f"<b>{recipe.precision}</b>", budget=budget_s) + sync
 
 
 def preview_message(cfg: RunConfig, configs, plan, problems, notes, force: bool,
@@ -204,23 +225,29 @@ def preview_message(cfg: RunConfig, configs, plan, problems, notes, force: bool,
     """What the controls set up, before Run: the configuration and its analytic estimate, its
     baseline, the predicted duration (`course_utils.dashboard.run.RunPlan`), refusals, notes."""
     est = estimate(cfg)
-    lines = [(f"<b>{html.escape(cfg.label)}</b>: {cfg.n_layers} layers x d_model {cfg.d_model}, "
-              f"batch {cfg.batch_size} x sequence {cfg.seq_len} x accumulation "
-              f"{cfg.grad_accum_steps} = {cfg.tokens_per_step:,} tokens per step; estimated peak "
-              f"{est.peak_allocated / MiB:,.1f} MiB, saved tensors {est.saved_total / MiB:,.1f} "
-              "MiB (analytic model)."),
-             f"Baseline: <b>{configs[0].label}</b> (the recipe here, no checkpointing)"
-             + (": this configuration is the baseline itself." if len(configs) == 1 else
-                ", same size, timed in alternation with it.")]
+    baseline = f"<b>{configs[0].label}</b>"
+    lines = [tr("{config}: {n_layers} layers x d_model {d_model}, batch {batch} x sequence "
+                "{seq_len} x accumulation {accum} = {tokens:,} tokens per step; estimated peak "
+                "{peak:,.1f} MiB, saved tensors {saved:,.1f} MiB (analytic model).",
+                config=f"<b>{html.escape(cfg.label)}</b>", n_layers=cfg.n_layers,
+                d_model=cfg.d_model, batch=cfg.batch_size, seq_len=cfg.seq_len,
+                accum=cfg.grad_accum_steps, tokens=cfg.tokens_per_step,
+                peak=est.peak_allocated / MiB, saved=est.saved_total / MiB),
+             tr("Baseline: {baseline} (the recipe here, no checkpointing): this configuration is "
+                "the baseline itself.", baseline=baseline) if len(configs) == 1 else
+             tr("Baseline: {baseline} (the recipe here, no checkpointing), same size, timed in "
+                "alternation with it.", baseline=baseline)]
     if plan.seconds is None:
         todo = ", ".join(sorted({c.precision for c in plan.uncalibrated}))
-        lines.append(f"This Run: {plan.describe()}: Run first calibrates {todo} with one short "
-                     f"step, then refuses the Run if it would take more than {slow_limit_s:.0f} s.")
+        lines.append(tr("This Run: {plan}: Run first calibrates {precisions} with one short "
+                        "step, then refuses the Run if it would take more than {limit:.0f} s.",
+                        plan=plan.describe(), precisions=todo, limit=slow_limit_s))
     else:
-        lines.append(f"This Run: {plan.describe()}.")
-    lines += [f"<b>{'runs anyway' if force else 'refused'}:</b> {html.escape(p)}"
-              for p in problems]
+        lines.append(tr("This Run: {plan}.", plan=plan.describe()))
+    said = tr("runs anyway") if force else tr("refused")
+    lines += [f"<b>{said}:</b> {html.escape(p)}" for p in problems]
     if problems and not force:
-        lines.append("Change the settings, or tick <i>run anyway</i>.")
-    lines += [f"note: {html.escape(n)}" for n in notes]
+        lines.append(tr("Change the settings, or tick {run_anyway}.",
+                        run_anyway=f"<i>{tr('run anyway')}</i>"))
+    lines += [tr("note: {note}", note=html.escape(n)) for n in notes]
     return box("warn" if problems else "info", lines)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ..checkpointing import parse_policy
 from ..config import RunConfig, step_flops
 from ..hardware import HardwareInfo, is_emulated, recommend_precision
+from ..i18n import tr
 from ..measure import memory_step, prepare
 from ..saved_tensors import SavedTensorMeter
 from ..step_timing import MIN_ROUNDS, steps_for_budget, time_step
@@ -294,12 +295,15 @@ class RunPlan:
     def describe(self) -> str:
         """``"about 6 s: 2 configurations, ~24 training steps"`` and the like."""
         n = len(self.configs)
-        what = f"{n} configuration{'s' * (n != 1)}, ~{self.steps} training steps"
+        what = (tr("{n} configuration, ~{steps} training steps", n=n, steps=self.steps) if n == 1
+                else tr("{n} configurations, ~{steps} training steps", n=n, steps=self.steps))
         if self.seconds is None:
-            return f"time not known yet ({what})"
-        extra = (f", including {COMPILE_ALLOWANCE_S:.0f} s per torch.compile (a rough "
-                 "allowance: compile time is not predicted)") if self.compiled else ""
-        return f"about {self.seconds:,.1f} s ({what}{extra})"
+            return tr("time not known yet ({what})", what=what)
+        if self.compiled:
+            return tr("about {seconds:,.1f} s ({what}, including {allowance:.0f} s per "
+                      "torch.compile (a rough allowance: compile time is not predicted))",
+                      seconds=self.seconds, what=what, allowance=COMPILE_ALLOWANCE_S)
+        return tr("about {seconds:,.1f} s ({what})", seconds=self.seconds, what=what)
 
 
 def plan_run(configs, clock: StepClock, hw: HardwareInfo, budget_s: float) -> RunPlan:

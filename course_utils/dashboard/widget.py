@@ -50,6 +50,7 @@ from ..config import RunConfig, config_for, size_profile
 from ..experiments import compare
 from ..guard import check_feasible
 from ..hardware import HardwareInfo, detect, recommend_precision
+from ..i18n import tr
 from ..measure import out_of_memory_message, ran_out_of_memory
 from ..memory_model import estimate
 from ..plots import dashboard_chart
@@ -106,13 +107,14 @@ def background_updates_render() -> tuple[bool, str]:
     env = os.environ.get(MODE_ENV, "").strip().lower()
     if env:
         if env not in ("thread", "sync"):
-            raise ValueError(f"{MODE_ENV}={env!r}: expected 'thread' (Run on a worker thread) "
-                             "or 'sync' (Run on the kernel's thread).")
+            raise ValueError(tr("{variable}={value!r}: expected 'thread' (Run on a worker thread) "
+                                "or 'sync' (Run on the kernel's thread).", variable=MODE_ENV,
+                                value=env))
         return env == "thread", f"{MODE_ENV}={env}"
     if "google.colab" in sys.modules:
-        return False, ("Colab shows no widget updates sent from a background thread "
-                       "(googlecolab/colabtools#3373)")
-    return True, "this front end shows widget updates sent from a background thread"
+        return False, tr("Colab shows no widget updates sent from a background thread "
+                         "(googlecolab/colabtools#3373)")
+    return True, tr("this front end shows widget updates sent from a background thread")
 
 
 def policy_options(n_layers: int) -> list[str]:
@@ -161,7 +163,8 @@ class Dashboard:
                  slow_limit_s: float = SLOW_LIMIT_S, step_fn=train_step, compare_fn=compare,
                  background: bool | None = None, clock: StepClock | None = None):
         if budget_s is not None and not budget_s > 0:
-            raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
+            raise ValueError(tr("budget_s must be > 0 seconds, got {budget_s!r}.",
+                                budget_s=budget_s))
         self.size = size or size_profile()
         self.base = config_for(self.size, **({"device": device} if device else {}))
         self.hw = hw or detect(self.base.device)
@@ -171,7 +174,7 @@ class Dashboard:
         if background is None:
             background, self.mode_reason = background_updates_render()
         else:
-            self.mode_reason = f"background={background} was passed"
+            self.mode_reason = tr("background={background} was passed", background=background)
         self.background, self.clock = bool(background), clock or StepClock()
         self.measurements: list = []
         self._rows: list[dict] = []
@@ -187,31 +190,32 @@ class Dashboard:
             return widgets.BoundedIntText(value=value, min=1, max=hi, description=name,
                                           style=style, layout=box)
         self.precision = widgets.Dropdown(
-            options=[("fp32", "fp32"), ("bf16 autocast", "bf16"),
-                     ("fp16 autocast + GradScaler", "fp16")], value=self.recipe.precision,
-            description="precision", style=style, layout=widgets.Layout(width="290px"))
+            options=[("fp32", "fp32"), (tr("bf16 autocast"), "bf16"),
+                     (tr("fp16 autocast + GradScaler"), "fp16")], value=self.recipe.precision,
+            description=tr("precision"), style=style, layout=widgets.Layout(width="290px"))
         self.checkpoint = widgets.Combobox(
             value="none", options=policy_options(self.base.n_layers), ensure_option=False,
-            description="checkpoint", placeholder=", ".join(MODES), style=style,
+            description=tr("checkpoint"), placeholder=", ".join(MODES), style=style,
             layout=widgets.Layout(width="260px"))
-        self.batch_size = number(self.base.batch_size, 65536, "batch")
-        self.seq_len = number(self.base.seq_len, 1 << 20, "sequence")
-        self.n_layers = number(self.base.n_layers, 1024, "layers")
-        self.grad_accum_steps = number(self.base.grad_accum_steps, 1024, "accumulation")
+        self.batch_size = number(self.base.batch_size, 65536, tr("batch"))
+        self.seq_len = number(self.base.seq_len, 1 << 20, tr("sequence"))
+        self.n_layers = number(self.base.n_layers, 1024, tr("layers"))
+        self.grad_accum_steps = number(self.base.grad_accum_steps, 1024, tr("accumulation"))
         self.compile = widgets.Checkbox(value=False, description="torch.compile", indent=False,
                                         layout=widgets.Layout(width="140px"))
-        self.force = widgets.Checkbox(value=False, description="run anyway (slow or refused)",
+        self.force = widgets.Checkbox(value=False, description=tr("run anyway (slow or refused)"),
                                       indent=False, layout=widgets.Layout(width="230px"))
-        self.run_button = widgets.Button(description="Run", button_style="primary", icon="play",
-                                         tooltip="measure this configuration and its baseline")
-        self.stop_button = widgets.Button(description="Stop", icon="stop", disabled=True,
-                                          tooltip="stop the Run after the current step")
-        self.clear_button = widgets.Button(description="Clear history", icon="trash")
+        self.run_button = widgets.Button(description=tr("Run"), button_style="primary",
+                                         icon="play",
+                                         tooltip=tr("measure this configuration and its baseline"))
+        self.stop_button = widgets.Button(description=tr("Stop"), icon="stop", disabled=True,
+                                          tooltip=tr("stop the Run after the current step"))
+        self.clear_button = widgets.Button(description=tr("Clear history"), icon="trash")
         self.progress = widgets.IntProgress(value=0, min=0, max=1,
                                             layout=widgets.Layout(width="160px"))
         self.progress_label = widgets.Label(value="")
         self.preview, self.message = widgets.HTML(), widgets.HTML()
-        self.table = widgets.HTML(value="<i>No runs yet: press Run.</i>")
+        self.table = widgets.HTML(value=f"<i>{tr('No runs yet: press Run.')}</i>")
         self.chart = widgets.Image(format="png", layout=widgets.Layout(display="none",
                                                                        max_width="100%"))
         self.header = header = widgets.HTML(header_html(self.hw, self.size, self.base, self.recipe,
@@ -287,12 +291,14 @@ class Dashboard:
         est = estimate(config).peak_allocated
         if self.hw.device == "cuda" and self.hw.total_memory_bytes and \
                 est > self.hw.total_memory_bytes:
-            notes.append(f"estimated peak {est / GiB:.1f} GiB exceeds this GPU's "
-                         f"{self.hw.total_memory_bytes / GiB:.1f} GiB: expect an out-of-memory error.")
+            notes.append(tr("estimated peak {peak:.1f} GiB exceeds this GPU's {total:.1f} GiB: "
+                            "expect an out-of-memory error.", peak=est / GiB,
+                            total=self.hw.total_memory_bytes / GiB))
         plan = self.plan(config)
         if plan.seconds is not None and plan.seconds > self.slow_limit_s:
-            problems.append(f"this Run would take {plan.describe()}, more than "
-                            f"{self.slow_limit_s:.0f} s. Lower batch, sequence or layers.")
+            problems.append(tr("this Run would take {plan}, more than {limit:.0f} s. Lower batch, "
+                               "sequence or layers.", plan=plan.describe(),
+                               limit=self.slow_limit_s))
         return problems, list(dict.fromkeys(notes))
 
     # ------------------------------------------------------------------ callbacks
@@ -307,7 +313,8 @@ class Dashboard:
         try:
             cfg = self.current_config()
         except ValueError as e:
-            self.preview.value = box("error", [f"<b>invalid settings:</b> {html.escape(str(e))}"])
+            self.preview.value = box("error", [f"<b>{tr('invalid settings')}:</b> "
+                                               f"{html.escape(str(e))}"])
             return
         problems, notes = self.assess(cfg)
         self.preview.value = preview_message(cfg, run_configs(cfg, self.hw), self.plan(cfg),
@@ -318,7 +325,7 @@ class Dashboard:
         """Forget all runs (the calibrated step times are kept)."""
         self._rows.clear()
         self.measurements.clear()
-        self.table.value = "<i>No runs yet: press Run.</i>"
+        self.table.value = f"<i>{tr('No runs yet: press Run.')}</i>"
         self.chart.layout.display = "none"
         self.chart.value = b""
         self.message.value = self.progress_label.value = ""
@@ -339,7 +346,7 @@ class Dashboard:
     def stop(self) -> None:
         """The Stop button: end the Run before its next training step."""
         self._stop.set()
-        self.progress_label.value = "stopping after this step..."
+        self.progress_label.value = tr("stopping after this step...")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for a background Run; True when none is running any more."""
@@ -370,18 +377,19 @@ class Dashboard:
         try:
             return self._run()
         except (Stopped, KeyboardInterrupt) as e:
-            self._stage(None, f"stopped after {self.last_hook.count if self.last_hook else 0} "
-                              "step(s)", "warning")
-            how = ("<b>Stopped</b> between two steps" if isinstance(e, Stopped) else
-                   "<b>Stopped</b> by the kernel's interrupt")
+            self._stage(None, tr("stopped after {n} step(s)",
+                                 n=self.last_hook.count if self.last_hook else 0), "warning")
+            stopped = f"<b>{tr('Stopped')}</b>"
+            how = (tr("{stopped} between two steps", stopped=stopped) if isinstance(e, Stopped)
+                   else tr("{stopped} by the kernel's interrupt", stopped=stopped))
             self.message.value = box("warn", [
-                (f"{how}: nothing was added to the history (a Run reports only comparisons it "
-                 "finished)."), "Change a setting and press Run."])
+                tr("{how}: nothing was added to the history (a Run reports only comparisons it "
+                   "finished).", how=how), tr("Change a setting and press Run.")])
         except Exception as e:  # noqa: BLE001 - a callback must never leave a traceback
-            self._stage(None, "failed", "danger")
+            self._stage(None, tr("failed"), "danger")
             self.message.value = box("error", [
-                f"<b>the run failed:</b> {html.escape(first_line(e))}",
-                "The dashboard still works: change a setting and press Run again."])
+                f"<b>{tr('the run failed')}:</b> {html.escape(first_line(e))}",
+                tr("The dashboard still works: change a setting and press Run again.")])
         finally:
             self.run_button.disabled, self.stop_button.disabled = False, True
             self.update_preview()
@@ -392,7 +400,8 @@ class Dashboard:
             if n >= self.progress.max > 1:  # more steps than planned: keep the bar moving
                 self.progress.max = n + 1
             total = self.progress.max
-            self._stage(n, f"step {n} of ~{total}" if total > 1 else f"step {n}")
+            self._stage(n, tr("step {n} of ~{total}", n=n, total=total) if total > 1
+                        else tr("step {n}", n=n))
         self.last_hook = StepHook(self.step_fn, self._stop, on_step, configs)
         return self.last_hook
 
@@ -400,8 +409,9 @@ class Dashboard:
         try:
             config = self.current_config()
         except ValueError as e:
-            self._stage(0, "not run")
-            self.message.value = box("error", [f"<b>invalid settings:</b> {html.escape(str(e))}"])
+            self._stage(0, tr("not run"))
+            self.message.value = box("error", [f"<b>{tr('invalid settings')}:</b> "
+                                               f"{html.escape(str(e))}"])
             return None
         configs, force = run_configs(config, self.hw), bool(self.force.value)
         problems, notes = self.assess(config)
@@ -412,16 +422,17 @@ class Dashboard:
                 problems, notes = self.assess(config)
                 self.update_preview()  # now with the predicted seconds
             if problems and not force:
-                self._stage(0, "not run")
-                self.message.value = box("error", [f"<b>not run:</b> {html.escape(p)}"
+                self._stage(0, tr("not run"))
+                self.message.value = box("error", [f"<b>{tr('not run')}:</b> {html.escape(p)}"
                                                     for p in problems]
-                                          + ["Change the settings, or tick <i>run anyway</i>."])
+                                          + [tr("Change the settings, or tick {run_anyway}.",
+                                                run_anyway=f"<i>{tr('run anyway')}</i>")])
                 return None
             plan = self.last_plan = self.plan(config)
             # value first: ipywidgets 7 clamps the last Run's full bar to a lower max (a flash)
             self.progress.value = 0
             self.progress.max = max(1, plan.steps)
-            self._stage(0, f"step 0 of ~{plan.steps}")
+            self._stage(0, tr("step {n} of ~{total}", n=0, total=plan.steps))
             hook, t0 = self._hook(configs), time.perf_counter()
             df = self.compare_fn(list(configs), budget_s=self.budget_s, step_fn=hook,
                                  hw=self.hw, force=force, progress=False)
@@ -432,11 +443,11 @@ class Dashboard:
             error = (oom, out_of_memory_message(config, self.hw.name, e) if oom else first_line(e))
         rows = self._append(configs, df, self.last_hook, error)
         t1 = time.perf_counter()
-        self._stage(None, "drawing...")
+        self._stage(None, tr("drawing..."))
         self._render()
         self.clock.render_s = time.perf_counter() - t1
         self.last_run_s = time.perf_counter() - t0
-        self._stage(self.progress.max, "done", "success")
+        self._stage(self.progress.max, tr("done"), "success")
         self.message.value = result_message(
             configs, rows, self.hw, self.size, notes, problems if force else [],
             self.last_run_s, self.last_plan.seconds if self.last_plan else None)
@@ -448,7 +459,8 @@ class Dashboard:
         for cfg in configs:
             if self.clock.step_s(cfg, self.hw) is None:
                 self.progress.max, done = 1, True
-                self._stage(0, f"calibrating {cfg.precision}: one short step...")
+                self._stage(0, tr("calibrating {precision}: one short step...",
+                                  precision=cfg.precision))
                 self.clock.calibrate(cfg, self.hw, self._hook())
         return done
 

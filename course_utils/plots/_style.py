@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.transforms import Bbox
 
+from ..i18n import tr
 from ..terms import MiB
 
 #: Memory buckets (`Measurement` / `MemoryEstimate` field names) -> colour.
@@ -97,7 +98,7 @@ def new_figure(figsize, **kwargs) -> ChartFigure:
 def emulated_handle(color=TIME_COLOR):
     """A legend entry for hatched "emulated here" bars."""
     return Patch(facecolor="white", edgecolor=color, hatch=EMULATED_HATCH,
-                 label="emulated here (not this hardware's real speed)")
+                 label=tr("emulated here (not this hardware's real speed)"))
 
 
 def nan(v) -> float:
@@ -116,10 +117,15 @@ def column(df, name, default=np.nan) -> list:
 
 
 def with_size(title: str, size: str | None) -> str:
-    """``title`` followed by the size profile (``"size 'cpu'"``) unless it already names it."""
+    """``title`` in the learner's language (`course_utils.i18n.tr`: a caller's title that the
+    catalog holds is translated, any other stays as given) followed by the size profile
+    (``"size 'cpu'"``) unless it already names it."""
+    title = tr(title) if title else title
     if not size:
         return title
-    tag = f"size '{size}'"
+    if f"size '{size}'" in title:
+        return title
+    tag = tr("size '{size}'", size=size)
     if tag in title:
         return title
     return f"{title}, {tag}" if title else tag

@@ -19,14 +19,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..i18n import tr
 from ..step_timing import TOO_SMALL
 from ._style import column, nan
 
 #: What a bar says for each verdict that is not a ratio (too few rounds and too small to time
-#: say their verdict).
+#: say their verdict), in English; a `TimeNote`'s text is in the learner's language.
 WITHIN_NOISE, EMULATED, NOT_TIMED = "≈1x (within noise)", "emulated here", "not timed"
-#: What stands where an emulated time would be: emulated times are never drawn on a time axis.
+#: What stands where an emulated time would be: emulated times are never drawn on a time axis
+#: (`not_drawn` gives it in the learner's language).
 NOT_DRAWN = "emulated:\nnot drawn"
+
+
+def not_drawn() -> str:
+    """`NOT_DRAWN` in the learner's language."""
+    return tr("emulated:\nnot drawn")
+
+
+def verdict_text(verdict: str) -> str:
+    """A verdict word (`course_utils.step_timing.VERDICTS`) as a chart shows it, in the learner's
+    language; the constant itself stays English (code compares it)."""
+    return tr(verdict)
 
 
 @dataclass(frozen=True)
@@ -34,7 +47,7 @@ class TimeNote:
     """The annotation of one row's step time.
 
     Attributes:
-        text: what to print by the bar (one line; "" for nothing).
+        text: what to print by the bar (one line; "" for nothing), in the learner's language.
         verdict: the verdict it stands for (`course_utils.step_timing.VERDICTS`, or
             ``"reference"``/``"unknown"``).
         emulated: draw the bar hatched and say "emulated here".
@@ -94,25 +107,27 @@ def _time_note(ratio, verdict, emulated, low, high, reference, iqr_verdict) -> T
     if np.isfinite([ratio, low, high]).all() and ratio > 0:
         band = (low / ratio, high / ratio)
     if _is_true(emulated) or verdict == "emulated":
-        return TimeNote(EMULATED, "emulated", True, band)
+        return TimeNote(tr("emulated here"), "emulated", True, band)
     if reference and np.isfinite(ratio):  # its verdict against itself says nothing
-        return TimeNote("reference", "reference", False, band)
+        return TimeNote(tr("reference"), "reference", False, band)
     if verdict == "not timed" or (np.isnan(ratio) and verdict is None):
-        return TimeNote(NOT_TIMED if verdict else "", "not timed")
+        return TimeNote(tr("not timed") if verdict else "", "not timed")
     if verdict is None and band is not None:  # a spread but no verdict: read it from the spread
         verdict = "faster" if high < 1 else ("slower" if low > 1 else "within noise")
     verdict = verdict or iqr_verdict
     if verdict == "faster":
-        return TimeNote(f"{1 / ratio:.2f}x faster", verdict, False, band)
+        return TimeNote(tr("{speedup:.2f}x faster", speedup=1 / ratio), verdict, False, band)
     if verdict == "slower":
-        return TimeNote(f"{ratio:.2f}x slower", verdict, False, band)
+        return TimeNote(tr("{ratio:.2f}x slower", ratio=ratio), verdict, False, band)
     if verdict == "within noise":
-        return TimeNote(WITHIN_NOISE, verdict, False, band)
-    if verdict in (TOO_SMALL, "too few rounds"):
-        return TimeNote(verdict, verdict, False, band)
+        return TimeNote(tr("≈1x (within noise)"), verdict, False, band)
+    if verdict == TOO_SMALL:
+        return TimeNote(tr("too small to time"), verdict, False, band)
+    if verdict == "too few rounds":
+        return TimeNote(tr("too few rounds"), verdict, False, band)
     if verdict is None:
-        return TimeNote(f"{ratio:.2f}x (noise unknown)", "unknown", False, band)
-    return TimeNote(verdict, verdict, False, band)  # a verdict this module does not know yet
+        return TimeNote(tr("{ratio:.2f}x (noise unknown)", ratio=ratio), "unknown", False, band)
+    return TimeNote(verdict_text(verdict), verdict, False, band)  # a verdict not known here yet
 
 
 def time_notes(df, reference_rows) -> list[TimeNote]:
@@ -185,9 +200,9 @@ def emulated_caption(labels, t_ms, notes, reference_ms=None) -> str:
             when its note is emulated and it has a time.
         reference_ms: unused (kept for callers that pass the row the ratio is to).
     """
-    parts = [f"{lab} (emulated here)" for lab, t, n in zip(labels, t_ms, notes)
+    parts = [tr("{label} (emulated here)", label=lab) for lab, t, n in zip(labels, t_ms, notes)
              if n is not None and n.emulated and np.isfinite(nan(t))]
     if not parts:
         return ""
-    return ("Not drawn on the time axis: " + "; ".join(parts) + ". Emulated arithmetic is not "
-            "this hardware's speed for that precision.")
+    return tr("Not drawn on the time axis: {rows}. Emulated arithmetic is not this hardware's "
+              "speed for that precision.", rows="; ".join(parts))

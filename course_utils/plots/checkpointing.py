@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
+from ..i18n import tr
 from ..terms import MiB
 from ._style import mib, new_figure, set_title, with_size
 
@@ -31,23 +32,24 @@ def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
     """
     need = {"method", "segments", "saved_bytes", "peak_bytes"}
     if len(df) == 0 or need - set(df.columns):
-        raise ValueError(f"segments_chart needs rows with columns {sorted(need)}.")
+        raise ValueError(tr("segments_chart needs rows with columns {columns}.",
+                            columns=sorted(need)))
     fig = new_figure((11, 4.6))
     axes = fig.subplots(1, 2)
     colors = ["#4C72B0", "#C44E52", "#55A868", "#8172B3"]
-    for ax, col, est, name in ((axes[0], "saved_bytes", "est_saved", "saved for backward"),
+    for ax, col, est, name in ((axes[0], "saved_bytes", "est_saved", tr("saved for backward")),
                                (axes[1], "peak_bytes", "est_peak",
-                                "peak during forward + backward")):
+                                tr("peak during forward + backward"))):
         for i, (method, d) in enumerate(df.groupby("method", sort=False)):
             d = d.sort_values("segments")
             c = colors[i % len(colors)]
             ax.plot(d["segments"], mib(d[col]), "-", color=c, lw=4.5 if i == 0 else 1.4,
                     alpha=0.6 if i == 0 else 1.0, marker="os^D"[i % 4], ms=12 if i == 0 else 5,
                     mfc="white" if i == 0 else c, mew=2.0, zorder=3 + i,
-                    label=f"{method} (measured)")
+                    label=tr("{method} (measured)", method=tr(method)))
             if est in d.columns and d[est].notna().any():
                 ax.plot(d["segments"], mib(d[est]), "--", color=c, lw=1.4, alpha=0.9, zorder=10,
-                        label=f"{method} (model)")
+                        label=tr("{method} (model)", method=tr(method)))
         ax.axvline(np.sqrt(n_layers), color="grey", linestyle=":", linewidth=1.2)
         ax.annotate(f"sqrt(N) = {np.sqrt(n_layers):.1f}", (np.sqrt(n_layers), 1.0),
                     xycoords=("data", "axes fraction"), xytext=(3, -12),
@@ -56,7 +58,7 @@ def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
         segs = sorted({int(s) for s in df["segments"]})
         ax.set_xticks(segs)
         ax.set_xticklabels([str(s) for s in segs])
-        ax.set_xlabel(f"segments (N = {n_layers} blocks)")
+        ax.set_xlabel(tr("segments (N = {n_layers} blocks)", n_layers=n_layers))
         ax.set_ylabel("MiB")
         ax.set_ylim(bottom=0)
         ax.set_title(name)
@@ -86,7 +88,8 @@ def attention_memory_chart(df, title: str = "saved bytes of one block vs sequenc
     """
     need = {"attention", "seq_len", "saved_bytes"}
     if len(df) == 0 or need - set(df.columns):
-        raise ValueError(f"attention_memory_chart needs rows with columns {sorted(need)}.")
+        raise ValueError(tr("attention_memory_chart needs rows with columns {columns}.",
+                            columns=sorted(need)))
     fig = new_figure((9.5, 4.6))
     ax = fig.subplots()
     colors = {"naive": "#C44E52", "sdpa": "#4C72B0"}
@@ -97,18 +100,18 @@ def attention_memory_chart(df, title: str = "saved bytes of one block vs sequenc
         slope = (np.log(y[-1] / y[-2]) / np.log(x[-1] / x[-2])) if len(x) > 1 else np.nan
         c = colors.get(name) or next(others, None)
         ax.plot(x, y / MiB, "o-", color=c, lw=1.0, ms=8, mfc="white", mew=1.6, zorder=3,
-                label=f"{name}: measured (slope {slope:.2f})")
+                label=tr("{name}: measured (slope {slope:.2f})", name=name, slope=slope))
         if "est_bytes" in d.columns and d["est_bytes"].notna().any():
             ax.plot(x, mib(d["est_bytes"]), "--", color=c, lw=1.8, alpha=0.85, zorder=4,
-                    label=f"{name}: estimate")
+                    label=tr("{name}: estimate", name=name))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     xs = sorted({int(v) for v in df["seq_len"]})
     ax.set_xticks(xs)
     ax.set_xticklabels([str(v) for v in xs])
-    ax.set_xlabel("sequence length (tokens)")
-    ax.set_ylabel("saved for backward (MiB, log scale)")
+    ax.set_xlabel(tr("sequence length (tokens)"))
+    ax.set_ylabel(tr("saved for backward (MiB, log scale)"))
     ax.set_title(with_size(title, size))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)

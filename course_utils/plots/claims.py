@@ -6,6 +6,8 @@ import html
 import re
 from types import MappingProxyType
 
+from ..i18n import label, tr
+
 # One colour per status of course_utils.claims.STATUSES.
 _STATUS_STYLE = MappingProxyType({
     "held": "background-color: #C8E6C9", "busted": "background-color: #FFCDD2",
@@ -16,7 +18,8 @@ _STATUS_STYLE = MappingProxyType({
 def styled_claims(table):
     """`course_utils.claims.claims_table` as an HTML table: status coloured (held green, busted
     red, depends orange, inconclusive yellow, not measured here grey), markdown links
-    ``[text](href)`` in ``where`` made clickable, text left-aligned.
+    ``[text](href)`` in ``where`` made clickable, text left-aligned; column labels and statuses
+    shown in the learner's language (`course_utils.i18n.label`: the data stay English).
 
     Args:
         table: columns ``says``, ``status``, ``evidence``, ``where`` (one row per claim).
@@ -29,7 +32,8 @@ def styled_claims(table):
     """
     need = {"says", "status", "evidence", "where"}
     if len(table) == 0 or need - set(table.columns):
-        raise ValueError(f"styled_claims needs a claims_table() with rows and columns {sorted(need)}.")
+        raise ValueError(tr("styled_claims needs a claims_table() with rows and columns {columns}.",
+                            columns=sorted(need)))
 
     def links(text):
         text = html.escape(str(text))
@@ -41,5 +45,7 @@ def styled_claims(table):
     view["evidence"] = [html.escape(str(s)) for s in view["evidence"]]
     return (view.style
             .map(lambda s: _STATUS_STYLE.get(s, ""), subset=["status"])
+            .format(label, subset=["status"])
+            .format_index(label, axis=1)
             .set_properties(**{"text-align": "left", "vertical-align": "top"})
             .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}]))

@@ -18,6 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from ..experiments import plain_label
+from ..i18n import tr
 from ..step_timing import time_ratio
 from ..terms import MiB
 from ._style import (
@@ -34,19 +35,24 @@ from ._style import (
     set_title,
 )
 from ._timing import (
-    NOT_DRAWN,
-    NOT_TIMED,
     TimeNote,
     drawn_heights,
     emulated_caption,
     error_bars,
+    not_drawn,
     time_notes,
 )
 
-_SAVED = (("activations", "activations"), ("autocast_weight_copies", "autocast weight copies"),
-          ("logits", "logits + loss"))
-_BREAKDOWN = (("parameters", "parameters"), ("gradients", "gradients"),
-              ("optimizer_state", "AdamW state")) + _SAVED
+_SAVED = ("activations", "autocast_weight_copies", "logits")
+_BREAKDOWN = ("parameters", "gradients", "optimizer_state") + _SAVED
+
+
+def _bucket_name(kind: str) -> str:
+    """A memory bucket (a `Measurement` field) as a legend names it, in the learner's language."""
+    return {"parameters": tr("parameters"), "gradients": tr("gradients"),
+            "optimizer_state": tr("AdamW state"), "activations": tr("activations"),
+            "autocast_weight_copies": tr("autocast weight copies"),
+            "logits": tr("logits + loss")}[kind]
 
 
 def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None,
@@ -58,16 +64,16 @@ def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None,
     height × (low, high) (`._timing.drawn_heights`); the others at their own median."""
     if refs is not None:
         t_ms = drawn_heights(t_ms, notes, refs)
-    err, shows = error_bars(t_ms, notes), "spread of the ratio"
+    err, shows = error_bars(t_ms, notes), tr("spread of the ratio")
     if err is None and fallback_err is not None and np.nansum(fallback_err) > 0:
-        err, shows = np.nan_to_num(fallback_err), "IQR"
+        err, shows = np.nan_to_num(fallback_err), tr("IQR")
     elif err is None:
         shows = ""
     for i, (xi, ti, note) in enumerate(zip(x, t_ms, notes)):
         if np.isnan(ti):
             continue
         if note.emulated:  # never on a time axis: the caption under the chart gives it
-            ax.annotate(NOT_DRAWN, (xi, 0), xytext=(0, 3), textcoords="offset points",
+            ax.annotate(not_drawn(), (xi, 0), xytext=(0, 3), textcoords="offset points",
                         ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
             continue
         ax.bar(xi, ti, color=colors[i], edgecolor=colors[i], lw=1.2,
@@ -122,7 +128,7 @@ def comparison_chart(df, title: str = "", size: str | None = None):
         ValueError: ``df`` has no rows.
     """
     if len(df) == 0:
-        raise ValueError("comparison_chart() needs at least one row (a compare() table).")
+        raise ValueError(tr("comparison_chart() needs at least one row (a compare() table)."))
     labels, n = [plain_label(v) for v in df["label"]], len(df)
     x = np.arange(n)
     fig = new_figure((max(10, 2.2 * n + 6), 4.9))
@@ -131,25 +137,26 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
     iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
     shows = _time_bars(ax_t, x, t, notes, [TIME_COLOR] * n, np.vstack([iqr, iqr]), refs=[0] * n)
-    ax_t.set_ylabel("step time (ms)")
-    what = "first row's median × ratio" if notes[0].ratio is not None else "median"
-    ax_t.set_title(f"step time ({what}{'; bars: ' + shows if shows else ''})", fontsize=10)
+    ax_t.set_ylabel(tr("step time (ms)"))
+    what = tr("first row's median × ratio") if notes[0].ratio is not None else tr("median")
+    ax_t.set_title(tr("step time ({what}; bars: {shows})", what=what, shows=shows) if shows
+                   else tr("step time ({what})", what=what), fontsize=10)
 
     ax_p.bar(x, mib(df["peak_allocated"]), color=COLORS["parameters"])
     ax_p.scatter(x, mib(df["est_peak_allocated"]), marker="_", s=600, color="black",
                  linewidths=2, zorder=3)
     ax_p.set_ylabel("MiB")
-    ax_p.set_title("peak allocated memory", fontsize=10)
+    ax_p.set_title(tr("peak allocated memory"), fontsize=10)
 
     bottom = np.zeros(n)
-    for kind, _ in _SAVED:
+    for kind in _SAVED:
         vals = np.nan_to_num(mib(df[kind]))
         ax_s.bar(x, vals, bottom=bottom, color=COLORS[kind])
         bottom = bottom + vals
     ax_s.scatter(x, mib(df["est_saved_total"]), marker="_", s=600, color="black", linewidths=2,
                  zorder=3)
     ax_s.set_ylabel("MiB")
-    ax_s.set_title("saved tensors (for backward)", fontsize=10)
+    ax_s.set_title(tr("saved tensors (for backward)"), fontsize=10)
     for ax in (ax_t, ax_p, ax_s):
         ax.set_xticks(x)
         ax.set_xticklabels([textwrap.fill(lab, 20) for lab in labels], rotation=30, ha="right",
@@ -157,9 +164,10 @@ def comparison_chart(df, title: str = "", size: str | None = None):
         ax.grid(axis="y", alpha=0.3)
     ax_p.margins(y=0.1)
     ax_s.margins(y=0.1)
-    handles = [Patch(color=COLORS["parameters"], label="peak allocated (measured)")]
-    handles += [Patch(color=COLORS[k], label=f"saved: {name}") for k, name in _SAVED]
-    handles.append(Line2D([], [], color="black", lw=2, label="estimate"))
+    handles = [Patch(color=COLORS["parameters"], label=tr("peak allocated (measured)"))]
+    handles += [Patch(color=COLORS[k], label=tr("saved: {bucket}", bucket=_bucket_name(k)))
+                for k in _SAVED]
+    handles.append(Line2D([], [], color="black", lw=2, label=tr("estimate")))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=8,
                frameon=False)
     _caption(fig, labels, t, notes, 0 if not notes[0].emulated else None)
@@ -208,14 +216,15 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
         ValueError: ``df`` has no rows.
     """
     if len(df) == 0:
-        raise ValueError("dashboard_chart() needs at least one run in the history.")
+        raise ValueError(tr("dashboard_chart() needs at least one run in the history."))
     refs = _dashboard_references(df)
     keep = len(df) - min(last, len(df))
     notes = time_notes(df, refs)[keep:]
     df = df.iloc[keep:]
     n = len(df)
     x = np.arange(n)
-    labels = [f"#{r.run} {r.label}{' (base)' if r.baseline else ''}\n"
+    base = tr("(base)")
+    labels = [f"#{r.run} {r.label}{' ' + base if r.baseline else ''}\n"
               f"b{r.batch_size} s{r.seq_len} L{r.n_layers}" for r in df.itertuples()]
     fig = new_figure((max(9.0, 1.3 * n + 5.5), 4.6))
     ax_t, ax_m = fig.subplots(1, 2)
@@ -228,26 +237,27 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
     for xi, status in zip(x, df["status"]):
         if status != "ok":
             for ax in (ax_t, ax_m):
-                ax.annotate(status, (xi, 0), xytext=(0, 3), textcoords="offset points",
-                            ha="center", color=ALERT_COLOR, fontsize=9, fontweight="bold")
-    ax_t.set_ylabel("step time (ms)")
-    ax_t.set_title("step time (ratio to the baseline, where outside the noise)", fontsize=10)
+                ax.annotate(tr("error") if status == "error" else status, (xi, 0),
+                            xytext=(0, 3), textcoords="offset points", ha="center",
+                            color=ALERT_COLOR, fontsize=9, fontweight="bold")
+    ax_t.set_ylabel(tr("step time (ms)"))
+    ax_t.set_title(tr("step time (ratio to the baseline, where outside the noise)"), fontsize=10)
     _caption(fig, labels, t, notes, None)
 
     bottom = np.zeros(n)
-    for kind, name in _BREAKDOWN:
+    for kind in _BREAKDOWN:
         vals = np.nan_to_num(mib(df[kind]))
-        ax_m.bar(x, vals, bottom=bottom, color=COLORS[kind], label=name)
+        ax_m.bar(x, vals, bottom=bottom, color=COLORS[kind], label=_bucket_name(kind))
         bottom = bottom + vals
     peak = mib(df["peak_allocated"])
     ax_m.scatter(x, peak, marker="_", s=500, color="black", linewidths=2,
-                 label="peak allocated", zorder=3)
+                 label=tr("peak allocated"), zorder=3)
     for xi, pk, ratio, good in zip(x, peak, df["peak_ratio"], ok):
         if good and not np.isnan(nan(ratio)) and not np.isnan(pk):
             ax_m.annotate(f"{ratio:.2f}x", (xi, max(pk, bottom[xi])), xytext=(0, 3),
                           textcoords="offset points", ha="center", fontsize=8)
     ax_m.set_ylabel("MiB")
-    ax_m.set_title("memory breakdown (peak ratio to the baseline)", fontsize=10)
+    ax_m.set_title(tr("memory breakdown (peak ratio to the baseline)"), fontsize=10)
     ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax_m.set_ylim(0, np.nanmax(np.append(np.append(peak, bottom), 1e-9)) * 1.18)
     for ax in (ax_t, ax_m):
@@ -261,9 +271,9 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
 def _adoption_label(note: str, vs, estimate: bool) -> str:
     """A bar's label: its ratio (or verdict) and the name of the bar the ratio is to."""
     text = note.replace(" (", "\n(") if note else ""
-    if vs and note and note not in ("reference", NOT_TIMED):
-        text += f"\nvs {str(vs).removeprefix('+ ')}"
-    return (text + ("\n(estimate)" if estimate else "")).strip()
+    if vs and note and note not in (tr("reference"), tr("not timed")):
+        text += "\n" + tr("vs {step}", step=str(vs).removeprefix("+ "))
+    return (text + ("\n" + tr("(estimate)") if estimate else "")).strip()
 
 
 def _adoption_times(ax, story, refs, vs) -> list:
@@ -276,7 +286,7 @@ def _adoption_times(ax, story, refs, vs) -> list:
         if not np.isfinite(v):
             continue
         if note.emulated:  # never on a time axis: the caption under the chart gives it
-            ax.annotate(NOT_DRAWN, (xi, 0), xytext=(0, 3), textcoords="offset points",
+            ax.annotate(not_drawn(), (xi, 0), xytext=(0, 3), textcoords="offset points",
                         ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
             continue
         e = None if err is None else err[:, i:i + 1]
@@ -290,8 +300,8 @@ def _adoption_times(ax, story, refs, vs) -> list:
              for i, (v, n) in enumerate(zip(t, notes))]
     top = np.nanmax(shown) if np.isfinite(shown).any() else 1.0
     ax.set_ylim(0, top * 1.35)
-    ax.set_ylabel("step time (ms)")
-    ax.set_title("step time", fontsize=10)
+    ax.set_ylabel(tr("step time (ms)"))
+    ax.set_title(tr("step time"), fontsize=10)
     return notes
 
 
@@ -312,8 +322,8 @@ def _adoption_peaks(ax, story, vs) -> None:
             ax.annotate(label, (xi, v), xytext=(0, 3), textcoords="offset points",
                         ha="center", fontsize=8)
     ax.set_ylim(0, np.nanmax(np.append(vals, 1.0)) * 1.35)
-    ax.set_ylabel("peak allocated (MiB)")
-    ax.set_title("peak allocated memory", fontsize=10)
+    ax.set_ylabel(tr("peak allocated (MiB)"))
+    ax.set_title(tr("peak allocated memory"), fontsize=10)
 
 
 def adoption_chart(story, title: str = "", size: str | None = None):
@@ -330,10 +340,11 @@ def adoption_chart(story, title: str = "", size: str | None = None):
         ValueError: an empty ``story``.
     """
     if len(story) == 0:
-        raise ValueError("adoption_chart() needs at least one step.")
+        raise ValueError(tr("adoption_chart() needs at least one step."))
     missing = {"step", "step_time_s", "peak_allocated", "source", "vs", "peak_ratio"} - set(story)
     if missing:
-        raise ValueError(f"adoption_chart() needs adoption_story()'s table; missing {sorted(missing)}.")
+        raise ValueError(tr("adoption_chart() needs adoption_story()'s table; missing {columns}.",
+                            columns=sorted(missing)))
     names = list(story["step"])
     vs = [v if isinstance(v, str) else None for v in story["vs"]]   # pandas may hold None as NaN
     refs = [None if v is None else names.index(v) for v in vs]
@@ -402,7 +413,7 @@ def adoption_story(df, steps, estimates=()):
         ValueError: no steps, or a label that is not a row of its table.
     """
     if not steps:
-        raise ValueError("adoption_story() needs at least one step.")
+        raise ValueError(tr("adoption_story() needs at least one step."))
     rows, last, adopted = [], {}, {}  # last: id(table) -> (row, step) of its last adopted step
     for step in steps:
         name, label, table = (*step, df) if len(step) == 2 else step
@@ -410,7 +421,8 @@ def adoption_story(df, steps, estimates=()):
             continue
         labels = list(table["label"])
         if label not in labels:
-            raise ValueError(f"no row {label!r} in this table: its rows are {labels}.")
+            raise ValueError(tr("no row {label!r} in this table: its rows are {labels}.",
+                                label=label, labels=labels))
         i = labels.index(label)
         ref, vs = last.get(id(table), (None, None))
         if ref is None:  # first from this table: against its row of an earlier adopted step

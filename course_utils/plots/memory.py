@@ -9,13 +9,21 @@ import matplotlib
 import numpy as np
 from matplotlib.lines import Line2D
 
+from ..i18n import tr
 from ..memory_model import ZERO_STAGES, sharded_estimate
 from ..terms import MiB
 from ._style import ALERT_COLOR, COLORS, HATCH, SERIES, mib, new_figure, set_title, with_size
 
-_BREAKDOWN = (("parameters", "parameters"), ("gradients", "gradients"),
-              ("optimizer_state", "AdamW state"), ("activations", "saved activations"),
-              ("autocast_weight_copies", "autocast weight copies"), ("logits", "logits + loss"))
+_BREAKDOWN = ("parameters", "gradients", "optimizer_state", "activations",
+              "autocast_weight_copies", "logits")
+
+
+def _bucket_name(kind: str) -> str:
+    """A memory bucket (a `Measurement` field) as a legend names it, in the learner's language."""
+    return {"parameters": tr("parameters"), "gradients": tr("gradients"),
+            "optimizer_state": tr("AdamW state"), "activations": tr("saved activations"),
+            "autocast_weight_copies": tr("autocast weight copies"),
+            "logits": tr("logits + loss")}[kind]
 
 
 def memory_breakdown_chart(df, title: str = "", size: str | None = None):
@@ -41,7 +49,7 @@ def memory_breakdown_chart(df, title: str = "", size: str | None = None):
         ValueError: ``df`` has no rows.
     """
     if len(df) == 0:
-        raise ValueError("memory_breakdown_chart needs at least one row.")
+        raise ValueError(tr("memory_breakdown_chart needs at least one row."))
     n = len(df)
     x = np.arange(n)
     w = 0.38
@@ -49,31 +57,35 @@ def memory_breakdown_chart(df, title: str = "", size: str | None = None):
     ax = fig.subplots()
     for offset, prefix, hatch in ((-w / 2, "", None), (w / 2, "est_", HATCH)):
         bottom = np.zeros(n)
-        for key, name in _BREAKDOWN:
+        for key in _BREAKDOWN:
             vals = np.nan_to_num(mib(df[prefix + key]))
             ax.bar(x + offset, vals, w, bottom=bottom, color=COLORS[key], hatch=hatch,
-                   edgecolor="white" if hatch else None, label=name if not prefix else None)
+                   edgecolor="white" if hatch else None,
+                   label=_bucket_name(key) if not prefix else None)
             bottom = bottom + vals
         for xi, top in zip(x, bottom):
-            ax.annotate(f"sum {top:.0f}", (xi + offset, top), xytext=(0, 2),
+            ax.annotate(tr("sum {total:.0f}", total=top), (xi + offset, top), xytext=(0, 2),
                         textcoords="offset points", ha="center", fontsize=7)
     peak = mib(df["peak_allocated"])
     ax.scatter(x - w / 2, peak, marker="_", s=700, color="black", linewidths=2.5, zorder=3,
-               label="measured peak")
+               label=tr("measured peak"))
     first = peak[0]
     for xi, pk in zip(x, peak):
         if not np.isnan(pk) and not np.isnan(first):
-            ax.annotate(f"peak {pk:.0f} MiB\n({pk / first:.2f}x)", (xi - w / 2, pk),
+            ax.annotate(tr("peak {peak:.0f} MiB\n({ratio:.2f}x)", peak=pk, ratio=pk / first),
+                        (xi - w / 2, pk),
                         xytext=(0, -8), textcoords="offset points", ha="center", va="top",
                         fontsize=8, fontweight="bold",
                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
     ax.set_xticks(x)
-    ax.set_xticklabels([f"{lab}\nmeasured | estimate" for lab in df["label"]], fontsize=9)
+    ax.set_xticklabels([f"{lab}\n" + tr("measured | estimate") for lab in df["label"]],
+                       fontsize=9)
     ax.set_ylabel("MiB")
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.18)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(with_size(title or "where the bytes of a training step are", size), fontsize=10)
+    ax.set_title(with_size(title or tr("where the bytes of a training step are"), size),
+                 fontsize=10)
     return fig
 
 
@@ -93,15 +105,16 @@ def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block",
         ValueError: no tables, or a table without the columns above.
     """
     if not tables:
-        raise ValueError("saved_tensors_chart needs at least one table.")
+        raise ValueError(tr("saved_tensors_chart needs at least one table."))
     groups, order = {}, []
     for bar, df in tables.items():
         missing = {"module", "module_type", "shape", "nbytes"} - set(df.columns)
         if missing:
-            raise ValueError(f"table {bar!r} lacks columns {sorted(missing)}.")
+            raise ValueError(tr("table {bar!r} lacks columns {columns}.", bar=bar,
+                                columns=sorted(missing)))
         for mod, kind, shape, nbytes in zip(df["module"], df["module_type"], df["shape"],
                                             df["nbytes"]):
-            key = mod or f"({kind} input)"
+            key = mod or tr("({kind} input)", kind=kind)
             if key not in groups:
                 groups[key] = {"shapes": [], "bytes": {}}
                 order.append(key)
@@ -125,12 +138,12 @@ def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block",
                     ha="center", fontsize=9)
     ax.set_xticks(range(len(bars)))
     ax.set_xticklabels(bars)
-    ax.set_ylabel("saved for backward (MiB)")
+    ax.set_ylabel(tr("saved for backward (MiB)"))
     ax.set_ylim(0, max(bottom.max() * 1.12, 1e-9))
     ax.set_title(with_size(title, size))
     ax.grid(axis="y", alpha=0.3)
     handles, names = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], names[::-1], title="saved while running (shapes), top to bottom",
+    ax.legend(handles[::-1], names[::-1], title=tr("saved while running (shapes), top to bottom"),
               fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
               frameon=False)
     return fig
@@ -157,36 +170,39 @@ def memory_growth_chart(df, title: str = "", size: str | None = None):
     """
     need = {"sweep", "batch_size", "seq_len", "saved", "est_saved", "static", "est_static"}
     if len(df) == 0 or need - set(df.columns):
-        raise ValueError(f"memory_growth_chart needs rows with columns {sorted(need)}.")
+        raise ValueError(tr("memory_growth_chart needs rows with columns {columns}.",
+                            columns=sorted(need)))
     sweeps = list(dict.fromkeys(df["sweep"]))
     fig = new_figure((5.2 * len(sweeps), 4.6))
     axes = np.atleast_1d(fig.subplots(1, len(sweeps), sharey=True))
-    names = {"batch_size": "batch size (sequences)", "seq_len": "sequence length (tokens)"}
-    series = (("saved", "saved tensors", COLORS["activations"], "o"),
-              ("static", "params + grads + AdamW state", COLORS["optimizer_state"], "s"))
+    names = {"batch_size": tr("batch size (sequences)"), "seq_len": tr("sequence length (tokens)")}
+    growing = {"batch_size": tr("growing the batch size"),
+               "seq_len": tr("growing the sequence length")}
+    series = (("saved", tr("saved tensors"), COLORS["activations"], "o"),
+              ("static", tr("params + grads + AdamW state"), COLORS["optimizer_state"], "s"))
     for ax, sweep in zip(axes, sweeps):
         d = df[df["sweep"] == sweep].sort_values(sweep)
         x = d[sweep].to_numpy()
         for col, name, color, marker in series:
             ax.plot(x, mib(d[col]), marker, ms=9, mfc="white", mew=1.8, color=color, ls="",
-                    zorder=3, label=f"{name} (measured)")
+                    zorder=3, label=tr("{series} (measured)", series=name))
             ax.plot(x, mib(d["est_" + col]), "--", lw=1.6, color=color, zorder=4,
-                    label=f"{name} (estimate)")
+                    label=tr("{series} (estimate)", series=name))
         ax.set_xticks(x)
         ax.set_xticklabels([str(int(v)) for v in x])
         ax.set_xlim(0, x.max() * 1.05)
         ax.set_ylim(bottom=0)
         ax.set_xlabel(names.get(sweep, sweep))
         ax.grid(alpha=0.3)
-        ax.set_title(f"growing the {names.get(sweep, sweep).split(' (')[0]}", fontsize=10)
+        ax.set_title(growing.get(sweep, tr("growing the {sweep}", sweep=sweep)), fontsize=10)
     axes[0].set_ylabel("MiB")
     handles = [Line2D([], [], color=c, ls="", marker=m, ms=8, mfc="white", mew=1.8,
-                      label=f"{name} (measured)") for _, name, c, m in series]
-    handles += [Line2D([], [], color=c, ls="--", lw=1.6, label=f"{name} (estimate)")
+                      label=tr("{series} (measured)", series=name)) for _, name, c, m in series]
+    handles += [Line2D([], [], color=c, ls="--", lw=1.6, label=tr("{series} (estimate)", series=name))
                 for _, name, c, _ in series]
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False,
-               title="open markers: measured; dashed lines: estimate (a marker on its line: they agree)",
-               title_fontsize=8)
+               title=tr("open markers: measured; dashed lines: estimate (a marker on its line: "
+                        "they agree)"), title_fontsize=8)
     set_title(fig, title, size)
     return fig
 
@@ -208,7 +224,7 @@ def memory_timeline_chart(timelines: dict, title: str = "memory over one trainin
         ValueError: no timelines.
     """
     if not timelines:
-        raise ValueError("memory_timeline_chart needs at least one timeline.")
+        raise ValueError(tr("memory_timeline_chart needs at least one timeline."))
     n = len(timelines)
     fig = new_figure((9, 2.4 * n + 0.6))
     axes = fig.subplots(n, 1, sharex=True, sharey=True, squeeze=False)
@@ -221,18 +237,18 @@ def memory_timeline_chart(timelines: dict, title: str = "memory over one trainin
         for k, p in enumerate(tl.phases):
             c = shades.get(p.name, extra[k % len(extra)])
             ax.axvspan(p.start_ms, p.end_ms, color=c, alpha=0.12, linewidth=0)
-            ax.annotate(p.name, ((p.start_ms + p.end_ms) / 2, 1.0),
+            ax.annotate(tr(p.name), ((p.start_ms + p.end_ms) / 2, 1.0),
                         xycoords=("data", "axes fraction"), xytext=(0, -11),
                         textcoords="offset points", ha="center", fontsize=8, color=c)
         if len(a):
             i = int(np.argmax(a))
             ax.plot(t[i], a[i], "o", color="#C44E52", markersize=5)
-            ax.annotate(f"peak {a[i]:.1f} MiB", (t[i], a[i]), xytext=(6, -4),
+            ax.annotate(tr("peak {peak:.1f} MiB", peak=a[i]), (t[i], a[i]), xytext=(6, -4),
                         textcoords="offset points", fontsize=8, color="#C44E52")
-        ax.set_ylabel("MiB above start")
+        ax.set_ylabel(tr("MiB above start"))
         ax.set_title(label, fontsize=10, loc="left")
         ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("time (ms)")
+    axes[-1, 0].set_xlabel(tr("time (ms)"))
     top = max((max(tl.allocated) if tl.allocated else 0) for tl in timelines.values()) / MiB
     low = min((min(tl.allocated) if tl.allocated else 0) for tl in timelines.values()) / MiB
     axes[0, 0].set_ylim(min(0, low) * 1.1, top * 1.22 + 1e-9)
@@ -263,8 +279,8 @@ def scale_chart(sweep, gpus=None, title: str = ""):
     need = {"model", "recipe", "micro-batch", "params (B)", "peak GiB", "peak at",
             "optimizer step GiB"}
     if len(sweep) == 0 or not need <= set(sweep.columns):
-        raise ValueError("scale_chart() needs memory_model.scale_sweep()'s table (missing "
-                         f"{sorted(need - set(sweep.columns)) or 'rows'}).")
+        raise ValueError(tr("scale_chart() needs memory_model.scale_sweep()'s table (missing "
+                            "{missing}).", missing=sorted(need - set(sweep.columns)) or tr("rows")))
     gpus = gpus or {}
     models = list(dict.fromkeys(sweep["model"]))
     fig = new_figure((4.2 * len(models) + 1, 4.4))
@@ -290,16 +306,17 @@ def scale_chart(sweep, gpus=None, title: str = ""):
         ax.set_xticks(sorted(set(sub["micro-batch"])))
         ax.set_xticklabels([str(v) for v in sorted(set(sub["micro-batch"]))])
         ax.set_ylim(0, max([top, *shown.values()]) * 1.1)
-        ax.set_title(f"{model} ({sub['params (B)'].iloc[0]:.2f}B parameters)", fontsize=10)
-        ax.set_xlabel("micro-batch (sequences)")
+        ax.set_title(tr("{model} ({billions:.2f}B parameters)", model=model,
+                        billions=sub['params (B)'].iloc[0]), fontsize=10)
+        ax.set_xlabel(tr("micro-batch (sequences)"))
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("estimated peak (GiB)")
+    axes[0].set_ylabel(tr("estimated peak (GiB)"))
     handles, labels = axes[0].get_legend_handles_labels()
     handles.append(Line2D([], [], color="black", ls=":", lw=1))
-    labels.append("optimizer step: weights, gradients, AdamW state + temporaries")
+    labels.append(tr("optimizer step: weights, gradients, AdamW state + temporaries"))
     handles += [Line2D([], [], marker="o", ls="", color="gray"),
                 Line2D([], [], marker="o", ls="", markerfacecolor="white", color="gray")]
-    labels += ["peak at the optimizer step", "peak in backward"]
+    labels += [tr("peak at the optimizer step"), tr("peak in backward")]
     fig.legend(handles, labels, fontsize=8, ncol=3, loc="outside lower center", frameon=False)
     set_title(fig, title)
     return fig
@@ -321,20 +338,20 @@ def sharding_chart(table, config, ranks=(1, 2, 4, 8), title: str = "training sta
     without rows (no rank measured).
     """
     if len(table) == 0:
-        raise ValueError("sharding_chart needs at least one measured rank.")
+        raise ValueError(tr("sharding_chart needs at least one measured rank."))
     xs = sorted(set(ranks) | {int(k) for k in table["ranks"]})
     fig = new_figure((6.4, 3.6))
     ax = fig.subplots()
     for stage in ZERO_STAGES:
         est = [sharded_estimate(config, k, stage).total / MiB for k in xs]
-        (line,) = ax.plot(xs, est, label=f"stage {stage}")
+        (line,) = ax.plot(xs, est, label=tr("stage {stage}", stage=stage))
         g = table[table["ZeRO stage"] == stage]
         ax.scatter(g["ranks"], g["total"], color=line.get_color(), zorder=3, s=22)
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(k) for k in xs])
-    ax.set_xlabel("ranks (data-parallel processes)")
-    ax.set_ylabel("MiB per rank")
+    ax.set_xlabel(tr("ranks (data-parallel processes)"))
+    ax.set_ylabel(tr("MiB per rank"))
     ax.set_ylim(bottom=0)
-    ax.set_title(f"{title}\nlines: estimate; dots: each rank's measurement")
+    ax.set_title(tr(title) + "\n" + tr("lines: estimate; dots: each rank's measurement"))
     ax.legend(fontsize=8, title="ZeRO", title_fontsize=8)
     return fig

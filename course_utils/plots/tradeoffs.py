@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from ..experiments import _per_token, plain_label
+from ..i18n import tr
 from ..step_timing import time_ratio
 from ..terms import MiB
 from ._style import (
@@ -27,7 +28,7 @@ from ._style import (
     set_title,
     with_size,
 )
-from ._timing import NOT_DRAWN, emulated_caption, time_note, time_notes
+from ._timing import emulated_caption, not_drawn, time_note, time_notes
 
 
 def _tied(notes, bands, i: int, j: int, rounds=None) -> bool:
@@ -106,13 +107,13 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
     peak = mib(df["peak_allocated"])
     plain = df["checkpoint"] if "checkpoint" in df.columns else [None] * len(df)
-    labels = [plain_label(lab) + (" (no checkpointing)" if ck == "none" else "")
-              for lab, ck in zip(df["label"], plain)]
+    labels = [tr("{config} (no checkpointing)", config=plain_label(lab)) if ck == "none"
+              else plain_label(lab) for lab, ck in zip(df["label"], plain)]
     notes = time_notes(df, [0] * len(df)) if "time_ratio" in df.columns else [None] * len(df)
     emulated = np.array([bool(n and n.emulated) for n in notes], dtype=bool)
     ok = ~(np.isnan(t) | np.isnan(peak)) & ~emulated
     if not ok.any():
-        raise ValueError("pareto_chart needs rows with a step time and a peak, timed natively.")
+        raise ValueError(tr("pareto_chart needs rows with a step time and a peak, timed natively."))
     low, high = (np.array([nan(v) for v in df.get(c, [np.nan] * len(df))])
                  for c in ("time_ratio_low", "time_ratio_high"))
     bands = [(lo, hi) if np.isfinite([lo, hi]).all() else None for lo, hi in zip(low, high)]
@@ -123,11 +124,11 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
         for i, n in enumerate(notes):
             if n and n.band and np.isfinite(t[i]):
                 err[:, i] = (t[i] * (1 - n.band[0]), t[i] * (n.band[1] - 1))
-        bars = f"bars: spread of the time ratio to {labels[0]}"
+        bars = tr("bars: spread of the time ratio to {config}", config=labels[0])
     elif np.nansum(iqr[ok]) > 0:
-        err, bars = np.vstack([np.nan_to_num(iqr)] * 2), "bars: interquartile range"
+        err, bars = np.vstack([np.nan_to_num(iqr)] * 2), tr("bars: interquartile range")
     else:
-        err, bars = None, "no spread measured"
+        err, bars = None, tr("no spread measured")
     ax.errorbar(t[ok], peak[ok], xerr=None if err is None else err[:, ok], fmt="o",
                 color=TIME_COLOR, ecolor="#9bb0d6", capsize=3, markersize=7, zorder=3)
     texts = []
@@ -149,8 +150,8 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
 
     idx = [i for i in np.flatnonzero(ok) if not any(dominates(j, i) for j in np.flatnonzero(ok))]
     idx.sort(key=lambda i: t[i])
-    front = "Pareto front: no other policy is smaller at a step time as short"
-    ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label="Pareto front")
+    front = tr("Pareto front: no other policy is smaller at a step time as short")
+    ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label=tr("Pareto front"))
     handles = [Line2D([], [], color="#DD8452", label=front),
                Line2D([], [], color="#9bb0d6" if err is not None else TIME_COLOR, marker="o",
                       markerfacecolor=TIME_COLOR, markeredgecolor=TIME_COLOR, label=bars)]
@@ -160,9 +161,9 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
         ax.plot(t[[a, b]], peak[[a, b]], ":", color="#DD8452", lw=1.5, zorder=2.2)
     if ties:
         handles.append(Line2D([], [], color="#DD8452", ls=":",
-                              label="tie: times within the noise of each other"))
-    ax.set_xlabel("step time (ms)")
-    ax.set_ylabel("peak allocated memory (MiB)")
+                              label=tr("tie: times within the noise of each other")))
+    ax.set_xlabel(tr("step time (ms)"))
+    ax.set_ylabel(tr("peak allocated memory (MiB)"))
     ax.set_title(with_size(title, size))
     lo = np.nanmin(t[ok] - (0 if err is None else err[0, ok]))
     hi = np.nanmax(t[ok] + (0 if err is None else err[1, ok]))
@@ -207,7 +208,7 @@ def budget_chart(searches, title: str = "", size: str | None = None):
         ValueError: no searches.
     """
     if not searches:
-        raise ValueError("budget_chart() needs at least one BatchSearch.")
+        raise ValueError(tr("budget_chart() needs at least one BatchSearch."))
     fig = new_figure((8, 5.0))
     ax_m = fig.subplots()
     budget = searches[0].budget_bytes / MiB
@@ -222,13 +223,15 @@ def budget_chart(searches, title: str = "", size: str | None = None):
                 ax_m.scatter(p.batch_size, p.peak_allocated / MiB, color=c, zorder=3, s=40,
                              marker="o" if p.fits else "x")
         handles.append(Line2D([], [], color=c, marker="o",
-                              label=f"{plain_label(s.label)}: largest batch {s.batch_size}"))
+                              label=tr("{config}: largest batch {batch}",
+                                       config=plain_label(s.label), batch=s.batch_size)))
     ax_m.axhline(budget, color=ALERT_COLOR, lw=1.5)
-    handles += [Line2D([], [], color=ALERT_COLOR, lw=1.5, label=f"budget {budget:,.1f} MiB"),
-                Line2D([], [], color="grey", ls="--", lw=1, label="estimate"),
-                Line2D([], [], color="grey", marker="x", ls="", label="over budget")]
-    ax_m.set_xlabel("micro-batch (sequences)")
-    ax_m.set_ylabel("peak allocated (MiB)")
+    handles += [Line2D([], [], color=ALERT_COLOR, lw=1.5,
+                       label=tr("budget {budget:,.1f} MiB", budget=budget)),
+                Line2D([], [], color="grey", ls="--", lw=1, label=tr("estimate")),
+                Line2D([], [], color="grey", marker="x", ls="", label=tr("over budget"))]
+    ax_m.set_xlabel(tr("micro-batch (sequences)"))
+    ax_m.set_ylabel(tr("peak allocated (MiB)"))
     ax_m.set_ylim(0, max(budget, ax_m.get_ylim()[1]) * 1.08)
     ax_m.grid(alpha=0.3)
     ax_m.xaxis.get_major_locator().set_params(integer=True)
@@ -263,7 +266,7 @@ def race_chart(race, title: str = "", size: str | None = None):
     """
     df = race.table
     if len(df) == 0:
-        raise ValueError("race_chart() needs a race with at least one configuration.")
+        raise ValueError(tr("race_chart() needs a race with at least one configuration."))
     n = len(df)
     tokens = [int(b) * int(a) for b, a in zip(df["batch_size"], df["grad_accum_steps"])]
     ratio, low, high, verdicts = _per_token(*(list(df[c]) if c in df else [None] * n for c in (
@@ -272,7 +275,8 @@ def race_chart(race, title: str = "", size: str | None = None):
     notes = [time_note(r, v, e, lo, hi, reference=i == 0)
              for i, (r, v, e, lo, hi) in enumerate(zip(ratio, verdicts, emulated, low, high))]
     tps = np.array([nan(v) for v in df["tokens_per_s"]], dtype=float)
-    labels = [f"{_wrap(lab)}\nmicro-batch {b}" for lab, b in zip(df["label"], df["batch_size"])]
+    labels = [f"{_wrap(lab)}\n" + tr("micro-batch {batch}", batch=b)
+              for lab, b in zip(df["label"], df["batch_size"])]
     fig = new_figure((max(7.0, 2.4 * n + 2.5), 4.8))
     ax = fig.subplots()
     x = np.arange(n)
@@ -285,7 +289,7 @@ def race_chart(race, title: str = "", size: str | None = None):
         if not np.isfinite(h):
             continue
         if note.emulated:
-            ax.annotate(NOT_DRAWN, (xi, 0), xytext=(0, 3), textcoords="offset points",
+            ax.annotate(not_drawn(), (xi, 0), xytext=(0, 3), textcoords="offset points",
                         ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
             continue
         err = None
@@ -295,16 +299,16 @@ def race_chart(race, title: str = "", size: str | None = None):
                error_kw={"ecolor": "black", "elinewidth": 1})
         end = h + (err[1][0] if err else 0)
         top = max(top, end)
-        text = "reference" if i == 0 else note.text
+        text = tr("reference") if i == 0 else note.text
         if i and text and np.isfinite(ref) and note.ratio:   # the bar the ratio is to, by name
-            text += f"\nvs {plain_label(df['label'].iloc[0])}"
+            text += "\n" + tr("vs {step}", step=plain_label(df['label'].iloc[0]))
         if text:
             ax.annotate(text.replace(" (", "\n("), (xi, end), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8,
                         color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
     ax.set_xticks(x)
     ax.set_xticklabels(labels, fontsize=8)
-    ax.set_ylabel("tokens/s")
+    ax.set_ylabel(tr("tokens/s"))
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
     ax.grid(axis="y", alpha=0.3)
     caption = emulated_caption([lab.replace("\n", " ") for lab in labels],
@@ -334,13 +338,13 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
             ``gpu_gib``.
     """
     if len(routes) == 0:
-        raise ValueError("routes_chart() needs at least one route (course_utils.lora.routes()).")
+        raise ValueError(tr("routes_chart() needs at least one route (course_utils.lora.routes())."))
     parts = [c.removeprefix("at peak: ") for c in routes.columns if c.startswith("at peak: ")]
     if not parts:
-        raise ValueError("routes_chart() needs course_utils.lora.routes()'s table (the parts "
-                         "alive at the peak).")
+        raise ValueError(tr("routes_chart() needs course_utils.lora.routes()'s table (the parts "
+                            "alive at the peak)."))
     if not gpu_gib > 0:
-        raise ValueError(f"gpu_gib must be > 0, got {gpu_gib!r}.")
+        raise ValueError(tr("gpu_gib must be > 0, got {gpu_gib!r}.", gpu_gib=gpu_gib))
     n = len(routes)
     fig = new_figure((11, 1.4 + 0.6 * n))
     ax = fig.subplots()
@@ -352,21 +356,24 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
     for part in parts:
         vals = routes[f"at peak: {part}"].to_numpy(dtype=float)
         ax.barh(y, vals, left=left, color="white", edgecolor=colors.get(part, MUTED_COLOR), hatch=HATCH,
-                label=part, height=0.6)
+                label=tr(part), height=0.6)
         left = left + vals
     peak = routes["peak"].to_numpy(dtype=float)
     for yi, pk, end, fits, at in zip(y, peak, left, routes["fits"], routes["peak at"]):
-        ax.annotate(f"peak {pk:,.1f} GiB, at the {at}: {'fits' if fits else 'does not fit'}",
+        ax.annotate(tr("peak {peak:,.1f} GiB, at the {moment}: fits", peak=pk, moment=tr(at))
+                    if fits else
+                    tr("peak {peak:,.1f} GiB, at the {moment}: does not fit", peak=pk,
+                       moment=tr(at)),
                     (max(pk, end), yi), xytext=(6, 0), textcoords="offset points",
                     va="center", fontsize=8, color="black" if fits else ALERT_COLOR)
     ax.axvline(gpu_gib, color=ALERT_COLOR, ls="--", lw=1)
-    ax.annotate(f"{gpu_gib:g} GiB GPU", (gpu_gib, n - 0.45), ha="center", va="bottom",
+    ax.annotate(tr("{gib:g} GiB GPU", gib=gpu_gib), (gpu_gib, n - 0.45), ha="center", va="bottom",
                 fontsize=8, color=ALERT_COLOR, annotation_clip=False)
     ax.set_yticks(y)
     ax.set_yticklabels(routes["route"], fontsize=9)
     ax.set_xlim(0, max(peak.max(), left.max(), gpu_gib) * 1.8)
     ax.set_ylim(-0.6, n - 0.1)
-    ax.set_xlabel("GiB (estimate, not measured)")
+    ax.set_xlabel(tr("GiB (estimate, not measured)"))
     ax.grid(axis="x", alpha=0.3)
     fig.legend(loc="outside lower center", ncol=5, fontsize=8, frameon=False)
     set_title(fig, title, size)
