@@ -50,6 +50,8 @@ from torch.utils.checkpoint import (
     noop_context_fn,
 )
 
+from .i18n import tr
+
 __all__ = ["MODES", "Policy", "parse_policy", "segment_bounds", "apply_checkpointing",
            "run_blocks", "checkpoint_every_segment", "Checkpointed", "CompiledUnderBudget",
            "SAVE", "save_matmuls_and_attention", "SelectiveContexts", "sac_kept",
@@ -73,9 +75,9 @@ class Policy:
 
 
 def _invalid(policy, n_layers: int, why: str) -> ValueError:
-    return ValueError(f"checkpoint policy {policy!r} does not fit a model of {n_layers} blocks: "
-                      f"{why}. Valid policies: {', '.join(MODES)} (K and N from 1 to "
-                      f"{n_layers}, B from 0 to 1).")
+    return ValueError(tr("checkpoint policy {policy!r} does not fit a model of {n} blocks: "
+                         "{why}. Valid policies: {modes} (K and N from 1 to {n}, B from 0 to 1).",
+                         policy=policy, n=n_layers, why=why, modes=", ".join(MODES)))
 
 
 def parse_policy(policy: str, n_layers: int) -> Policy:
@@ -86,7 +88,7 @@ def parse_policy(policy: str, n_layers: int) -> Policy:
             message lists the valid policies.
     """
     if not isinstance(policy, str):
-        raise _invalid(policy, n_layers, "a policy is a string")
+        raise _invalid(policy, n_layers, tr("a policy is a string"))
     p = policy.strip().lower()
     if p in ("none", "full", "selective"):
         return Policy(p)
@@ -97,13 +99,13 @@ def parse_policy(policy: str, n_layers: int) -> Policy:
         if mode == "memory-budget":
             b = float(m.group(1))
             if not 0.0 <= b <= 1.0:
-                raise _invalid(policy, n_layers, f"B={b} is outside 0..1")
+                raise _invalid(policy, n_layers, tr("B={b} is outside 0..1", b=b))
             return Policy(mode, b)
         k = int(m.group(1))
         if not 1 <= k <= n_layers:
-            raise _invalid(policy, n_layers, f"{k} is outside 1..{n_layers}")
+            raise _invalid(policy, n_layers, tr("{k} is outside 1..{n}", k=k, n=n_layers))
         return Policy(mode, k)
-    raise _invalid(policy, n_layers, "unknown policy name")
+    raise _invalid(policy, n_layers, tr("unknown policy name"))
 
 
 def segment_bounds(n_blocks: int, n_segments: int) -> list[tuple[int, int]]:
@@ -117,7 +119,8 @@ def segment_bounds(n_blocks: int, n_segments: int) -> list[tuple[int, int]]:
         ValueError: ``n_segments`` outside 1..n_blocks.
     """
     if not 1 <= n_segments <= n_blocks:
-        raise ValueError(f"n_segments must be in 1..{n_blocks}, got {n_segments}.")
+        raise ValueError(tr("n_segments must be in 1..{n}, got {segments}.", n=n_blocks,
+                            segments=n_segments))
     base, extra = divmod(n_blocks, n_segments)
     bounds, start = [], 0
     for i in range(n_segments):
@@ -314,12 +317,13 @@ def apply_checkpointing(model: nn.Module, policy: str) -> nn.Module:
     """
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise ValueError("apply_checkpointing needs a model with its blocks in an nn.ModuleList "
-                         "called 'layers' (the course's GPT); for another model call "
-                         "torch.utils.checkpoint.checkpoint in its forward.")
+        raise ValueError(tr("apply_checkpointing needs a model with its blocks in an "
+                            "nn.ModuleList called 'layers' (the course's GPT); for another model "
+                            "call torch.utils.checkpoint.checkpoint in its forward."))
     if any(isinstance(m, (Checkpointed, CompiledUnderBudget)) for m in layers):
-        raise ValueError("this model's blocks are already wrapped: build a fresh model "
-                         "(build_model(config.replace(checkpoint=...))) to change the policy.")
+        raise ValueError(tr("this model's blocks are already wrapped: build a fresh model "
+                            "(build_model(config.replace(checkpoint=...))) to change the "
+                            "policy."))
     p = parse_policy(policy, len(layers))
     model.layers = nn.ModuleList(_APPLY[p.mode](list(layers), p.arg))
     return model

@@ -35,6 +35,7 @@ from . import store
 from .config import size_profile
 from .experiments import round_sig
 from .hardware import detect
+from .i18n import tr
 from .step_timing import TOO_SMALL, TimeRatio
 from .terms import GiB, KiB, MiB
 
@@ -92,15 +93,23 @@ class Verdict:
 
     def __post_init__(self):
         if self.claim not in CLAIMS:
-            raise ValueError(f"unknown claim {self.claim!r}: expected one of {', '.join(CLAIMS)}.")
+            raise _unknown_claim(self.claim)
         if self.status not in STATUSES:
-            raise ValueError(f"unknown status {self.status!r}: expected one of "
-                             f"{', '.join(STATUSES)}.")
+            raise ValueError(tr("unknown status {status!r}: expected one of {statuses}.",
+                                status=self.status, statuses=", ".join(STATUSES)))
         if self.basis not in ("measured", "derived", "none"):
-            raise ValueError(f"basis is 'measured', 'derived' or 'none', got {self.basis!r}.")
+            raise ValueError(tr("basis is 'measured', 'derived' or 'none', got {basis!r}.",
+                                basis=self.basis))
 
     def __str__(self) -> str:
-        return f"{self.claim} {self.status} - {self.evidence}"
+        """``"C2 held - bf16 peak = ..."``, the status in the learner's language."""
+        return tr("{claim} {status} - {evidence}", claim=self.claim, status=tr(self.status),
+                  evidence=self.evidence)
+
+
+def _unknown_claim(claim) -> ValueError:
+    return ValueError(tr("unknown claim {claim!r}: expected one of {claims}.", claim=claim,
+                         claims=", ".join(CLAIMS)))
 
 
 def _pct(x: float) -> str:
@@ -113,7 +122,7 @@ def _bytes(n: float) -> str:
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if abs(n) >= size:
             return f"{round_sig(n / size, 3):,g} {unit}"
-    return f"{n:,.0f} bytes"
+    return tr("{n:,.0f} bytes", n=n)
 
 
 def _times(x: float) -> str:
@@ -122,23 +131,28 @@ def _times(x: float) -> str:
     if abs(x) >= 100:
         return f"{x:,.0f}x"
     if 0 < abs(x) < 0.01:
-        return f"1/{round_sig(1 / x, 2):,.0f} of"
+        return tr("1/{n:,.0f} of", n=round_sig(1 / x, 2))
     return f"{x:.2g}x"
 
 
 def _gpu(hw) -> str:
     cc = hw.compute_capability
-    return f"{hw.name}" + (f" (compute capability {cc[0]}.{cc[1]})" if cc else f" ({hw.device})")
+    if cc:
+        return tr("{name} (compute capability {major}.{minor})", name=hw.name, major=cc[0],
+                  minor=cc[1])
+    return f"{hw.name} ({hw.device})"
 
 
 def _unsettled(t, what: str) -> tuple[str, str] | None:
-    """(status, evidence) when the time comparison ``t`` cannot decide, else None."""
+    """(status, evidence) when the time comparison ``t`` cannot decide, else None; ``what``
+    names the time compared, in the learner's language."""
     if t is None or t.ratio is None:
-        return "not measured here", f"{what}: not timed in this run"
+        return "not measured here", tr("{what}: not timed in this run", what=what)
     if t.verdict in ("within noise", "too few rounds", TOO_SMALL):
         return "inconclusive", t.describe(what)
     if t.verdict == "emulated":
-        return "inconclusive", t.describe(what) + " (emulated arithmetic says nothing here)"
+        return "inconclusive", tr("{described} (emulated arithmetic says nothing here)",
+                                  described=t.describe(what))
     return None
 
 
@@ -150,33 +164,36 @@ def _c1(hw, bf16_time=None, bf16_vs_tf32=None):
     (one probe each, no noise band). Held from 1.5x faster, on an Ampere+ GPU only; depends when
     bf16 is 1.5x faster than full fp32 but a bf16 matmul is less than 1.5x faster than a TF32
     one: the speed-up is then one of the baseline."""
-    here = (f" Here: {bf16_time.describe('the bf16 step')}" if bf16_time and bf16_time.ratio
-            else "")
+    here = (tr(" Here: {described}", described=bf16_time.describe(tr("the bf16 step")))
+            if bf16_time and bf16_time.ratio else "")
     if not (hw.device == "cuda" and hw.native_bf16):
-        return "not measured here", f"a claim about Ampere+ GPUs; this is {_gpu(hw)}.{here}"
-    u = _unsettled(bf16_time, "bf16 / fp32 step time")
+        return "not measured here", tr("a claim about Ampere+ GPUs; this is {gpu}.{here}",
+                                       gpu=_gpu(hw), here=here)
+    u = _unsettled(bf16_time, tr("bf16 / fp32 step time"))
     if u:
         return u
     speedup = 1 / bf16_time.ratio
-    text = f"{_gpu(hw)}: {bf16_time.describe('the bf16 step, against full fp32:')}"
+    text = tr("{gpu}: {described}", gpu=_gpu(hw),
+              described=bf16_time.describe(tr("the bf16 step, against full fp32:")))
     if speedup < 1.5:
         return "busted", text
     if bf16_vs_tf32 is None:
         return "held", text
-    text += (f"; a bf16 matmul takes {bf16_vs_tf32:.2f}x the time of an fp32 one with TF32 "
-             "(one probe each, no noise band)")
+    text = tr("{text}; a bf16 matmul takes {ratio:.2f}x the time of an fp32 one with TF32 (one "
+              "probe each, no noise band)", text=text, ratio=bf16_vs_tf32)
     if bf16_vs_tf32 > 1 / 1.5:
-        return "depends", text + ": a speed-up of 1.5x or more against full fp32, below 1.5x against TF32"
+        return "depends", tr("{text}: a speed-up of 1.5x or more against full fp32, below 1.5x "
+                             "against TF32", text=text)
     return "held", text
 
 
 def _c2(peak_ratio, activations_ratio=None, low="bf16"):
     """``peak_ratio``: peak of the low precision / fp32's. Held at a cut of 40% or more."""
-    acts = (f"; saved activations {activations_ratio:.2f}x" if activations_ratio is not None
-            else "")
+    acts = (tr("; saved activations {ratio:.2f}x", ratio=activations_ratio)
+            if activations_ratio is not None else "")
     return ("held" if peak_ratio <= 0.6 else "busted",
-            f"{low} peak = {peak_ratio:.2f}x fp32's{acts}; parameters, gradients and AdamW state "
-            "stay fp32")
+            tr("{low} peak = {ratio:.2f}x fp32's{acts}; parameters, gradients and AdamW state "
+               "stay fp32", low=low, ratio=peak_ratio, acts=acts))
 
 
 def _c3(compile_time=None, why_not=None, precision="bf16"):
@@ -184,22 +201,25 @@ def _c3(compile_time=None, why_not=None, precision="bf16"):
     was not measured. Held from 1.5x faster."""
     if compile_time is None:
         if not why_not:
-            raise ValueError("C3 not measured: say exactly why not (why_not=...).")
+            raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).",
+                                claim="C3"))
         return "not measured here", why_not
-    u = _unsettled(compile_time, f"compiled / eager {precision} step time")
+    u = _unsettled(compile_time, tr("compiled / eager {precision} step time", precision=precision))
     if u:
         return u
     speedup = 1 / compile_time.ratio
     return ("held" if speedup >= 1.5 else "busted",
-            f"torch.compile: {speedup:.2f}x eager {precision}'s speed ({compile_time.describe()})")
+            tr("torch.compile: {speedup:.2f}x eager {precision}'s speed ({described})",
+               speedup=speedup, precision=precision, described=compile_time.describe()))
 
 
 def _c4(peak_ratio, saved_ratio):
     """Full checkpointing / none, same precision: held when the peak drops 50% or more;
     depends when only the saved tensors do."""
     peak_drop, saved_drop = 1 - peak_ratio, 1 - saved_ratio
-    text = (f"full checkpointing: saved tensors {_pct(-saved_drop)}, peak {_pct(-peak_drop)} "
-            "(the peak keeps parameters, gradients, AdamW state and logits)")
+    text = tr("full checkpointing: saved tensors {saved}, peak {peak} (the peak keeps "
+              "parameters, gradients, AdamW state and logits)", saved=_pct(-saved_drop),
+              peak=_pct(-peak_drop))
     if peak_drop >= 0.5:
         return "held", text
     return ("depends" if saved_drop >= 0.5 else "busted"), text
@@ -211,30 +231,33 @@ def _c5(full_time, flops_ratio=None):
     inconclusive when it straddles an edge (the run cannot tell). The published time
     measurements lesson 02 cites span 20-40% (Hugging Face 20%, Bekman 20-25%, NeMo 30%, the
     Ultra-Scale Playbook 30-40%); the claim's 33% is the FLOPs of one extra forward."""
-    u = _unsettled(full_time, "full / none step time")
+    u = _unsettled(full_time, tr("full / none step time"))
     if u:
         return u
     cost = full_time.ratio - 1
-    flops = f"; FLOPs {_pct(flops_ratio - 1)}" if flops_ratio is not None else ""
-    text = (f"{full_time.describe('step time')} = {_pct(cost)} (published: 20-40%; held from "
-            f"+15% to +40%){flops}")
+    flops = tr("; FLOPs {change}", change=_pct(flops_ratio - 1)) if flops_ratio is not None else ""
+    text = tr("{described} = {cost} (published: 20-40%; held from +15% to +40%){flops}",
+              described=full_time.describe(), cost=_pct(cost), flops=flops)
     lo, hi = round(full_time.low, 2), round(full_time.high, 2)
     if 1.15 <= lo and hi <= 1.40:
         return "held", text
     if hi < 1.15 or lo > 1.40:
         return "busted", text
-    edges = [e for e in (1.15, 1.40) if lo < e <= hi or lo <= e < hi]
-    edge = " and ".join(f"{_pct(e - 1)}" for e in edges)
-    return "inconclusive", (f"{text}; that band straddles the {edge} edge"
-                            f"{'s' * (len(edges) > 1)} of the held range")
+    edges = [_pct(e - 1) for e in (1.15, 1.40) if lo < e <= hi or lo <= e < hi]
+    if len(edges) == 1:
+        return "inconclusive", tr("{text}; that band straddles the {edge} edge of the held range",
+                                  text=text, edge=edges[0])
+    return "inconclusive", tr("{text}; that band straddles the {low} and {high} edges of the "
+                              "held range", text=text, low=edges[0], high=edges[1])
 
 
 def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=4):
     """Saved bytes when the layers grow ``n_layers_ratio``-fold: plain growth, growth with
     sqrt(N) checkpointed segments; ``best_segments`` (lowest measured peak) vs sqrt(N)."""
-    text = (f"{n_layers_ratio}x the layers: plain saved x{plain_growth:.1f}, sqrt(N) segments "
-            f"x{sqrt_growth:.1f} (sqrt = {n_layers_ratio ** 0.5:.1f}); lowest peak at "
-            f"{best_segments} segments, sqrt(N) is {sqrt_segments}")
+    text = tr("{ratio}x the layers: plain saved x{plain:.1f}, sqrt(N) segments x{grown:.1f} "
+              "(sqrt = {sqrt:.1f}); lowest peak at {best} segments, sqrt(N) is {segments}",
+              ratio=n_layers_ratio, plain=plain_growth, grown=sqrt_growth,
+              sqrt=n_layers_ratio ** 0.5, best=best_segments, segments=sqrt_segments)
     if sqrt_growth > 1.5 * n_layers_ratio ** 0.5:
         return "busted", text
     return ("held" if best_segments == sqrt_segments else "depends"), text
@@ -243,19 +266,20 @@ def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=
 def _c7(full_time, per_token_time=None):
     """``full_time``: per-step TimeRatio full / none. ``per_token_time``: TimeRatio of seconds
     per token, best checkpointed run at its largest batch under a budget / best plain run."""
-    u = _unsettled(full_time, "full / none step time")
+    u = _unsettled(full_time, tr("full / none step time"))
     if u:
         return u
+    text = full_time.describe(tr("per step, full / none"))
     if full_time.verdict == "faster":  # the same step plus a recomputed forward cannot be
         # faster: the load changed while it was timed (lesson 03 on a busy laptop, 5 rounds)
-        return "inconclusive", (full_time.describe("per step, full / none") + ": faster than "
-                                "the same step without its recomputation, which only adds work; "
-                                "the machine's load changed while it was timed: run it again")
-    text = full_time.describe("per step, full / none")
+        return "inconclusive", tr("{described}: faster than the same step without its "
+                                  "recomputation, which only adds work; the machine's load "
+                                  "changed while it was timed: run it again", described=text)
     if per_token_time is not None and per_token_time.verdict == "faster":
-        return "depends", (text + "; but at the largest batch under the budget, "
-                           + per_token_time.describe("time per token"))
-    return "busted", text + "; it can raise throughput only through a larger batch (C20)"
+        return "depends", tr("{text}; but at the largest batch under the budget, {described}",
+                             text=text, described=per_token_time.describe(tr("time per token")))
+    return "busted", tr("{text}; it can raise throughput only through a larger batch (C20)",
+                        text=text)
 
 
 def _c8(kept_bytes=None, expected_bytes=None, param_bytes=None, batch_ratio=None):
@@ -263,29 +287,35 @@ def _c8(kept_bytes=None, expected_bytes=None, param_bytes=None, batch_ratio=None
     or ``batch_ratio`` (kept bytes at 2x the batch / at 1x): activations, not parameters."""
     if kept_bytes is not None and expected_bytes is not None:
         same = kept_bytes == expected_bytes
-        text = (f"kept {_bytes(kept_bytes)}" + (" = the block inputs and token ids" if same else
-                f"; the block inputs and token ids are {_bytes(expected_bytes)} "
-                f"({kept_bytes - expected_bytes:+,} bytes)")
-                + (f"; parameters {_bytes(param_bytes)}, not copied" if param_bytes else ""))
+        text = (tr("kept {kept} = the block inputs and token ids", kept=_bytes(kept_bytes))
+                if same else
+                tr("kept {kept}; the block inputs and token ids are {expected} ({diff:+,} bytes)",
+                   kept=_bytes(kept_bytes), expected=_bytes(expected_bytes),
+                   diff=kept_bytes - expected_bytes))
+        if param_bytes:
+            text += tr("; parameters {params}, not copied", params=_bytes(param_bytes))
         return ("busted" if same else "inconclusive"), text
     if batch_ratio is not None:
         return ("busted" if 1.8 <= batch_ratio <= 2.2 else "inconclusive",
-                f"kept bytes x{batch_ratio:.2f} when the batch doubles: activations, which "
-                "scale with the batch; parameters do not")
-    raise ValueError("C8 needs kept_bytes and expected_bytes, or batch_ratio.")
+                tr("kept bytes x{ratio:.2f} when the batch doubles: activations, which scale "
+                   "with the batch; parameters do not", ratio=batch_ratio))
+    raise ValueError(tr("C8 needs kept_bytes and expected_bytes, or batch_ratio."))
 
 
 def _c9(bytes_per_param, overheads=None, copies_per_param=None):
     """``bytes_per_param``: measured weights + grads + AdamW per parameter under autocast;
     ``overheads``: {setting: estimated peak / (16 N) - 1}."""
-    text = f"weights + gradients + AdamW = {bytes_per_param:.2f} bytes/param (4 + 4 + 8, fp32)"
+    text = tr("weights + gradients + AdamW = {bytes:.2f} bytes/param (4 + 4 + 8, fp32)",
+              bytes=bytes_per_param)
     if copies_per_param:
-        text += f", + {copies_per_param:.2f} bytes/param of autocast weight copies"
+        text += tr(", + {copies:.2f} bytes/param of autocast weight copies",
+                   copies=copies_per_param)
     if abs(bytes_per_param - 16) >= 0.05:
         return "busted", text
     if not overheads:
         return "held", text
-    text += "; overhead " + ", ".join(f"{v:+.0%} ({k})" for k, v in overheads.items())
+    text += tr("; overhead {overheads}",
+               overheads=", ".join(f"{v:+.0%} ({k})" for k, v in overheads.items()))
     return ("held" if all(0.2 <= v <= 0.3 for v in overheads.values()) else "depends"), text
 
 
@@ -295,22 +325,28 @@ def _c10(n_params=7e9):
     depends when one is, busted when neither is."""
     w, adam = 4 * n_params / 1e9, 8 * n_params / 1e9
     w_ok, adam_ok = round(w) == 28, round(adam) == 84
-    text = (f"{n_params / 1e9:,.3g}B parameters: fp32 weights {w:.0f} GB"
-            + (": right" if w_ok else ", not 28 GB") + f"; AdamW moments {adam:.0f} GB"
-            + (": right" if adam_ok else
-               ", not 84 GB (84 GB = 12 bytes/param: the moments plus an fp32 master copy, "
-               "which fp32 training does not have)"))
+    text = tr("{n:,.3g}B parameters: fp32 weights {weights:.0f} GB{weights_said}; AdamW moments "
+              "{moments:.0f} GB{moments_said}", n=n_params / 1e9, weights=w,
+              weights_said=tr(": right") if w_ok else tr(", not 28 GB"), moments=adam,
+              moments_said=tr(": right") if adam_ok else
+              tr(", not 84 GB (84 GB = 12 bytes/param: the moments plus an fp32 master copy, "
+                 "which fp32 training does not have)"))
     return ("held" if w_ok and adam_ok else "depends" if w_ok or adam_ok else "busted"), text
 
 
 def _c11(flushed_unscaled, flushed_scaled, scale, overflow_scaled=0.0, which="gradients"):
     """Fractions of nonzero gradients flushed to 0 in fp16, unscaled and at loss scale
     ``scale``; ``overflow_scaled``: fraction that overflowed at that scale. ``which``: the
-    gradients counted, in words (``"activation gradients"``)."""
-    text = (f"fp16 flushed {flushed_unscaled:.3%} of the {which} unscaled, {flushed_scaled:.3%} "
-            f"at scale {scale:g}" + (f" (overflow {overflow_scaled:.3%})" if overflow_scaled else ""))
+    gradients counted, in words (``"activation gradients"``; shown translated where the
+    catalog has it)."""
+    text = tr("fp16 flushed {unscaled:.3%} of the {which} unscaled, {scaled:.3%} at scale "
+              "{scale:g}", unscaled=flushed_unscaled, which=tr(which), scaled=flushed_scaled,
+              scale=scale)
+    if overflow_scaled:
+        text += tr(" (overflow {overflow:.3%})", overflow=overflow_scaled)
     if flushed_unscaled == 0:
-        return "depends", text + ": no underflow at this size; smaller gradients show it"
+        return "depends", tr("{text}: no underflow at this size; smaller gradients show it",
+                             text=text)
     fixed = flushed_scaled < flushed_unscaled and flushed_scaled < 0.001 and not overflow_scaled
     return ("held" if fixed else "busted"), text
 
@@ -321,20 +357,24 @@ def _c12(backoffs_ok, growth_after, growth_interval, clean_taken=True):
     ok = (bool(backoffs_ok) and all(backoffs_ok) and bool(growth_after)
           and all(g == growth_interval for g in growth_after) and clean_taken)
     return ("held" if ok else "busted",
-            f"skip + back off on each inf/NaN: {all(backoffs_ok) if backoffs_ok else None}; "
-            f"growth after {growth_after} clean steps (growth_interval {growth_interval})")
+            tr("skip + back off on each inf/NaN: {backoffs}; growth after {growth_after} clean "
+               "steps (growth_interval {interval})",
+               backoffs=all(backoffs_ok) if backoffs_ok else None, growth_after=growth_after,
+               interval=growth_interval))
 
 
 def _c13(same_range, flushed_bf16, val_loss_gap=None, which="gradients"):
     """bf16's exponent range equals fp32's (``same_range``), the fraction of gradients bf16
     flushes (``which``: those gradients, in words), and (optional) bf16's relative gap to fp32's
     validation loss without a scaler."""
-    text = f"bf16 range = fp32's: {same_range}; bf16 flushed {flushed_bf16:.3%} of the {which}"
+    text = tr("bf16 range = fp32's: {same}; bf16 flushed {flushed:.3%} of the {which}",
+              same=same_range, flushed=flushed_bf16, which=tr(which))
     ok = same_range and flushed_bf16 == 0
     if val_loss_gap is not None:
-        text += ("; without a scaler it ended within 0.01% of fp32's validation loss"
+        text += (tr("; without a scaler it ended within 0.01% of fp32's validation loss")
                  if abs(val_loss_gap) < 5e-5 else
-                 f"; without a scaler it ended {val_loss_gap:+.2%} from fp32's validation loss")
+                 tr("; without a scaler it ended {gap:+.2%} from fp32's validation loss",
+                    gap=val_loss_gap))
         ok = ok and abs(val_loss_gap) < 0.02
     return ("held" if ok else "busted"), text
 
@@ -342,10 +382,11 @@ def _c13(same_range, flushed_bf16, val_loss_gap=None, which="gradients"):
 def _c14(reentrant_lost_grads, reentrant_failures=(), nonreentrant_ok=True):
     """Reentrant checkpointing lost the block's gradients (an input without requires_grad)
     and/or failed at ``reentrant_failures``; the non-reentrant version handled everything."""
-    text = (f"reentrant: block gradients lost: {reentrant_lost_grads}; fails at "
-            f"{len(reentrant_failures)} of the features tried"
-            + (f" ({', '.join(reentrant_failures)})" if reentrant_failures else "")
-            + f"; non-reentrant handles all: {nonreentrant_ok}")
+    names = (f" ({', '.join(tr(f) for f in reentrant_failures)})" if reentrant_failures
+             else "")
+    text = tr("reentrant: block gradients lost: {lost}; fails at {n} of the features "
+              "tried{names}; non-reentrant handles all: {ok}", lost=reentrant_lost_grads,
+              n=len(reentrant_failures), names=names, ok=nonreentrant_ok)
     limited = reentrant_lost_grads or bool(reentrant_failures)
     return ("held" if limited and nonreentrant_ok else "busted"), text
 
@@ -353,12 +394,12 @@ def _c14(reentrant_lost_grads, reentrant_failures=(), nonreentrant_ok=True):
 def _c15(naive_extra_slope, sdpa_slope):
     """Log-log slopes of saved bytes vs sequence length: naive attention's extra bytes, and
     SDPA's saved bytes."""
-    text = (f"naive attention's extra saved bytes grow with slope {naive_extra_slope:.2f}, "
-            f"SDPA's with slope {sdpa_slope:.2f}")
+    text = tr("naive attention's extra saved bytes grow with slope {naive:.2f}, SDPA's with "
+              "slope {sdpa:.2f}", naive=naive_extra_slope, sdpa=sdpa_slope)
     if sdpa_slope >= 1.8:
         return "held", text
     if naive_extra_slope >= 1.8:
-        return "depends", text + ": quadratic only for naive attention"
+        return "depends", tr("{text}: quadratic only for naive attention", text=text)
     return "busted", text
 
 
@@ -366,15 +407,21 @@ def _c16(hw, bf16_vs_fp16=None, recipe=""):
     """``bf16_vs_fp16``: bf16 matmul time / fp16's, measured on this GPU. A stand-in GPU
     (``hw.stand_in``) plans as the smaller card but times at its own speed: not measured."""
     if hw.device != "cuda":
-        return "not measured here", (f"a claim about NVIDIA GPUs; this is {_gpu(hw)}"
-                                     + (f", whose recipe is {recipe}" if recipe else ""))
+        return "not measured here", (
+            tr("a claim about NVIDIA GPUs; this is {gpu}, whose recipe is {recipe}",
+               gpu=_gpu(hw), recipe=recipe) if recipe
+            else tr("a claim about NVIDIA GPUs; this is {gpu}", gpu=_gpu(hw)))
     if hw.stand_in:
-        return "not measured here", (f"{hw.stand_in}: its matmuls run at the bigger GPU's "
-                                     "speed, so they cannot say what the smaller card's do")
+        return "not measured here", tr("{stand_in}: its matmuls run at the bigger GPU's speed, "
+                                       "so they cannot say what the smaller card's do",
+                                       stand_in=hw.stand_in)
     if bf16_vs_fp16 is None:
-        return "not measured here", f"{_gpu(hw)}: no bf16/fp16 matmul timing in this run"
-    text = (f"{_gpu(hw)}: a bf16 matmul takes {bf16_vs_fp16:.2f}x fp16's time; native bf16: "
-            f"{hw.native_bf16}" + (f"; recipe {recipe}" if recipe else ""))
+        return "not measured here", tr("{gpu}: no bf16/fp16 matmul timing in this run",
+                                       gpu=_gpu(hw))
+    text = tr("{gpu}: a bf16 matmul takes {ratio:.2f}x fp16's time; native bf16: {native}",
+              gpu=_gpu(hw), ratio=bf16_vs_fp16, native=hw.native_bf16)
+    if recipe:
+        text += tr("; recipe {recipe}", recipe=recipe)
     if hw.native_bf16:
         return ("held" if bf16_vs_fp16 <= 1.2 else "busted"), text
     return ("held" if bf16_vs_fp16 >= 1.5 else "busted"), text
@@ -389,17 +436,18 @@ def _c17(grad_rel_err, undivided_ratio, k, extra_peak_bytes, grad_buffer_bytes, 
     are right and the extra is the .grad buffer (at most 1.05x it): memory above one
     micro-batch, far below the big batch's; busted otherwise."""
     divided_ok = grad_rel_err < 1e-4 and abs(undivided_ratio - k) < 0.01 * k
-    text = (f"{k} micro-batches: gradients within {grad_rel_err:.0e} of the big batch's, "
-            f"x{undivided_ratio:.2f} without the division; peak {peak_vs_big:.2f}x the big "
-            f"batch's, {extra_peak_bytes / MiB:+.2f} MiB above one micro-batch's (.grad buffer "
-            f"{grad_buffer_bytes / MiB:.2f} MiB)")
+    text = tr("{k} micro-batches: gradients within {err:.0e} of the big batch's, x{undivided:.2f} "
+              "without the division; peak {peak:.2f}x the big batch's, {extra:+.2f} MiB above "
+              "one micro-batch's (.grad buffer {buffer:.2f} MiB)", k=k, err=grad_rel_err,
+              undivided=undivided_ratio, peak=peak_vs_big, extra=extra_peak_bytes / MiB,
+              buffer=grad_buffer_bytes / MiB)
     if not divided_ok or peak_vs_big >= 1:
         return "busted", text
     if extra_peak_bytes <= 0.01 * grad_buffer_bytes:
         return "held", text
     if extra_peak_bytes <= 1.05 * grad_buffer_bytes:
-        return "depends", (text + ": dividing the loss is right; the memory is not free: the "
-                           ".grad buffer stays alive across micro-batches")
+        return "depends", tr("{text}: dividing the loss is right; the memory is not free: the "
+                             ".grad buffer stays alive across micro-batches", text=text)
     return "busted", text
 
 
@@ -407,13 +455,14 @@ def _c18(clip_saw_ratio, scale, sgd_update_ratio=None, adamw_update_ratio=None):
     """Clipping before ``unscale_``: ``clip_saw_ratio`` is the norm clipping saw / the true
     norm (the scale, if wrong); the update norms clipped-wrong / clipped-right under SGD and
     AdamW."""
-    text = (f"clipping before unscale_ saw {_times(clip_saw_ratio)} the true norm "
-            f"(scale {scale:,.0f})")
+    text = tr("clipping before unscale_ saw {times} the true norm (scale {scale:,.0f})",
+              times=_times(clip_saw_ratio), scale=scale)
     if sgd_update_ratio is not None:
-        text += f"; SGD's update became {_times(sgd_update_ratio)} the right one"
+        text += tr("; SGD's update became {times} the right one", times=_times(sgd_update_ratio))
     if adamw_update_ratio is not None:
-        text += (f"; AdamW's {_times(adamw_update_ratio)} (Adam divides by the gradient's running "
-                 "scale, so it hides most of it: the clip threshold is what breaks)")
+        text += tr("; AdamW's {times} (Adam divides by the gradient's running scale, so it hides "
+                   "most of it: the clip threshold is what breaks)",
+                   times=_times(adamw_update_ratio))
     return ("held" if clip_saw_ratio >= 0.5 * scale else "busted"), text
 
 
@@ -421,25 +470,30 @@ def _c19(hw, fp8_time=None, why_not=None):
     """``fp8_time``: TimeRatio FP8 / bf16 step; ``why_not`` when not measured."""
     if fp8_time is None:
         if not why_not:
-            raise ValueError("C19 not measured: say exactly why not (why_not=...).")
+            raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).",
+                                claim="C19"))
         return "not measured here", why_not
-    u = _unsettled(fp8_time, "FP8 / bf16 step time")
+    u = _unsettled(fp8_time, tr("FP8 / bf16 step time"))
     if u:
         return u
     speedup = 1 / fp8_time.ratio
     return ("held" if speedup >= 1.2 else "busted",
-            f"{_gpu(hw)}: FP8 {speedup:.2f}x bf16's speed ({fp8_time.describe()})")
+            tr("{gpu}: FP8 {speedup:.2f}x bf16's speed ({described})", gpu=_gpu(hw),
+               speedup=speedup, described=fp8_time.describe()))
 
 
 def _c20(per_token_time, budget_bytes=None):
     """``per_token_time``: TimeRatio of seconds per token, the best checkpointed configuration
     at its largest batch under the budget / the best plain one at its largest batch."""
-    u = _unsettled(per_token_time, "time per token, checkpointed / plain at their largest batch")
+    u = _unsettled(per_token_time, tr("time per token, checkpointed / plain at their largest "
+                                      "batch"))
     if u:
         return u
-    budget = f" under {budget_bytes / MiB:,.1f} MiB" if budget_bytes else ""
+    what = (tr("at the largest batch under {budget:,.1f} MiB, time per token",
+               budget=budget_bytes / MiB) if budget_bytes
+            else tr("at the largest batch, time per token"))
     return ("held" if per_token_time.verdict == "faster" else "busted",
-            per_token_time.describe(f"at the largest batch{budget}, time per token"))
+            per_token_time.describe(what))
 
 
 _RULES = {"C1": _c1, "C2": _c2, "C3": _c3, "C4": _c4, "C5": _c5, "C6": _c6, "C7": _c7,
@@ -482,7 +536,7 @@ def verdict(claim: str, where: str = "", record: bool | None = None, **measured)
         TypeError: a missing or unknown input name.
     """
     if claim not in _RULES:
-        raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
+        raise _unknown_claim(claim)
     status, evidence = _RULES[claim](**measured)
     basis = ("none" if status == "not measured here"
              else "derived" if claim in _DERIVED else "measured")
@@ -504,7 +558,7 @@ def this_context(size: str | None = None, hw=None) -> str:
 def _recorded(claim: str, key: str | None) -> dict | None:
     """The store's record of ``claim`` under ``key`` (default: this run's context)."""
     if claim not in CLAIMS:
-        raise ValueError(f"unknown claim {claim!r}: expected one of {', '.join(CLAIMS)}.")
+        raise _unknown_claim(claim)
     return store.lookup("verdicts", claim, key or this_context())
 
 
@@ -554,16 +608,18 @@ def recorded_or_measure(claim: str, where: str, measure: Callable[[], dict], mod
     if v is not None:
         return replace(v, where=where)
     v = verdict(claim, where=where, record=False, **measure())
-    again = ("judged here" if v.status == "not measured here"
-             else f"measured again here on {model}")
-    return replace(v, where=f"{where}; {again}")
+    again = (tr("{where}; judged here", where=where) if v.status == "not measured here"
+             else tr("{where}; measured again here on {model}", where=where, model=model))
+    return replace(v, where=again)
 
 
 def claims_table(verdicts) -> pd.DataFrame:
     """A table of verdicts (claim, the claim's text, status, basis, evidence, where), in claim
-    order, one row per claim (a later verdict on the same claim replaces an earlier one)."""
+    order, one row per claim (a later verdict on the same claim replaces an earlier one). The
+    claim's text is in the learner's language; ``status`` and ``basis`` stay the constants code
+    reads (`STATUSES`: `course_utils.plots.styled_claims` colours by them)."""
     latest = {v.claim: v for v in verdicts}
-    rows = [{"claim": v.claim, "says": CLAIMS[v.claim], "status": v.status, "basis": v.basis,
+    rows = [{"claim": v.claim, "says": tr(CLAIMS[v.claim]), "status": v.status, "basis": v.basis,
              "evidence": v.evidence, "where": v.where} for v in latest.values()]
     df = pd.DataFrame(rows, columns=["claim", "says", "status", "basis", "evidence", "where"])
     order = {c: i for i, c in enumerate(CLAIMS)}

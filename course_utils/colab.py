@@ -34,12 +34,44 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["read_toml", "requirements", "SetupReport", "install_missing", "describe_setup",
-           "finish_setup", "optional_import"]
+           "finish_setup", "optional_import", "tr"]
 
 #: Import names of requirements whose distribution name differs.
 _IMPORT_NAMES = {"pyyaml": "yaml", "scikit-learn": "sklearn", "pillow": "PIL"}
 #: Never installed or upgraded by the setup cell: Colab's builds match its GPU and front end.
 _NEVER_TOUCH = ("torch",)
+
+
+def _i18n():
+    """The course's message catalog module (`course_utils.i18n`), or None where it cannot be
+    found: imported as ``course_utils.colab`` it is the package's; run by path (the setup cell's
+    ``runpy.run_path``, before anything is installed) it is the ``i18n.py`` beside this file,
+    loaded by path (it needs only the standard library); a copy of this file alone (extracted
+    from a wheel) has none, and speaks English."""
+    if __package__:
+        from . import i18n  # lazy: the package's own, when this file is imported as a module
+        return i18n
+    for name in ("course_utils.i18n", "_course_i18n"):
+        if name in sys.modules:
+            return sys.modules[name]
+    here = globals().get("__file__")
+    sibling = Path(here).with_name("i18n.py") if here else None
+    if sibling is None or not sibling.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("_course_i18n", sibling)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_course_i18n"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def tr(text: str, /, **fields) -> str:
+    """``text`` in the learner's language (`course_utils.i18n.tr`), also where this file runs
+    before the course imports; English with ``fields`` filled in where no catalog is found."""
+    i18n = _i18n()
+    if i18n is None:
+        return text.format(**fields) if fields else text
+    return i18n.tr(text, **fields)
 
 
 def read_toml(path: str | os.PathLike) -> dict:
@@ -72,7 +104,7 @@ def _wheel_requirements(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as z:
         meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
         if meta is None:
-            raise ValueError(f"{wheel} has no *.dist-info/METADATA: not a wheel.")
+            raise ValueError(tr("{wheel} has no *.dist-info/METADATA: not a wheel.", wheel=wheel))
         text = z.read(meta).decode("utf-8")
     specs = re.findall(r"^Requires-Dist:\s*(.+?)\s*$", text, re.M)
     return [s for s in specs if not re.search(r";.*\bextra\s*==", s)]
@@ -90,14 +122,14 @@ def requirements(source: str | os.PathLike) -> list[str]:
     if path.suffix == ".whl":
         return _wheel_requirements(path)
     if not (path / "pyproject.toml").is_file():
-        raise ValueError(f"{path} has no pyproject.toml: not a copy of the course.")
+        raise ValueError(tr("{path} has no pyproject.toml: not a copy of the course.", path=path))
     return list(read_toml(path / "pyproject.toml").get("project", {}).get("dependencies", []))
 
 
 def _name(spec: str) -> str:
     m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
     if not m:
-        raise ValueError(f"cannot read a package name from the requirement {spec!r}")
+        raise ValueError(tr("cannot read a package name from the requirement {spec!r}", spec=spec))
     return m.group(1)
 
 
@@ -129,7 +161,7 @@ def _pip(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def _last_line(r) -> str:
-    return ((r.stderr or r.stdout or "").strip().splitlines()[-1:] or ["no message"])[0]
+    return ((r.stderr or r.stdout or "").strip().splitlines()[-1:] or [tr("no message")])[0]
 
 
 def install_missing(source: str | os.PathLike, run: Callable = _pip,
@@ -152,23 +184,28 @@ def install_missing(source: str | os.PathLike, run: Callable = _pip,
     """
     report = SetupReport()
     if not _importable("torch"):
-        raise RuntimeError("torch is not installed in this Python. Install the build for your "
-                           "machine (https://pytorch.org/get-started/locally/), then run this "
-                           "cell again: the course never installs torch itself.")
+        raise RuntimeError(tr("torch is not installed in this Python. Install the build for your "
+                              "machine (https://pytorch.org/get-started/locally/), then run this "
+                              "cell again: the course never installs torch itself."))
     wheel = Path(source).suffix == ".whl"
     specs = requirements(source)
     args = ["install", "--quiet", "--no-deps", *([] if wheel else ["-e"]), str(source)]
     report.pip.append(args)
     r = run(args)
     if r.returncode == 0:
-        say(f"installed the course: pip install --no-deps {'' if wheel else '-e '}{source} "
-            "(course-bench and course-grade commands; imports after a restart too)")
+        say(tr("installed the course: {command} (course-bench and course-grade commands; "
+               "imports after a restart too)",
+               command=f"pip install --no-deps {'' if wheel else '-e '}{source}"))
     elif wheel:
-        raise RuntimeError(f"pip could not install the wheel {source}: {_last_line(r)}")
+        raise RuntimeError(tr("pip could not install the wheel {source}: {error}", source=source,
+                              error=_last_line(r)))
     else:
-        report.problems.append(f"pip install --no-deps -e {source} failed: {_last_line(r)}")
-        say(f"could not pip-install the course ({_last_line(r)}); this kernel imports it from "
-            f"{source} anyway. After a restart, run this cell again.")
+        report.problems.append(tr("{command} failed: {error}",
+                                  command=f"pip install --no-deps -e {source}",
+                                  error=_last_line(r)))
+        say(tr("could not pip-install the course ({error}); this kernel imports it from {source} "
+               "anyway. After a restart, run this cell again.", error=_last_line(r),
+               source=source))
     missing = []
     for spec in specs:
         name = _name(spec)
@@ -179,8 +216,8 @@ def install_missing(source: str | os.PathLike, run: Callable = _pip,
         else:
             missing.append(spec)
     if report.kept:
-        say("already installed, left as they are: "
-            + ", ".join(f"{n} {v}" for n, v in report.kept.items()))
+        say(tr("already installed, left as they are: {packages}",
+               packages=", ".join(f"{n} {v}" for n, v in report.kept.items())))
     if missing:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write(f"torch=={_version('torch')}\n")
@@ -190,12 +227,13 @@ def install_missing(source: str | os.PathLike, run: Callable = _pip,
         r = run(args)
         os.unlink(constraints)
         if r.returncode != 0:
-            raise RuntimeError(f"pip could not install {', '.join(missing)}: {_last_line(r)}")
+            raise RuntimeError(tr("pip could not install {packages}: {error}",
+                                  packages=", ".join(missing), error=_last_line(r)))
         report.installed = missing
         importlib.invalidate_caches()
-        say(f"installed what was missing: {', '.join(missing)}")
+        say(tr("installed what was missing: {packages}", packages=", ".join(missing)))
     else:
-        say("nothing else was missing")
+        say(tr("nothing else was missing"))
     return report
 
 
@@ -220,11 +258,17 @@ def describe_setup(hw=None) -> str:
     recipe = rec.precision + (" autocast + GradScaler" if rec.grad_scaler else
                               " autocast" if rec.precision != "fp32" else "")
     emulated = [p for p in ("bf16", "fp16") if is_emulated(hw, p)]
-    return (f"course_utils from {Path(course_utils.__file__).parent.parent}, torch "
-            f"{torch.__version__}; {hw.device} ({where}): recipe {recipe}"
-            + (f"; {' and '.join(emulated)} emulated here" if emulated else "")
-            + f"; size profile {size_profile(hw)}"
-            + (f"\n{hw.stand_in}" if getattr(hw, "stand_in", "") else ""))
+    fields = dict(folder=Path(course_utils.__file__).parent.parent, torch=torch.__version__,
+                  device=hw.device, where=where, recipe=recipe, size=size_profile(hw))
+    if emulated:
+        line = tr("course_utils from {folder}, torch {torch}; {device} ({where}): recipe "
+                  "{recipe}; {emulated} emulated here; size profile {size}", **fields,
+                  emulated=emulated[0] if len(emulated) == 1
+                  else tr("{first} and {second}", first=emulated[0], second=emulated[1]))
+    else:
+        line = tr("course_utils from {folder}, torch {torch}; {device} ({where}): recipe "
+                  "{recipe}; size profile {size}", **fields)
+    return line + (f"\n{hw.stand_in}" if getattr(hw, "stand_in", "") else "")
 
 
 def finish_setup(source: str | os.PathLike | None = None) -> None:
@@ -232,11 +276,11 @@ def finish_setup(source: str | os.PathLike | None = None) -> None:
     cell had to find or fetch it (``source``: the folder put on ``sys.path`` or the wheel
     installed), then print `describe_setup`."""
     if source is not None and Path(source).suffix == ".whl":
-        print(f"course_utils imports in this kernel from the wheel {source} (installed: no "
-              "restart needed)")
+        print(tr("course_utils imports in this kernel from the wheel {source} (installed: no "
+                 "restart needed)", source=source))
     elif source is not None:
-        print(f"course_utils imports in this kernel from {source} (put on sys.path: no restart "
-              "needed)")
+        print(tr("course_utils imports in this kernel from {source} (put on sys.path: no restart "
+                 "needed)", source=source))
     print(describe_setup())
     from course_utils.i18n import install_display  # lazy: the course imports only now
     install_display()   # a Korean kernel shows table labels in Korean
@@ -251,7 +295,8 @@ def optional_import(module: str, extra: str, purpose: str):
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError:
-        print(f"{module} is not installed, so {purpose} is skipped. To run it: "
-              f"`%pip install {module}` (or `pip install -e \".[{extra}]\"` in the course's "
-              "folder; `make course` includes it), restart the kernel and run the notebook again.")
+        print(tr("{module} is not installed, so {purpose} is skipped. To run it: `%pip install "
+                 "{module}` (or `pip install -e \".[{extra}]\"` in the course's folder; `make "
+                 "course` includes it), restart the kernel and run the notebook again.",
+                 module=module, purpose=purpose, extra=extra))
         return None

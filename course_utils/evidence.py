@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from .config import RunConfig, config_for
 from .data import get_batch
 from .hardware import memory_device
+from .i18n import tr
 from .learner_checks import relative_error, step_gradients
 from .memory_model import estimate
 from .memory_timeline import peak_during
@@ -384,7 +385,8 @@ def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
 def _row(df, label: str):
     labels = list(df["label"])
     if label not in labels:
-        raise ValueError(f"no row {label!r} in this table: its rows are {labels}.")
+        raise ValueError(tr("no row {label!r} in this table: its rows are {labels}.", label=label,
+                            labels=labels))
     return labels.index(label)
 
 

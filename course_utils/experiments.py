@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from .config import SIZE_PROFILES, RunConfig, size_profile
 from .hardware import detect, recommend_precision
+from .i18n import tr
 from .measure import (
     MEMORY_FIELDS,
     Accepted,
@@ -103,9 +104,9 @@ def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = Non
             ``force``): all before anything is measured.
     """
     if not configs:
-        raise ValueError("compare() needs at least one RunConfig.")
+        raise ValueError(tr("compare() needs at least one RunConfig."))
     if budget_s is not None and not budget_s > 0:
-        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
+        raise ValueError(tr("budget_s must be > 0 seconds, got {budget_s!r}.", budget_s=budget_s))
     check_positive_int("steps", steps, allow_none=True)
     hws = {}
     accepted = []
@@ -119,25 +120,37 @@ def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = Non
     budget = budget_s or default_budget_s(size)
     ms = [new_measurement(a) for a in accepted]
     if progress:
-        slow = sorted({m.config.precision for m in ms if m.emulated})
-        tqdm.write(f"measuring {len(configs)} configuration(s): memory with one step each"
-                   + (f", then step time in alternation for about {budget:g} s" if timed else "")
-                   + (f"; {', '.join(slow)} is emulated here: timed with one step" if slow
-                      and timed else ""))
+        tqdm.write(_plan_words(len(configs), budget if timed else None,
+                               sorted({m.config.precision for m in ms if m.emulated})))
     states = {}
-    for i, (m, a) in enumerate(zip(tqdm(ms, desc="memory", disable=not progress, leave=False),
+    for i, (m, a) in enumerate(zip(tqdm(ms, desc=tr("memory"), disable=not progress,
+                                        leave=False),
                                    accepted)):
         st = measure_memory(m, a, step_fn, time_emulated=timed and steps is None)
         if timed and st is not None:
             states[i] = st
     if states:
         order = list(states)
-        with tqdm(total=len(order), desc="step time", disable=not progress, leave=False) as bar:
+        with tqdm(total=len(order), desc=tr("step time"), disable=not progress,
+                  leave=False) as bar:
             time_in_alternation([ms[i] for i in order], [states[i] for i in order],
                                 budget if steps is None else None, steps, progress=bar,
                                 device=first.device)
     states.clear()
     return _table(ms, size)
+
+
+def _plan_words(n: int, budget_s: float | None, emulated: list[str]) -> str:
+    """What `compare` is about to do, in one line: ``n`` configurations, timed for about
+    ``budget_s`` seconds (None: memory only), the ``emulated`` precisions timed with one step."""
+    if budget_s is None:
+        return tr("measuring {n} configuration(s): memory with one step each", n=n)
+    if not emulated:
+        return tr("measuring {n} configuration(s): memory with one step each, then step time in "
+                  "alternation for about {budget:g} s", n=n, budget=budget_s)
+    return tr("measuring {n} configuration(s): memory with one step each, then step time in "
+              "alternation for about {budget:g} s; {emulated} is emulated here: timed with one "
+              "step", n=n, budget=budget_s, emulated=", ".join(emulated))
 
 
 def paired_step_s(own_s, reference_s, r) -> float | None:
@@ -190,20 +203,18 @@ def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
     return df
 
 
-_POLICY_WORDS = (("full", "full checkpointing"), ("selective", "selective checkpointing"))
-
-
 def _policy_words(token: str) -> str | None:
-    for short, words in _POLICY_WORDS:
-        if token == short:
-            return words
+    if token == "full":
+        return tr("full checkpointing")
+    if token == "selective":
+        return tr("selective checkpointing")
     if m := re.fullmatch(r"every-(\d+)", token):
-        return f"checkpointing every {m.group(1)} blocks" if m.group(1) != "1" else \
-            "full checkpointing"
+        return tr("checkpointing every {k} blocks", k=m.group(1)) if m.group(1) != "1" else \
+            tr("full checkpointing")
     if m := re.fullmatch(r"segments:(\d+)", token):
-        return f"{m.group(1)} checkpointed segments"
+        return tr("{n} checkpointed segments", n=m.group(1))
     if m := re.fullmatch(r"memory-budget:(.+)", token):
-        return f"compile memory budget {m.group(1)}"
+        return tr("compile memory budget {budget}", budget=m.group(1))
     return None
 
 
@@ -215,7 +226,7 @@ def plain_label(label: str) -> str:
     words, micro = [], ""
     for token in head.split("+"):
         if token.startswith("accum") and token[5:].isdigit():
-            micro = f", {token[5:]} micro-batches"
+            micro = tr(", {n} micro-batches", n=token[5:])
         elif token == "compile":
             words.append("torch.compile")
         else:
@@ -264,16 +275,16 @@ def time_cell(ratio, verdict) -> str:
     verdict word, issue 24), and the verdict alone when the difference is within the noise, the
     rounds too few, or the size inconclusive."""
     if ratio is None or pd.isna(ratio) or verdict == "not timed":
-        return "not timed"
+        return tr("not timed")
     if verdict == "reference":
-        return "1.00x (reference)"
+        return tr("1.00x (reference)")
     if verdict == "faster":
-        return f"{1 / ratio:.2f}x faster"
+        return tr("{factor:.2f}x faster", factor=1 / ratio)
     if verdict == "slower":
-        return f"{ratio:.2f}x slower"
+        return tr("{ratio:.2f}x slower", ratio=ratio)
     if verdict == "emulated":
-        return f"about {emulated_factor(ratio)} (emulated)"
-    return verdict
+        return tr("about {factor} (emulated)", factor=emulated_factor(ratio))
+    return tr(verdict)
 
 
 def _per_token(ratio, low, high, verdicts, tokens):
@@ -323,10 +334,12 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     tokens = [None if b is None else b * a for b, a in zip(batch, accum)]
     per_token = len(set(tokens)) > 1 and None not in tokens
     if per_token:  # different batches: say each row's, and compare time per token
-        labels = [f"{lab} of {b}" if a > 1 else f"{lab}, micro-batch {b}"
+        labels = [tr("{label} of {batch}", label=lab, batch=b) if a > 1
+                  else tr("{label}, micro-batch {batch}", label=lab, batch=b)
                   for lab, b, a in zip(labels, batch, accum)]
     elif len(set(batch)) > 1:  # accumulation at the same tokens per step: say the split
-        labels = [f"{lab} of {b}" if a > 1 else lab for lab, b, a in zip(labels, batch, accum)]
+        labels = [tr("{label} of {batch}", label=lab, batch=b) if a > 1 else lab
+                  for lab, b, a in zip(labels, batch, accum)]
     out = pd.DataFrame({"config": labels})
     own = [None if v is None or pd.isna(v) else float(v) for v in df["step_time_s"]]
     paired = [None if v is None or pd.isna(v) else float(v)
@@ -342,7 +355,7 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
         ratio, low, high, verdicts = _per_token(ratio, low, high, verdicts, tokens)
     cells = [time_cell(r, v) for r, v in zip(ratio, verdicts)]
     if "oom" in df:
-        cells = ["out of memory" if o else c for o, c in zip(df["oom"], cells)]
+        cells = [tr("out of memory") if o else c for o, c in zip(df["oom"], cells)]
     out["time per token vs first" if per_token else "time vs first"] = cells
     if detail:
         out["noise band"] = [

@@ -35,6 +35,7 @@ import torch
 from . import stand_in
 from .config import RunConfig, step_flops
 from .hardware import MPS_PEAK_NOTE, HardwareInfo, detect, is_emulated
+from .i18n import tr
 from .memory_model import estimate
 from .terms import GiB, MiB, cuda_index
 
@@ -92,8 +93,8 @@ class CgroupMemory:
     def describe(self) -> str:
         """``"this container's memory limit (cgroup v2: 2.00 GiB, 1.50 GiB in use)"``."""
         used = max(0, self.usage - self.inactive_file)
-        return (f"this container's memory limit (cgroup v{self.version}: {self.limit / GiB:.2f} "
-                f"GiB, {used / GiB:.2f} GiB in use)")
+        return tr("this container's memory limit (cgroup v{version}: {limit:.2f} GiB, {used:.2f} "
+                  "GiB in use)", version=self.version, limit=self.limit / GiB, used=used / GiB)
 
 
 def _read_int(path: Path) -> int | None:
@@ -222,17 +223,17 @@ def memory_headroom(hw: HardwareInfo, *, cgroup_root: str | os.PathLike | None =
         try:
             index = torch.cuda.current_device()
             if stand_in.active() is not None:
-                return stand_in.free_bytes(index), "free under the stand-in's memory cap now"
-            return int(torch.cuda.mem_get_info(index)[0]), "of GPU memory free now"
+                return stand_in.free_bytes(index), tr("free under the stand-in's memory cap now")
+            return int(torch.cuda.mem_get_info(index)[0]), tr("of GPU memory free now")
         except (RuntimeError, AssertionError):  # no usable CUDA runtime
-            return None, "no usable CUDA runtime"
+            return None, tr("no usable CUDA runtime")
     if hw.device != "cpu":
-        return None, f"{hw.device} reports no free memory"
+        return None, tr("{device} reports no free memory", device=hw.device)
     free = _free_ram(meminfo if meminfo is not None else MEMINFO)
     cgroup = cgroup_memory(cgroup_root)
     if cgroup is not None and (free is None or cgroup.headroom < free):
-        return cgroup.headroom, f"left under {cgroup.describe()}"
-    return free, "of RAM free now"
+        return cgroup.headroom, tr("left under {limit}", limit=cgroup.describe())
+    return free, tr("of RAM free now")
 
 
 def available_memory_bytes(hw: HardwareInfo) -> int | None:
@@ -261,12 +262,13 @@ def _memory_problem(config: RunConfig, hw: HardwareInfo) -> str | None:
             lo = mid
         else:
             hi = mid
-    fix = (f"batch {lo} fits by the estimate" if lo else
-           "even batch 1 does not fit: shorten the sequence, use fewer layers, or checkpoint "
-           "('full')")
-    return (f"the estimated peak of {config.label} at batch {config.batch_size} x seq "
-            f"{config.seq_len} is {_size(peak)}, more than {_MEMORY_FRACTION:.0%} of the "
-            f"{_size(free)} {where}; {fix}. Pass force=True (--force) to try anyway.")
+    fix = (tr("batch {batch} fits by the estimate", batch=lo) if lo else
+           tr("even batch 1 does not fit: shorten the sequence, use fewer layers, or checkpoint "
+              "('full')"))
+    return tr("the estimated peak of {label} at batch {batch} x seq {seq} is {peak}, more than "
+              "{fraction:.0%} of the {free} {where}; {fix}. Pass force=True (--force) to try "
+              "anyway.", label=config.label, batch=config.batch_size, seq=config.seq_len,
+              peak=_size(peak), fraction=_MEMORY_FRACTION, free=_size(free), where=where, fix=fix)
 
 
 def check_feasible(config: RunConfig, hw: HardwareInfo | None = None,
@@ -297,24 +299,26 @@ def check_feasible(config: RunConfig, hw: HardwareInfo | None = None,
         if hw.device == "cpu" and config.precision == "fp16":
             flops = step_flops(config)
             if flops > _CPU_FP16_MAX_FLOPS:
-                problems.append(
-                    f"fp16 on this CPU ({hw.name}) is emulated (no fp16 instructions): this step "
-                    f"({flops:.1e} FLOPs) would take minutes. Use bf16 or fp32 on a CPU, the "
-                    "'smoke' size, or force=True.")
+                problems.append(tr(
+                    "fp16 on this CPU ({name}) is emulated (no fp16 instructions): this step "
+                    "({flops:.1e} FLOPs) would take minutes. Use bf16 or fp32 on a CPU, the "
+                    "'smoke' size, or force=True.", name=hw.name, flops=flops))
             else:
-                notes.append("fp16 on this CPU is emulated; fine at this tiny size.")
+                notes.append(tr("fp16 on this CPU is emulated; fine at this tiny size."))
         elif hw.device == "cuda":
-            problems.append(
-                f"bf16 on {hw.name} is emulated (compute capability "
-                f"{'.'.join(map(str, hw.compute_capability or ()))} < 8.0): it runs, but slowly, "
-                "and teaches the wrong lesson. Use fp16 with GradScaler here, or force=True.")
+            problems.append(tr(
+                "bf16 on {name} is emulated (compute capability {capability} < 8.0): it runs, but "
+                "slowly, and teaches the wrong lesson. Use fp16 with GradScaler here, or "
+                "force=True.", name=hw.name,
+                capability=".".join(map(str, hw.compute_capability or ()))))
         else:
-            notes.append(f"{config.precision} is emulated on this CPU ({hw.name}): its memory "
-                         "is measured as everywhere, its time is not the speed of real hardware.")
+            notes.append(tr("{precision} is emulated on this CPU ({name}): its memory is measured "
+                            "as everywhere, its time is not the speed of real hardware.",
+                            precision=config.precision, name=hw.name))
     if config.compile and hw.device == "cpu":
-        notes.append("torch.compile on a CPU: the first step compiles for tens of seconds.")
+        notes.append(tr("torch.compile on a CPU: the first step compiles for tens of seconds."))
     if hw.device == "mps":
-        notes.append(MPS_PEAK_NOTE)
+        notes.append(tr(MPS_PEAK_NOTE))
     if problems and not force:
         raise ValueError(" ".join(problems))
     memory = _memory_problem(config, hw)

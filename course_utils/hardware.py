@@ -30,12 +30,14 @@ import dataclasses
 import os
 import platform
 import time
+import unicodedata
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils import benchmark
 
 from . import stand_in, store
+from .i18n import tr
 from .step_timing import emulated_factor
 from .terms import DEVICE_KINDS, PRECISION_DTYPES, GiB, autocast_dtype, default_device, device_kind
 
@@ -190,17 +192,19 @@ def require_device(device: str) -> None:
     kind = device_kind(device)
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} requested but this machine has no CUDA GPU "
-                             "(torch.cuda.is_available() is False); use device='cpu'.")
+            raise ValueError(tr("device {device!r} requested but this machine has no CUDA GPU "
+                                "(torch.cuda.is_available() is False); use device='cpu'.",
+                                device=device))
         index = torch.device(device).index
         if index is not None and index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r} requested but this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s).")
+            raise ValueError(tr("device {device!r} requested but this machine has {n} CUDA "
+                                "device(s).", device=device, n=torch.cuda.device_count()))
     elif kind == "mps" and not _mps_available():
-        raise ValueError(f"device {device!r} requested but MPS is not available here; use "
-                         "device='cpu'.")
+        raise ValueError(tr("device {device!r} requested but MPS is not available here; use "
+                            "device='cpu'.", device=device))
     elif kind not in DEVICE_KINDS:
-        raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or 'mps'.")
+        raise ValueError(tr("unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or "
+                            "'mps'.", device=device))
 
 
 def memory_device(device: str | None = None) -> str:
@@ -291,33 +295,39 @@ def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
         cc = hw.compute_capability or (0, 0)
         ccs = f"{cc[0]}.{cc[1]}"
         if hw.native_bf16:
-            return Recommendation("bf16", False,
-                                  f"{hw.name} (compute capability {ccs}) runs bf16 natively: bf16 "
-                                  "has fp32's exponent range, so no loss scaling is needed.")
+            return Recommendation("bf16", False, tr(
+                "{name} (compute capability {cc}) runs bf16 natively: bf16 has fp32's exponent "
+                "range, so no loss scaling is needed.", name=hw.name, cc=ccs))
         if hw.fp16_fast:
-            extra = (" torch.cuda.is_bf16_supported() says True here, but only because bf16 is "
-                     "emulated." if hw.bf16_emulated else "")
-            return Recommendation("fp16", True,
-                                  f"{hw.name} (compute capability {ccs}) has fp16 tensor cores but "
-                                  "no native bf16: use fp16 autocast with GradScaler (loss scaling "
-                                  "keeps small gradients from flushing to zero)." + extra, "fp16")
-        return Recommendation("fp32", False,
-                              f"{hw.name} (compute capability {ccs}) has no fp16 tensor cores: "
-                              "mixed precision would not pay off.", "fp16")
+            if hw.bf16_emulated:
+                return Recommendation("fp16", True, tr(
+                    "{name} (compute capability {cc}) has fp16 tensor cores but no native bf16: "
+                    "use fp16 autocast with GradScaler (loss scaling keeps small gradients from "
+                    "flushing to zero). torch.cuda.is_bf16_supported() says True here, but only "
+                    "because bf16 is emulated.", name=hw.name, cc=ccs), "fp16")
+            return Recommendation("fp16", True, tr(
+                "{name} (compute capability {cc}) has fp16 tensor cores but no native bf16: use "
+                "fp16 autocast with GradScaler (loss scaling keeps small gradients from flushing "
+                "to zero).", name=hw.name, cc=ccs), "fp16")
+        return Recommendation("fp32", False, tr(
+            "{name} (compute capability {cc}) has no fp16 tensor cores: mixed precision would "
+            "not pay off.", name=hw.name, cc=ccs), "fp16")
     if hw.device == "mps":
-        return Recommendation("bf16", False, "Apple GPUs (MPS) run bf16 autocast; no loss "
-                              "scaling is needed (best effort: MPS reports no peak memory).")
+        return Recommendation("bf16", False, tr("Apple GPUs (MPS) run bf16 autocast; no loss "
+                                                "scaling is needed (best effort: MPS reports no "
+                                                "peak memory)."))
     f = hw.cpu_features
     if f.get("amx_bf16") or f.get("avx512_bf16"):
         isa = "AMX" if f.get("amx_bf16") else "AVX-512 BF16"
-        return Recommendation("bf16", False, f"this CPU ({hw.name}) has {isa} instructions, so bf16 "
-                              "matmuls run natively.")
-    isa = "AVX-512" if f.get("avx512_f") else ("AVX2" if f.get("avx2") else "no AVX-512/AVX2")
-    capped = f" (capped by {hw.isa_cap})" if hw.isa_cap else ""
-    return Recommendation("fp32", False, f"this CPU ({hw.name}, {isa}{capped}) has no bf16 "
-                          "instructions: bf16 autocast is emulated here, and fp16 too. Train in "
-                          "fp32 here; the lessons still measure bf16's memory effect, which does "
-                          "not depend on how the arithmetic is done.")
+        return Recommendation("bf16", False, tr("this CPU ({name}) has {isa} instructions, so "
+                                                "bf16 matmuls run natively.", name=hw.name, isa=isa))
+    isa = "AVX-512" if f.get("avx512_f") else ("AVX2" if f.get("avx2") else tr("no AVX-512/AVX2"))
+    capped = tr(" (capped by {cap})", cap=hw.isa_cap) if hw.isa_cap else ""
+    return Recommendation("fp32", False, tr(
+        "this CPU ({name}, {isa}{capped}) has no bf16 instructions: bf16 autocast is emulated "
+        "here, and fp16 too. Train in fp32 here; the lessons still measure bf16's memory effect, "
+        "which does not depend on how the arithmetic is done.", name=hw.name,
+        isa=isa, capped=capped))
 
 
 @dataclass(frozen=True)
@@ -401,17 +411,18 @@ def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
         if rec and isinstance(rec.get("threads"), int) and 1 <= rec["threads"] <= cores:
             torch.set_num_threads(rec["threads"])
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.get("recorded_at", 0)))
-            return ThreadChoice(rec["threads"], f"{rec['reason']}; chosen on {when} and kept "
-                                "for every lesson on this machine (use_threads(fresh=True) "
-                                "chooses again)")
+            return ThreadChoice(rec["threads"], tr(
+                "{reason}; chosen on {when} and kept for every lesson on this machine "
+                "(use_threads(fresh=True) chooses again)", reason=rec["reason"], when=when))
     busy = _cpu_busy(sample_s)
     free = cores if busy is None else max(1, min(cores, round(cores - busy + 0.25)))
     torch.set_num_threads(free)
     if busy is None:
-        why = f"{cores} usable core(s)"
+        why = tr("{cores} usable core(s)", cores=cores)
     else:
-        why = (f"{cores} usable core(s), {busy:.1f} kept busy by other processes: using {free}"
-               if free < cores else f"{cores} usable core(s), all free")
+        why = (tr("{cores} usable core(s), {busy:.1f} kept busy by other processes: using {free}",
+                  cores=cores, busy=busy, free=free)
+               if free < cores else tr("{cores} usable core(s), all free", cores=cores))
     if keep:
         store.record("protocol", "threads", {"threads": free, "reason": why}, key)
     return ThreadChoice(free, why)
@@ -430,7 +441,8 @@ def matmul_probe(device: str = "cpu", n: int = 256, budget_s: float = 0.2) -> di
     """
     require_device(device)
     if n < 1 or budget_s <= 0:
-        raise ValueError(f"n and budget_s must be positive, got {n} and {budget_s}.")
+        raise ValueError(tr("n and budget_s must be positive, got {n} and {budget_s}.", n=n,
+                            budget_s=budget_s))
     out = {}
     for name, dtype in PRECISION_DTYPES.items():
         a = torch.randn(n, n, device=device).to(dtype)
@@ -449,45 +461,65 @@ def _fp16_words(hw: HardwareInfo) -> str:
     that fp16 is fast here (`matmul_probe` measures that)."""
     if hw.device == "cpu":
         isa = [f for f in ("avx512_fp16", "amx_fp16") if hw.cpu_features.get(f)]
-        return f"yes ({', '.join(isa)})" if isa else "no (emulated)"
+        return tr("yes ({isa})", isa=", ".join(isa)) if isa else tr("no (emulated)")
     if hw.device == "cuda":
-        return "yes (fp16 tensor cores)" if hw.fp16_fast else "no (no fp16 tensor cores)"
-    return "yes" if hw.fp16_fast else "no"
+        return tr("yes (fp16 tensor cores)") if hw.fp16_fast else tr("no (no fp16 tensor cores)")
+    return tr("yes") if hw.fp16_fast else tr("no")
+
+
+def _line(label: str, value: str) -> str:
+    """``"device        : cpu (...)"``: the label padded to 14 columns (a Hangul character takes
+    two, as a terminal and a notebook's monospace output draw it), then the value."""
+    width = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in label)
+    return f"{label}{' ' * max(1, 14 - width)}: {value}"
+
+
+def _probe_words(hw: HardwareInfo, probe: dict) -> str:
+    """The measured matmul ratios: an emulated format's once, rounded, never 4 figures (issue
+    24)."""
+    parts = [tr("{precision} about {factor} fp32's time (emulated)", precision=p,
+                factor=emulated_factor(probe[p] / probe["fp32"]))
+             if is_emulated(hw, p) and not hw.stand_in
+             else tr("{precision} {ratio} fp32's time", precision=p,
+                     ratio=_ratio_text(probe[p] / probe["fp32"]))
+             for p in ("bf16", "fp16") if p in probe]
+    return ", ".join(parts) + (tr(" (measured now, at the bigger GPU's speed)") if hw.stand_in
+                               else tr(" (measured now)"))
 
 
 def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     """A few lines describing ``hw``, its recipe and the threads in use (for notebooks and the
-    CLI). With ``probe`` (`matmul_probe`'s result) it adds the measured matmul ratios."""
+    CLI), labelled in the learner's language. With ``probe`` (`matmul_probe`'s result) it adds
+    the measured matmul ratios."""
     hw = hw or detect()
     rec = recommend_precision(hw)
-    lines = [f"device        : {hw.device} ({hw.name})"]
+    lines = [_line(tr("device"), f"{hw.device} ({hw.name})")]
     if hw.stand_in:
-        lines.append(f"stand-in      : {hw.stand_in}")
+        lines.append(_line(tr("stand-in"), hw.stand_in))
     if hw.compute_capability:
-        lines.append(f"compute cap.  : {hw.compute_capability[0]}.{hw.compute_capability[1]}")
+        lines.append(_line(tr("compute cap."),
+                           f"{hw.compute_capability[0]}.{hw.compute_capability[1]}"))
     if hw.total_memory_bytes:
         digits = 2 if hw.stand_in else 1   # the stand-in's 14.75 GiB, as its sentence says it
-        lines.append(f"memory        : {hw.total_memory_bytes / GiB:.{digits}f} GiB")
-    lines.append(f"native bf16   : {hw.native_bf16}" + ("  (bf16 accepted but emulated)"
-                                                         if hw.bf16_emulated else ""))
-    lines.append(f"native fp16   : {_fp16_words(hw)}")
-    flags = [k for k, v in hw.cpu_features.items() if v]
-    lines.append(f"CPU ISA flags : {', '.join(flags) or 'none of ' + ', '.join(_CPU_FLAGS)}"
-                 + (f"  (capped by {hw.isa_cap})" if hw.isa_cap else ""))
-    lines.append(f"CPU threads   : {torch.get_num_threads()}")
+        lines.append(_line(tr("memory"), f"{hw.total_memory_bytes / GiB:.{digits}f} GiB"))
+    lines.append(_line(tr("native bf16"), tr("{native}  (bf16 accepted but emulated)",
+                                             native=hw.native_bf16)
+                       if hw.bf16_emulated else f"{hw.native_bf16}"))
+    lines.append(_line(tr("native fp16"), _fp16_words(hw)))
+    flags = ", ".join(k for k, v in hw.cpu_features.items() if v) \
+        or tr("none of {flags}", flags=", ".join(_CPU_FLAGS))
+    lines.append(_line(tr("CPU ISA flags"), tr("{flags}  (capped by {cap})", flags=flags,
+                                               cap=hw.isa_cap) if hw.isa_cap else flags))
+    lines.append(_line(tr("CPU threads"), f"{torch.get_num_threads()}"))
     if hw.device == "mps":
-        lines.append("peak memory   : measured on the CPU (MPS has no peak-memory counter)")
+        lines.append(_line(tr("peak memory"),
+                           tr("measured on the CPU (MPS has no peak-memory counter)")))
     elif hw.device == "cpu" and _mps_available():
-        lines.append("MPS           : available, but it has no peak-memory counter: peak memory "
-                     "is measured on the CPU")
-    lines.append(f"torch         : {hw.torch_version}")
-    if probe:  # an emulated format's ratio once, rounded, never 4 figures (issue 24)
-        lines.append("matmul here   : " + ", ".join(
-            (f"{p} about {emulated_factor(probe[p] / probe['fp32'])} fp32's time (emulated)"
-             if is_emulated(hw, p) and not hw.stand_in
-             else f"{p} {_ratio_text(probe[p] / probe['fp32'])} fp32's time")
-            for p in ("bf16", "fp16") if p in probe)
-            + (" (measured now, at the bigger GPU's speed)" if hw.stand_in else " (measured now)"))
-    lines.append(f"recipe        : {rec.precision}" + (" + GradScaler" if rec.grad_scaler else ""))
-    lines.append(f"why           : {rec.reason}")
+        lines.append(_line("MPS", tr("available, but it has no peak-memory counter: peak memory "
+                                     "is measured on the CPU")))
+    lines.append(_line("torch", hw.torch_version))
+    if probe:
+        lines.append(_line(tr("matmul here"), _probe_words(hw, probe)))
+    lines.append(_line(tr("recipe"), rec.precision + (" + GradScaler" if rec.grad_scaler else "")))
+    lines.append(_line(tr("why"), rec.reason))
     return "\n".join(lines)

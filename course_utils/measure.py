@@ -45,6 +45,7 @@ from .config import RunConfig, size_profile
 from .data import get_batch
 from .guard import check_feasible
 from .hardware import HardwareInfo, detect, is_emulated
+from .i18n import tr
 from .memory_timeline import peak_during
 from .saved_tensors import SavedTensorMeter, storage_bytes
 from .step_timing import default_budget_s, interleaved, spread, steps_for_budget, time_step
@@ -195,9 +196,10 @@ def estimate_gaps(m: "Measurement", est, tolerance: dict | None = None) -> list[
             continue
         rel = got / want - 1
         if abs(rel) > tol:
-            what = "saved tensors" if name == "saved_total" else "peak allocated memory"
-            out.append(f"{what}: measured {got / MiB:.2f} MiB, estimated {want / MiB:.2f} MiB "
-                       f"({rel:+.0%})")
+            what = tr("saved tensors") if name == "saved_total" else tr("peak allocated memory")
+            out.append(tr("{what}: measured {measured:.2f} MiB, estimated {estimated:.2f} MiB "
+                          "({gap:+.0%})", what=what, measured=got / MiB, estimated=want / MiB,
+                          gap=rel))
     return out
 
 
@@ -207,9 +209,10 @@ def report_gaps(m: "Measurement", est) -> list[str]:
     (tests, support matrix) a gap raises AssertionError instead. Returns the gaps."""
     gaps = estimate_gaps(m, est)
     if gaps:
-        msg = (f"{m.config.label}: the measurement differs from the analytic estimate; "
-               + "; ".join(gaps) + f". torch {torch.__version__}: either the meter or the "
-               "estimate is wrong here, so do not trust this row's memory figures.")
+        msg = tr("{label}: the measurement differs from the analytic estimate; {gaps}. torch "
+                 "{torch}: either the meter or the estimate is wrong here, so do not trust this "
+                 "row's memory figures.", label=m.config.label, gaps="; ".join(gaps),
+                 torch=torch.__version__)
         if os.environ.get(STRICT_ENV) == "1":
             raise AssertionError(msg)
         m.notes.append(msg)
@@ -298,31 +301,32 @@ def memory_step(state) -> dict:
             out["peak_allocated"] = params + opt_state + int(
                 torch.cuda.max_memory_allocated(dev) - base)
             out["peak_reserved"] = int(torch.cuda.max_memory_reserved(dev) - base_res)
-            out["peak_method"] = ("CUDA allocator: parameters + optimizer state + "
-                                  "max_memory_allocated above the step's start")
+            out["peak_method"] = tr("CUDA allocator: parameters + optimizer state + "
+                                    "max_memory_allocated above the step's start")
         elif kind == "cpu":
             t0 = time.perf_counter()
             peak, _ = peak_during(state.step, "cpu")
             out["step_s"] = time.perf_counter() - t0
             out["peak_allocated"] = params + opt_state + peak
-            out["peak_method"] = ("CPU: parameters + optimizer state + torch.profiler "
-                                  "memory-event peak over one step")
+            out["peak_method"] = tr("CPU: parameters + optimizer state + torch.profiler "
+                                    "memory-event peak over one step")
         else:  # MPS: no peak-memory counter
             out["step_s"] = time_step(state.step, cfg.device)
             out["peak_allocated"] = _cpu_peak(state)
-            out["peak_method"] = ("CPU fallback, MPS has no peak-memory counter: parameters + "
-                                  "optimizer state + torch.profiler memory-event peak over one "
-                                  "step of a copy of the model on the CPU")
+            out["peak_method"] = tr("CPU fallback, MPS has no peak-memory counter: parameters + "
+                                    "optimizer state + torch.profiler memory-event peak over "
+                                    "one step of a copy of the model on the CPU")
     finally:
         leave()
         for h in handles:
             h.remove()
     if meter.unmeasured:  # never a silently wrong number: None, with the reason
         out.update(dict.fromkeys(("activations", "autocast_weight_copies", "logits")))
-        out["saved_method"] = f"not measured here: {meter.unmeasured}"
+        out["saved_method"] = tr("not measured here: {why}", why=meter.unmeasured)
     else:
         out.update(meter.totals())
-        out["saved_method"] = "saved-tensor hooks, by storage (+ selective checkpointing's cache)"
+        out["saved_method"] = tr("saved-tensor hooks, by storage (+ selective checkpointing's "
+                                 "cache)")
     out["gradients"] = sum(grads.values())
     return out
 
@@ -454,13 +458,15 @@ def _cap_words(allowed: int | None) -> str:
     it, a cap set on the real device (``set_per_process_memory_fraction``; MPS's high-water
     mark), or nothing ("")."""
     card = stand_in.active()
-    held = "this process's allocator may hold"
     if card is not None:
-        theirs = f"the {_bytes_text(card.memory_bytes)} of the {card.name} this GPU stands in for"
+        theirs = tr("the {size} of the {card} this GPU stands in for",
+                    size=_bytes_text(card.memory_bytes), card=card.name)
         if allowed is None or abs(allowed - card.memory_bytes) <= 0.01 * card.memory_bytes:
             return theirs
-        return f"the {_bytes_text(allowed)} {held} (a budget inside {theirs})"
-    return "" if allowed is None else f"the {_bytes_text(allowed)} {held}"
+        return tr("the {size} this process's allocator may hold (a budget inside {theirs})",
+                  size=_bytes_text(allowed), theirs=theirs)
+    return "" if allowed is None else tr("the {size} this process's allocator may hold",
+                                         size=_bytes_text(allowed))
 
 
 def describe_out_of_memory(error: BaseException) -> str:
@@ -477,18 +483,20 @@ def describe_out_of_memory(error: BaseException) -> str:
     text = " ".join(str(error).split())
     facts = _oom_facts(text)
     if facts["asked"] is None:
-        return _first_sentence(text) or "out of memory"
-    words = f"the step asked for {_bytes_text(facts['asked'])} more"
+        return _first_sentence(text) or tr("out of memory")
     held = (facts["allocated"] or 0) + (facts["cached"] or 0)
-    if held:
-        words += f" with {_bytes_text(held)} already reserved by PyTorch"
+    words = (tr("the step asked for {asked} more with {held} already reserved by PyTorch",
+                asked=_bytes_text(facts["asked"]), held=_bytes_text(held)) if held
+             else tr("the step asked for {asked} more", asked=_bytes_text(facts["asked"])))
     cap = _cap_words(facts["allowed"])
     if cap:
-        return f"{words}, beyond {cap}"
+        return tr("{words}, beyond {cap}", words=words, cap=cap)
     if facts["total"] is not None and facts["free"] is not None:
-        return (f"{words}, and {_bytes_text(facts['free'])} of the device's "
-                f"{_bytes_text(facts['total'])} was free")
-    return words + (", more than the RAM left" if "CPUAllocator" in text else "")
+        return tr("{words}, and {free} of the device's {total} was free", words=words,
+                  free=_bytes_text(facts["free"]), total=_bytes_text(facts["total"]))
+    if "CPUAllocator" in text:
+        return tr("{words}, more than the RAM left", words=words)
+    return words
 
 
 def out_of_memory_message(config, hw_name: str, error: BaseException, when: str = "") -> str:
@@ -503,13 +511,15 @@ def out_of_memory_message(config, hw_name: str, error: BaseException, when: str 
             it has one: `course_utils.profiling.ProfileConfig`).
         hw_name: the device's name; error: what was raised.
         when: words after the configuration, e.g. ``" while timing the configurations
-            together"``.
+            together"`` (`TOGETHER`; shown translated where the message catalog has it).
     """
     seq = getattr(config, "seq_len", None)
-    where = f"at batch {config.batch_size}" + (f", seq {seq}" if seq else "")
-    return (f"out of memory on {hw_name} {where} ({config.label}){when}: "
-            f"{describe_out_of_memory(error)}. Try a smaller batch or sequence, a low precision, "
-            "or a checkpoint policy such as 'full'.")
+    where = (tr("at batch {batch}, seq {seq}", batch=config.batch_size, seq=seq) if seq
+             else tr("at batch {batch}", batch=config.batch_size))
+    return tr("out of memory on {device} {where} ({label}){when}: {what}. Try a smaller batch "
+              "or sequence, a low precision, or a checkpoint policy such as 'full'.",
+              device=hw_name, where=where, label=config.label, when=tr(when),
+              what=describe_out_of_memory(error))
 
 
 @contextlib.contextmanager
@@ -550,8 +560,9 @@ def noting_failed_compile(m: Measurement):
     except Exception as e:  # noqa: BLE001 - re-raised unless torch.compile failed
         if not (_compiles(m.config) and compile_failed(e)):
             raise
-        m.error = (f"torch.compile failed here ({type(e).__name__}: {_first_sentence(str(e))}): "
-                   f"{m.config.label} is not measured here")
+        m.error = tr("torch.compile failed here ({error}: {first}): {label} is not measured "
+                     "here", error=type(e).__name__, first=_first_sentence(str(e)),
+                     label=m.config.label)
 
 
 def prepare(config: RunConfig, hw: HardwareInfo, step_fn=train_step, warmup: int = 1):
@@ -586,7 +597,7 @@ def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, wa
             setattr(m, k, v)
         if time_emulated and m.emulated:  # the fewest steps that give a number: none more
             m.add_times([profiled_s])
-            m.timing = EMULATED_TIMING
+            m.timing = tr(EMULATED_TIMING)
             state = None
     if m.oom or m.error:
         state = None
@@ -612,7 +623,8 @@ def time_in_alternation(ms: list, states: list, budget_s: float | None, rounds: 
             m.error = out_of_memory_message(m.config, m.device_name, e, TOGETHER)
     for m, t in zip(ms, times):
         m.add_times(t)
-        m.timing = f"{len(t)} steps in alternation with the other rows" if t else "not timed"
+        m.timing = (tr("{n} steps in alternation with the other rows", n=len(t)) if t
+                    else tr("not timed"))
 
 
 #: What `time_in_alternation`'s out-of-memory message adds.
@@ -652,7 +664,7 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
     check_positive_int("steps", steps, allow_none=True)
     check_positive_int("warmup", warmup)
     if budget_s is not None and not budget_s > 0:
-        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}.")
+        raise ValueError(tr("budget_s must be > 0 seconds, got {budget_s!r}.", budget_s=budget_s))
     accepted = accept(config, hw, force=force)
     config = accepted.config
     m = new_measurement(accepted)
@@ -667,10 +679,10 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
                     first = time_step(state.step, config.device)
                     n = steps_for_budget(first, budget) - 1
                     m.add_times([first] + [time_step(state.step, config.device) for _ in range(n)])
-                    m.timing = f"{n + 1} steps (a budget of {budget:g} s)"
+                    m.timing = tr("{n} steps (a budget of {budget:g} s)", n=n + 1, budget=budget)
                 else:  # a list first: a step that runs out of memory adds no time at all
                     m.add_times([time_step(state.step, config.device) for _ in range(steps)])
-                    m.timing = f"{steps} step{'s' * (steps != 1)}"
+                    m.timing = tr("1 step") if steps == 1 else tr("{n} steps", n=steps)
     finally:
         state = None
         _free_memory(config.device)

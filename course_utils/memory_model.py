@@ -102,6 +102,7 @@ twice would drift.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -109,6 +110,7 @@ import pandas as pd
 from .checkpointing import parse_policy, segment_bounds
 from .chunked_loss import chunked_loss_bytes
 from .config import ModelShape, RunConfig
+from .i18n import tr
 from .terms import GiB, check_positive_int
 
 __all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_token",
@@ -292,7 +294,7 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
     walk = []
     # With accumulation, micro-batches after the first run with every .grad buffer alive.
     for later in ((False, True) if config.grad_accum_steps > 1 else (False,)):
-        tag, held = (" (later micro-batch)", grads_all) if later else ("", 0)
+        tag, held = (_LATER, grads_all) if later else ("", 0)
         walk.append(("start of backward" + tag,
                      {**state, "gradients": held, "saved tensors": kept + logits + head_copy,
                       "temporaries": _loss_backward_bytes(config)}))
@@ -332,8 +334,25 @@ def peak_walk(config: RunConfig) -> list[tuple[str, float]]:
 
 def _moment_words(moment: str) -> str:
     """``"backward of block 3"`` -> ``"the backward of block 3"``, ``"optimizer step"`` -> ``"the
-    optimizer step"`` (for sentences)."""
+    optimizer step"`` (for sentences, in the learner's language; `peak_parts`' moments stay
+    English, the values code compares)."""
+    base, later = moment, ""
+    if moment.endswith(_LATER):
+        base, later = moment[:-len(_LATER)], tr(" (later micro-batch)")
+    if base == "start of backward":
+        return tr("the start of backward") + later
+    if base == "optimizer step":
+        return tr("the optimizer step") + later
+    if m := re.fullmatch(r"backward of block (\d+)", base):
+        return tr("the backward of block {block}", block=int(m.group(1))) + later
+    if m := re.fullmatch(r"backward of blocks (\d+)-(\d+)", base):
+        return tr("the backward of blocks {first}-{last}", first=int(m.group(1)),
+                  last=int(m.group(2))) + later
     return "the " + moment
+
+
+#: What `peak_parts` adds to a moment of a micro-batch after the first (accumulation).
+_LATER = " (later micro-batch)"
 
 
 def estimate(config: RunConfig) -> MemoryEstimate:
@@ -421,8 +440,8 @@ def scale_config(model: str | ModelShape, batch_size: int = 1, precision: str = 
     """
     if isinstance(model, str):
         if model not in SCALE_MODELS:
-            raise ValueError(f"unknown model {model!r}: expected one of {', '.join(SCALE_MODELS)}"
-                             " or a ModelShape.")
+            raise ValueError(tr("unknown model {model!r}: expected one of {models} or a "
+                                "ModelShape.", model=model, models=", ".join(SCALE_MODELS)))
         model = SCALE_MODELS[model]
     return RunConfig(shape=model.replace(**shape_changes), batch_size=batch_size,
                      precision=precision, checkpoint=checkpoint, device="cuda")
@@ -456,7 +475,7 @@ def scale_table(models=None, recipes=None, seq_len: int = 2048, batch_size: int 
     models = SCALE_MODELS if models is None else models
     recipes = SCALE_RECIPES if recipes is None else recipes
     if not models or not recipes:
-        raise ValueError("scale_table needs at least one model and one recipe.")
+        raise ValueError(tr("scale_table needs at least one model and one recipe."))
     rows = []
     for mname, shape in models.items():
         for rname, (precision, policy) in recipes.items():
@@ -503,7 +522,7 @@ def scale_sweep(batch_sizes=(1, 2, 4, 8, 16, 32), models=None, recipes=None,
         ValueError: no batch sizes, a batch size below 1, or as `scale_table`.
     """
     if not batch_sizes:
-        raise ValueError("scale_sweep needs at least one batch size.")
+        raise ValueError(tr("scale_sweep needs at least one batch size."))
     for b in batch_sizes:
         check_positive_int("batch size", b)
     parts = []
@@ -606,8 +625,8 @@ def sharded_state_bytes(n_parameters: int, world_size: int, stage: int,
                          ("n_tensors", n_tensors, 0)):
         check_positive_int(name, v, minimum=low)
     if stage not in ZERO_STAGES or isinstance(stage, bool):
-        raise ValueError(f"unknown ZeRO stage {stage!r}: expected one of "
-                         f"{', '.join(map(str, ZERO_STAGES))}.")
+        raise ValueError(tr("unknown ZeRO stage {stage!r}: expected one of {stages}.", stage=stage,
+                            stages=", ".join(map(str, ZERO_STAGES))))
     N, K, T = n_parameters, world_size, n_tensors
     full_params, full_grads = 4 * N, 4 * N
     shard_params, shard_grads = _ceil_div(4 * N, K), _ceil_div(4 * N, K)

@@ -52,6 +52,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from .i18n import tr
 from .saved_tensors import storage_bytes
 from .terms import MiB
 
@@ -112,8 +113,8 @@ class Timeline:
         """
         spans = [p for p in self.phases if p.name == name]
         if not spans:
-            raise ValueError(f"no phase {name!r} in this timeline: phases are "
-                             f"{[p.name for p in self.phases]}.")
+            raise ValueError(tr("no phase {name!r} in this timeline: phases are {phases}.",
+                                name=name, phases=[p.name for p in self.phases]))
         vals = [a for t, a in zip(self.t_ms, self.allocated)
                 if any(p.start_ms <= t <= p.end_ms for p in spans)]
         return max([0, *vals])
@@ -150,7 +151,7 @@ def phase(name: str):
         ValueError: ``name`` is not a non-empty string.
     """
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"a phase name is a non-empty string, got {name!r}.")
+        raise ValueError(tr("a phase name is a non-empty string, got {name!r}.", name=name))
     recorder = _RECORDER.get()
     if recorder is not None:
         recorder.mark()
@@ -216,7 +217,8 @@ def _cpu_timeline(fn: Callable) -> Timeline:
     t0 = min(starts) if starts else 0
     return Timeline(
         device="cpu",
-        method="torch.profiler memory events (profile_memory=True), bytes relative to the start",
+        method=tr("torch.profiler memory events (profile_memory=True), bytes relative to the "
+                  "start"),
         t_ms=[(t - t0) / 1e6 for t, _ in mem],
         allocated=_running(n for _, n in mem),
         phases=[Phase(n, (s - t0) / 1e6, (e - t0) / 1e6) for n, s, e in marks],
@@ -281,7 +283,7 @@ def _cuda_timeline(fn: Callable, dev: torch.device) -> Timeline:
             history(enabled=None)
     marks = [(n, i0 - start, i1 - start) for n, i0, i1 in recorder.marks]
     return _trace_timeline(trace[start:], marks, str(dev),
-                           "CUDA caching allocator memory history (alloc / free_completed)",
+                           tr("CUDA caching allocator memory history (alloc / free_completed)"),
                            result)
 
 
@@ -304,9 +306,10 @@ def memory_timeline(fn: Callable[[], Any], device: str | torch.device | None = N
         return _cpu_timeline(fn)
     if dev.type == "cuda" and torch.cuda.is_available():
         return _cuda_timeline(fn, dev)
-    raise ValueError(f"memory_timeline has no memory events for device {str(dev)!r}: use 'cpu' "
-                     "or an available 'cuda' device (MPS has no allocation history: "
-                     "course_utils.hardware.memory_device() names the device to measure on).")
+    raise ValueError(tr("memory_timeline has no memory events for device {device!r}: use 'cpu' "
+                        "or an available 'cuda' device (MPS has no allocation history: "
+                        "course_utils.hardware.memory_device() names the device to measure on).",
+                        device=str(dev)))
 
 
 def peak_during(fn: Callable[[], Any],
@@ -497,13 +500,13 @@ def step_phases(state) -> StepPhases:
     start = params + opt
     if dev.type == "cpu":
         peak, peaks, ends = _cpu_phases(state)
-        method = "torch.profiler memory events, phases marked by module and optimizer hooks"
+        method = tr("torch.profiler memory events, phases marked by module and optimizer hooks")
     elif dev.type == "cuda" and torch.cuda.is_available():
         peak, peaks, ends = _cuda_phases(state, dev)
-        method = "CUDA allocator: max_memory_allocated, read and reset at each phase boundary"
+        method = tr("CUDA allocator: max_memory_allocated, read and reset at each phase boundary")
     else:
-        raise ValueError(f"step_phases has no memory events for device {str(dev)!r}: measure "
-                         "on 'cpu' or an available 'cuda' device.")
+        raise ValueError(tr("step_phases has no memory events for device {device!r}: measure on "
+                            "'cpu' or an available 'cuda' device.", device=str(dev)))
     return StepPhases(device=str(dev), method=method, start_bytes=start, peak_bytes=start + peak,
                       peaks={n: start + b for n, b in peaks.items()},
                       ends={n: start + b for n, b in ends.items()})

@@ -13,6 +13,7 @@ import pandas as pd
 from .cli_args import check_out_folder
 from .config import SIZE_PROFILES, config_for
 from .experiments import plain_label, time_cell
+from .i18n import tr
 from .measure import MEMORY_FIELDS
 from .step_timing import band_verdict, emulated_factor
 from .terms import MiB
@@ -79,8 +80,12 @@ def committed_results(folder: str | Path | None = None,
                     "saved MiB": None if meas.get("saved_total") is None
                     else meas["saved_total"] / MiB})
         except (KeyError, TypeError) as e:
-            raise ValueError(f"{run.path} is not course-bench output ({e!r}).") from e
+            raise _not_bench(run.path, e) from e
     return pd.DataFrame(rows, columns=_RESULT_COLUMNS)
+
+
+def _not_bench(path, error: Exception) -> ValueError:
+    return ValueError(tr("{path} is not course-bench output ({error!r}).", path=path, error=error))
 
 
 #: The two classes of committed GPU run (``tools/gpu_results.sh``'s modes): a GPU measured at its
@@ -136,13 +141,14 @@ def _bench_runs(folder, devices) -> list[BenchRun]:
             hw = payload["hardware"]
             kind = str(hw["device"]).split(":")[0]
         except (KeyError, TypeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path} is not course-bench output ({e!r}).") from e
+            raise _not_bench(path, e) from e
         new_layout = path.parent.name == "course-bench"
         name = path.parents[2].name if new_layout else path.parent.name
         mode = path.parents[1].name if new_layout else ("t4" if hw.get("stand_in") else "native")
         if mode not in RUN_CLASSES:
-            raise ValueError(f"{path}: the mode folder {mode!r} is not one of "
-                             f"{', '.join(RUN_CLASSES)} (tools/gpu_results.sh's modes).")
+            raise ValueError(tr("{path}: the mode folder {mode!r} is not one of {modes} "
+                                "(tools/gpu_results.sh's modes).", path=path, mode=mode,
+                                modes=", ".join(RUN_CLASSES)))
         date = re.search(r"\d{4}-\d{2}-\d{2}", name)
         if devices is None or kind in devices:
             runs.append(BenchRun(path, name, mode, date.group(0) if date else "", payload, hw))
@@ -181,7 +187,7 @@ def _run_table(run: BenchRun) -> pd.DataFrame:
         ratio, verdict = _ratio_between(r, ref)
         meas = r["measured"]
         if verdict == "emulated":  # printed once, rounded, with no verdict word (method.md)
-            ms, cell = None, f"emulated: about {emulated_factor(ratio)}"
+            ms, cell = None, tr("emulated: about {factor}", factor=emulated_factor(ratio))
         else:
             # the reference's median times the row's ratio: the milliseconds and the ratio
             # beside them agree (a row's own median can come from another round)
@@ -202,9 +208,13 @@ def _run_table(run: BenchRun) -> pd.DataFrame:
 
 def _run_title(run: BenchRun) -> str:
     hw, p = run.hardware, run.payload
-    who = hw.get("stand_in") or hw.get("name") or "a GPU"
-    return (f"{who}; size '{p.get('size')}', torch {hw.get('torch_version', '?')}"
-            + (f"; run on {run.date}" if run.date else "") + f" (results/{run.name}):")
+    who = hw.get("stand_in") or hw.get("name") or tr("a GPU")
+    fields = dict(who=who, size=p.get("size"), torch=hw.get("torch_version", "?"),
+                  folder=f"results/{run.name}")
+    if run.date:
+        return tr("{who}; size '{size}', torch {torch}; run on {date} ({folder}):",
+                  date=run.date, **fields)
+    return tr("{who}; size '{size}', torch {torch} ({folder}):", **fields)
 
 
 def committed_runs(folder: str | Path | None = None,
@@ -242,7 +252,7 @@ def committed_runs(folder: str | Path | None = None,
         try:
             out.append((_run_title(run), _run_table(run)))
         except (KeyError, TypeError, IndexError) as e:
-            raise ValueError(f"{run.path} is not course-bench output ({e!r}).") from e
+            raise _not_bench(run.path, e) from e
     return out
 
 
@@ -272,9 +282,13 @@ def _gpu_model(setup: str) -> str | None:
     if not size or size.group(1) not in SIZE_PROFILES:
         return None
     c = config_for(size.group(1), device="cpu")
-    return (f"the '{size.group(1)}' model ({c.n_layers} layers, d_model {c.d_model}, "
-            f"{c.shape.n_parameters / 1e6:,.0f}M parameters, micro-batch {c.batch_size}"
-            + (f", {recipe.group(1)}" if recipe else "") + ")")
+    fields = dict(size=size.group(1), layers=c.n_layers, d_model=c.d_model,
+                  params=c.shape.n_parameters / 1e6, batch=c.batch_size)
+    if recipe:
+        return tr("the '{size}' model ({layers} layers, d_model {d_model}, {params:,.0f}M "
+                  "parameters, micro-batch {batch}, {recipe})", recipe=recipe.group(1), **fields)
+    return tr("the '{size}' model ({layers} layers, d_model {d_model}, {params:,.0f}M "
+              "parameters, micro-batch {batch})", **fields)
 
 
 def committed_memory_tools(folder: str | Path | None = None) -> dict | None:
@@ -304,7 +318,8 @@ def committed_memory_tools(folder: str | Path | None = None) -> dict | None:
         setup = _section(text, "setup")
         device = re.search(r"^device\s*:\s*cuda \((.+)\)\s*$", setup, re.MULTILINE)
         torch_v = re.search(r"^torch\s*:\s*(\S+)", setup, re.MULTILINE)
-        return {"run": path.parents[1].name, "device": device.group(1) if device else "a GPU",
+        return {"run": path.parents[1].name,
+                "device": device.group(1) if device else tr("a GPU"),
                 "torch": torch_v.group(1) if torch_v else None, "model": _gpu_model(setup),
                 **found}
     return None

@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from .checkpointing import sac_kept, selective_contexts
+from .i18n import tr
 from .terms import MiB, autocast_dtype, short_dtype
 
 __all__ = ["SavedTensorMeter", "measure_saved", "saved_bytes", "saved_by_module", "storage_bytes"]
@@ -228,8 +229,9 @@ class SavedTensorMeter:
             for c in self._sac:
                 kept = sac_kept(c.recording or ())
                 if kept is None:
-                    self.unmeasured = (f"this torch ({torch.__version__}) keeps selective "
-                                       "checkpointing's tensors where the meter cannot read them")
+                    self.unmeasured = tr("this torch ({torch}) keeps selective checkpointing's "
+                                         "tensors where the meter cannot read them",
+                                         torch=torch.__version__)
                 for t in kept or ():
                     st = t.untyped_storage()
                     key = (str(t.device), st.data_ptr())
@@ -269,7 +271,8 @@ class SavedTensorMeter:
         """
         seen = self._current()
         if not seen:
-            raise ValueError("the meter recorded no saved tensors: run a forward inside it first.")
+            raise ValueError(tr("the meter recorded no saved tensors: run a forward inside it "
+                                "first."))
         df = pd.DataFrame([{"bucket": r["bucket"], "dtype": short_dtype(r["dtype"]),
                             "bytes": r["nbytes"]} for r in seen.values()])
         out = df.groupby(["bucket", "dtype"]).agg(bytes=("bytes", "sum"),
@@ -328,7 +331,8 @@ def saved_by_module(module: torch.nn.Module, fn) -> pd.DataFrame:
         TypeError: ``module`` is not a ``torch.nn.Module``.
     """
     if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"saved_by_module needs a torch.nn.Module, got {type(module).__name__}.")
+        raise TypeError(tr("saved_by_module needs a torch.nn.Module, got {kind}.",
+                           kind=type(module).__name__))
     with SavedTensorMeter(module, by_module=True) as meter:
         out = fn()
     del out

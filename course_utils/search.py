@@ -26,6 +26,7 @@ from . import stand_in
 from .config import RunConfig
 from .experiments import compare, plain_label, round_sig
 from .guard import MemoryRefused, cuda_memory_cap
+from .i18n import tr
 from .measure import Measurement, measure
 from .memory_model import estimate
 from .step_timing import TimeRatio, time_ratio
@@ -121,11 +122,11 @@ def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
             (a CPU has no device memory to budget: apply a budget to a measured peak instead).
     """
     if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}.")
+        raise ValueError(tr("fraction must be in (0, 1], got {fraction!r}.", fraction=fraction))
     if device_kind(device) != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"memory_budget reads free GPU memory, and device {device!r} is not an "
-                         "available CUDA device; on a CPU pass a budget in bytes (e.g. a "
-                         "measured peak) to largest_batch instead.")
+        raise ValueError(tr("memory_budget reads free GPU memory, and device {device!r} is not an "
+                            "available CUDA device; on a CPU pass a budget in bytes (e.g. a "
+                            "measured peak) to largest_batch instead.", device=device))
     return int(stand_in.free_bytes(cuda_index(device)) * fraction)
 
 
@@ -269,16 +270,16 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
     check_positive_int("steps", steps, minimum=0)
     kind = device_kind(config.device)
     if kind not in ("cpu", "cuda"):
-        raise ValueError(f"largest_batch needs a peak-memory counter; device {config.device!r} "
-                         "has none (use 'cpu' or 'cuda').")
+        raise ValueError(tr("largest_batch needs a peak-memory counter; device {device!r} has "
+                            "none (use 'cpu' or 'cuda').", device=config.device))
     if kind == "cuda":
-        memory = stand_in.memory_text(cuda_index(config.device))
-        method = (f"CUDA: allocator limited to the budget ({budget_bytes / GiB:.2f} GiB of "
-                  f"{memory}); a batch fits if its step raises no out-of-memory error and "
-                  "max_memory_allocated <= budget")
+        method = tr("CUDA: allocator limited to the budget ({budget:.2f} GiB of {memory}); a "
+                    "batch fits if its step raises no out-of-memory error and "
+                    "max_memory_allocated <= budget", budget=budget_bytes / GiB,
+                    memory=stand_in.memory_text(cuda_index(config.device)))
     else:
-        method = ("CPU: a batch fits if its measured peak (parameters + optimizer state + "
-                  "profiler peak over one step) <= budget")
+        method = tr("CPU: a batch fits if its measured peak (parameters + optimizer state + "
+                    "profiler peak over one step) <= budget")
 
     search = _Search(config, budget_bytes, max_batch, steps, warmup)
     cap = cuda_memory_cap(config.device, budget_bytes) if kind == "cuda" else contextlib.nullcontext()
@@ -311,10 +312,12 @@ class Race:
         """One sentence from the numbers: who won, at which batches, and how sure, the
         configurations named in words (`course_utils.experiments.plain_label`)."""
         p, c = self.plain, self.checkpointed
-        return (f"{plain_label(c.label)} at micro-batch {c.batch_size} against "
-                f"{plain_label(p.label)} at micro-batch {p.batch_size}, both under "
-                f"{self.budget_bytes / MiB:,.1f} MiB: "
-                + self.per_token.describe("time per token"))
+        return tr("{checkpointed} at micro-batch {checkpointed_batch} against {plain} at "
+                  "micro-batch {plain_batch}, both under {budget:,.1f} MiB: {described}",
+                  checkpointed=plain_label(c.label), checkpointed_batch=c.batch_size,
+                  plain=plain_label(p.label), plain_batch=p.batch_size,
+                  budget=self.budget_bytes / MiB,
+                  described=self.per_token.describe(tr("time per token")))
 
     def reading(self) -> str:
         """What the race says about checkpointing's larger batch, from the per-token verdict:
@@ -322,16 +325,17 @@ class Race:
         v = self.per_token.verdict
         c, p = self.checkpointed.batch_size, self.plain.batch_size
         if c <= p:
-            return (f"Here checkpointing fit no larger micro-batch than the plain configuration "
-                    f"({c} against {p}): the race compares the recompute alone.")
+            return tr("Here checkpointing fit no larger micro-batch than the plain configuration "
+                      "({checkpointed} against {plain}): the race compares the recompute alone.",
+                      checkpointed=c, plain=p)
         if v == "faster":
-            return ("Here the larger batch that checkpointing let fit repaid its recompute: "
-                    "more tokens per second under the same memory budget.")
+            return tr("Here the larger batch that checkpointing let fit repaid its recompute: "
+                      "more tokens per second under the same memory budget.")
         if v == "slower":
-            return ("Here the larger batch did not repay the recompute: the plain configuration "
-                    "trains more tokens per second under the same memory budget.")
-        return (f"Here the race cannot tell whether the larger batch repaid the recompute "
-                f"({v}).")
+            return tr("Here the larger batch did not repay the recompute: the plain "
+                      "configuration trains more tokens per second under the same memory budget.")
+        return tr("Here the race cannot tell whether the larger batch repaid the recompute "
+                  "({verdict}).", verdict=tr(v))
 
 
 def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int | None = None,
@@ -351,11 +355,14 @@ def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int 
     plain = [s for s in fitting if s.config.checkpoint == "none"]
     ckpt = [s for s in fitting if s.config.checkpoint != "none"]
     if not plain or not ckpt:
-        raise ValueError("race needs a plain and a checkpointed configuration that fit the "
-                         f"budget; fitting: {[s.label for s in fitting] or 'none'}.")
+        raise ValueError(tr("race needs a plain and a checkpointed configuration that fit the "
+                            "budget; fitting: {fitting}.", fitting=[s.label for s in fitting])
+                         if fitting else
+                         tr("race needs a plain and a checkpointed configuration that fit the "
+                            "budget; fitting: none."))
     if len({s.budget_bytes for s in searches}) != 1:
-        raise ValueError("race compares searches made under one budget; these differ: "
-                         f"{sorted({s.budget_bytes for s in searches})}.")
+        raise ValueError(tr("race compares searches made under one budget; these differ: "
+                            "{budgets}.", budgets=sorted({s.budget_bytes for s in searches})))
     order = plain + ckpt
     configs = [s.config.replace(batch_size=s.batch_size) for s in order]
     df = compare(configs, budget_s=budget_s, steps=steps, progress=progress,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .i18n import tr
 from .terms import GiB
 
 __all__ = ["STAND_IN_ENV", "StandIn", "STAND_INS", "active", "describe", "apply_memory_cap",
@@ -57,16 +58,17 @@ def active() -> StandIn | None:
     if not key:
         return None
     if key not in STAND_INS:
-        raise ValueError(f"{STAND_IN_ENV}={key!r} names no card the course can stand in for: "
-                         f"expected one of {', '.join(STAND_INS)} (or unset).")
+        raise ValueError(tr("{env}={key!r} names no card the course can stand in for: expected "
+                            "one of {cards} (or unset).", env=STAND_IN_ENV, key=key,
+                            cards=", ".join(STAND_INS)))
     return STAND_INS[key]
 
 
 def describe(real_name: str, card: StandIn) -> str:
     """The words every header that plans from a stand-in prints, e.g. ``"NVIDIA H200 standing
     in for a Tesla T4: its recipe, sizes and memory (14.75 GiB); not its speed"``."""
-    return (f"{real_name} standing in for a {card.name}: its recipe, sizes and memory "
-            f"({card.memory_bytes / GiB:.2f} GiB); not its speed")
+    return tr("{real} standing in for a {card}: its recipe, sizes and memory ({memory:.2f} GiB); "
+              "not its speed", real=real_name, card=card.name, memory=card.memory_bytes / GiB)
 
 
 def cap_bytes(index: int) -> int | None:
@@ -86,7 +88,8 @@ def memory_text(index: int) -> str:
     card, cap = active(), cap_bytes(index)
     if card is None or cap is None:
         return f"{torch.cuda.get_device_properties(index).total_memory / GiB:.1f} GiB"
-    return f"the {cap / GiB:.2f} GiB of the {card.name} this GPU stands in for"
+    return tr("the {size} of the {card} this GPU stands in for", size=f"{cap / GiB:.2f} GiB",
+              card=card.name)
 
 
 def apply_memory_cap(index: int) -> None:

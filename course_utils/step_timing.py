@@ -30,6 +30,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from .i18n import tr
+
 __all__ = ["VERDICTS", "TOO_SMALL", "TOO_SMALL_WHY", "MIN_ROUNDS", "default_budget_s",
            "steps_for_budget", "time_step", "interleaved", "TimeRatio", "time_ratio", "spread",
            "BLOCKS", "printed_band", "band_verdict", "agreement", "emulated_factor"]
@@ -66,8 +68,9 @@ def steps_for_budget(step_s: float, budget_s: float, lo: int = 3, hi: int = 50) 
         ValueError: a non-positive ``step_s`` or ``budget_s``, or ``lo > hi``.
     """
     if not (step_s > 0 and budget_s > 0) or lo > hi:
-        raise ValueError(f"step_s and budget_s must be > 0 and lo <= hi, got {step_s}, "
-                         f"{budget_s}, {lo}, {hi}.")
+        raise ValueError(tr("step_s and budget_s must be > 0 and lo <= hi, got {step_s}, "
+                            "{budget_s}, {lo}, {hi}.", step_s=step_s, budget_s=budget_s, lo=lo,
+                            hi=hi))
     return int(min(hi, max(lo, math.floor(budget_s / step_s))))
 
 
@@ -113,10 +116,11 @@ def interleaved(steps: Sequence[Callable[[], object]], budget_s: float | None = 
             budget, or fewer than 1 round.
     """
     if not steps or (budget_s is None) == (rounds is None):
-        raise ValueError("interleaved needs steps and exactly one of budget_s and rounds.")
+        raise ValueError(tr("interleaved needs steps and exactly one of budget_s and rounds."))
     if (budget_s is not None and not budget_s > 0) or (rounds is not None and rounds < 1) \
             or min_rounds < 1:
-        raise ValueError(f"budget_s must be > 0 and rounds >= 1, got {budget_s!r}, {rounds!r}.")
+        raise ValueError(tr("budget_s must be > 0 and rounds >= 1, got {budget_s!r}, {rounds!r}.",
+                            budget_s=budget_s, rounds=rounds))
     times: list[list[float]] = [[] for _ in steps]
     if progress is not None and rounds is not None:
         progress.total = rounds * len(steps)
@@ -201,34 +205,44 @@ class TimeRatio:
         """``"noise band 1.24-1.30x over 9 rounds"``, in the direction the ratio is printed: as a
         speed-up (``1/high .. 1/low``) after "faster", as the time ratio otherwise; at a size too
         small to time, why there is no band (`TOO_SMALL_WHY`), never the untrusted band."""
-        n = f"{self.rounds} round{'s' * (self.rounds != 1)}"
         if self.verdict == TOO_SMALL:
-            return TOO_SMALL_WHY
+            return tr(TOO_SMALL_WHY)
         if self.low is None:
-            return n
+            return (tr("1 round") if self.rounds == 1
+                    else tr("{n} rounds", n=self.rounds))
         lo, hi = (printed_band(self.ratio, self.low, self.high) if self.verdict == "faster"
                   else (self.low, self.high))
-        return f"noise band {lo:.2f}-{hi:.2f}x over {n}"
+        if self.rounds == 1:
+            return tr("noise band {lo:.2f}-{hi:.2f}x over 1 round", lo=lo, hi=hi)
+        return tr("noise band {lo:.2f}-{hi:.2f}x over {n} rounds", lo=lo, hi=hi, n=self.rounds)
 
-    def describe(self, what: str = "step time") -> str:
+    def describe(self, what: str | None = None) -> str:
         """``"step time 1.31x slower (noise band 1.27-1.36x over 9 rounds)"``,
         ``"step time 1.43x faster (...)"``, ``"step time 1.02x (...): within noise"`` and the
         like: a faster ratio is printed as a speed-up, never as "0.70x faster"; at a size too
         small to time, no ratio and no band: ``"step time: too small to time (steps of a few ms:
-        timing not trusted at this size)"``."""
+        timing not trusted at this size)"``.
+
+        ``what`` names the quantity (default ``"step time"``), in the learner's language: an
+        English phrase the message catalog has is translated (`course_utils.i18n.tr`)."""
+        what = tr("step time") if what is None else tr(what)
         if self.ratio is None:
-            return f"{what}: not timed"
+            return tr("{what}: not timed", what=what)
         if self.verdict == TOO_SMALL:
-            return f"{what}: {TOO_SMALL} ({TOO_SMALL_WHY})"
+            return tr("{what}: {verdict} ({why})", what=what, verdict=tr(TOO_SMALL),
+                      why=tr(TOO_SMALL_WHY))
         band = self.band_text()
         if self.verdict == "emulated":  # one round or a few, of arithmetic no hardware runs
-            return (f"{what} about {emulated_factor(self.ratio)} the reference's (emulated here: "
-                    "not the speed of real hardware)")
+            return tr("{what} about {factor} the reference's (emulated here: not the speed of "
+                      "real hardware)", what=what, factor=emulated_factor(self.ratio))
         if self.verdict == "faster":
-            return f"{what} {1 / self.ratio:.2f}x faster ({band})"
+            return tr("{what} {factor:.2f}x faster ({band})", what=what, factor=1 / self.ratio,
+                      band=band)
         if self.verdict == "slower":
-            return f"{what} {self.ratio:.2f}x slower ({band})"
-        return f"{what} {self.ratio:.2f}x ({band}): {self.verdict}"
+            return tr("{what} {ratio:.2f}x slower ({band})", what=what, ratio=self.ratio,
+                      band=band)
+        return tr("{what} {ratio:.2f}x ({band}): {verdict}", what=what, ratio=self.ratio,
+                  band=band, verdict=tr(self.verdict))
 
 
 def emulated_factor(ratio: float) -> str:
@@ -250,17 +264,19 @@ def agreement(here: TimeRatio, there: TimeRatio, there_name: str) -> str:
     leaving two lessons to disagree in silence. At the ``smoke`` size, or where either run has
     too few rounds for a band or ran emulated, the bands are not compared.
     """
-    said = f"{there_name} timed the same pair on this machine: {there.describe('step time')}."
+    said = tr("{there} timed the same pair on this machine: {described}.", there=there_name,
+              described=there.describe())
     unbanded = (TOO_SMALL, "emulated", "not timed")
     if (here.low is None or there.low is None or here.verdict in unbanded
             or there.verdict in unbanded):
-        return f"{said} The two runs are not compared: one of them has no noise band that means something."
+        return tr("{said} The two runs are not compared: one of them has no noise band that "
+                  "means something.", said=said)
     if here.low <= there.high and there.low <= here.high:
-        return f"{said} The two noise bands overlap: the lessons agree."
-    return (f"{said} The two noise bands do not overlap: the machine ran at a different speed during "
-            "one of the runs (other programs, heat, power saving), more than either band shows, "
-            "since a band measures the spread within one run. Run both lessons again on an "
-            "otherwise idle machine to see which holds.")
+        return tr("{said} The two noise bands overlap: the lessons agree.", said=said)
+    return tr("{said} The two noise bands do not overlap: the machine ran at a different speed "
+              "during one of the runs (other programs, heat, power saving), more than either band "
+              "shows, since a band measures the spread within one run. Run both lessons again on "
+              "an otherwise idle machine to see which holds.", said=said)
 
 def _band(ratios: list[float], of_medians: float) -> tuple[float, float]:
     q = statistics.quantiles(ratios, n=4, method="inclusive")

@@ -309,3 +309,14 @@ def test_memory_budget_modes_do_not_share_a_compiled_graph(cfg, monkeypatch):
     _, loss = keep_least(xb, yb)
     loss.backward()  # the recomputing graph trains
     assert all(p.grad is not None for p in keep_least.parameters())
+
+
+def test_a_policy_that_does_not_fit_is_refused_in_korean(monkeypatch):
+    """Issue 28: the refusal names the policy, the model's blocks and the valid policies in
+    Korean; the policy names themselves stay as written in a config."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    with pytest.raises(ValueError) as refused:
+        ck.parse_policy("every-9", 4)
+    said = str(refused.value)
+    assert said.startswith("체크포인트 정책 'every-9'은(는) 블록 4개짜리 모델에 맞지 않습니다: 9이(가)")
+    assert "none, full, every-K, segments:N, selective, memory-budget:B" in said

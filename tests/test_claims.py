@@ -283,3 +283,28 @@ def test_lesson_03_reads_back_lesson_02s_timing_of_the_pair_and_only_lesson_02s(
     assert claims.recorded_time("C5", "full_time", lesson="02") is None
     with pytest.raises(ValueError, match="unknown claim"):
         claims.recorded_time("C99", "full_time", lesson="02")
+
+
+def test_a_korean_kernel_judges_the_same_and_says_it_in_korean(monkeypatch):
+    """Issue 28: the evidence and the shown status are Korean; the status, the basis and the
+    table's status column stay the constants code reads (plots.styled_claims colours by them)."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    v = verdict("C8", kept_bytes=4203520, expected_bytes=4203520, param_bytes=13293568)
+    assert v.status == "busted" and v.basis == "measured"
+    assert v.evidence == "유지된 바이트 4.01 MiB = 블록 입력과 토큰 id; 매개변수 12.7 MiB는 복사되지 않음"
+    assert str(v).startswith("C8 반박됨 - 유지된")
+    table = claims_table([v])
+    assert table.loc["C8", "status"] == "busted"
+    assert table.loc["C8", "says"] == "체크포인팅은 체크포인트마다 모델의 매개변수와 상태를 저장한다"
+
+
+def test_every_status_verdict_and_claim_the_library_shows_has_its_korean_text():
+    """The words shown from a constant (tr(status), tr(verdict), tr(CLAIMS[id])) are not literals
+    test_i18n can find: each has its Korean text here."""
+    from course_utils import i18n
+    from course_utils.step_timing import TOO_SMALL_WHY, VERDICTS
+    i18n.catalog.cache_clear()
+    ko = i18n.catalog("ko")
+    shown = [*STATUSES, *VERDICTS, TOO_SMALL_WHY, *CLAIMS.values(), "parameter gradients",
+             "activation gradients", "keyword arguments", "context_fn (selective checkpointing)"]
+    assert [s for s in shown if s not in ko] == []

@@ -446,3 +446,18 @@ def test_docstrings_and_docs_cite_only_files_in_the_repository():
             if ref.lstrip("./") not in names and ref.split("/")[-1] not in names:
                 bad.append(f"{path.relative_to(ROOT)} cites {ref}, not in the repository")
     assert not bad, "\n".join(bad)
+
+
+def test_the_setup_cells_file_run_by_path_speaks_the_learners_language(tmp_path):
+    """Issue 28: the setup cell runs colab.py by path before anything is installed; it finds the
+    message catalog beside it (Korean for a Korean learner), and a copy alone (out of a wheel)
+    speaks English."""
+    script = ("import runpy, sys; g = runpy.run_path(sys.argv[1]); "
+              "print('course_utils' in sys.modules); print(g['tr']('nothing else was missing'))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"COURSE_LANG": "ko"}
+    alone = tmp_path / "colab.py"
+    shutil.copy(ROOT / "course_utils" / "colab.py", alone)
+    said = [subprocess.run([sys.executable, "-c", script, str(path)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+            for path in (ROOT / "course_utils" / "colab.py", alone)]
+    assert said == [["False", "그 밖에 없는 패키지는 없습니다"], ["False", "nothing else was missing"]]

@@ -5,7 +5,7 @@ from helpers import fake_cpu, fake_cuda
 
 from course_utils import hardware
 from course_utils.config import config_for
-from course_utils.experiments import ladder, round_sig
+from course_utils.experiments import ladder, plain_label, round_sig, time_cell
 
 
 def test_ladder_pairs_differ_by_one_technique(monkeypatch):
@@ -72,3 +72,15 @@ def test_summary_milliseconds_agree_with_the_ratio_beside_them():
     # a table without the column (an older history) keeps each row's own median
     old = summary(df.drop(columns="paired_step_time_s"))
     assert [float(x.replace(",", "")) for x in old["step ms"]] == [round_sig(t * 1e3) for t in own]
+
+
+def test_a_korean_kernel_shows_cells_and_configurations_in_korean(monkeypatch):
+    """Issue 28: a table's time cell and a configuration's words are Korean; the verdicts and
+    labels code reads stay English (time_cell takes them as they are)."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    assert time_cell(1.31, "slower") == "1.31x 더 느림"
+    assert time_cell(0.70, "faster") == "1.43x 더 빠름"     # a speed-up, as in English
+    assert time_cell(1.02, "within noise") == "노이즈 범위 안"
+    assert time_cell(31.0, "emulated") == "약 30x (에뮬레이션)"
+    assert plain_label("bf16+full+accum2") == "bf16 + 전체 체크포인팅, 마이크로배치 2개"
+    assert plain_label("fp32+every-2") == "fp32 + 2블록마다 체크포인팅"

@@ -130,3 +130,20 @@ def test_the_report_says_that_peaks_are_measured_on_the_cpu(monkeypatch):
         hardware.report(hardware.detect("cpu"))
     monkeypatch.setattr(hardware, "_mps_available", lambda: False)
     assert "MPS" not in hardware.report(hardware.detect("cpu"))
+
+
+def test_a_korean_report_keeps_its_colons_in_one_column(monkeypatch):
+    """Issue 28: the report's labels are Korean, padded by display width (a Hangul character
+    takes two columns), so every value starts in the same column as in English."""
+    import unicodedata
+    fake_cuda(monkeypatch, "Tesla T4", (7, 5), 15)
+    hw = hardware.detect("cuda")
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    lines = hardware.report(hw, {"fp32": 1.0, "bf16": 2.1, "fp16": 0.5}).splitlines()
+
+    def colon_column(line):
+        head = line.split(": ", 1)[0]
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in head)
+    assert {colon_column(line) for line in lines} == {14}
+    assert lines[0].startswith("장치") and any(line.startswith("레시피") for line in lines)
+    assert "fp16 + GradScaler" in "\n".join(lines) and "손실 스케일링" in lines[-1]

@@ -199,3 +199,25 @@ def test_an_mps_step_gets_its_peak_from_the_cpu_and_says_so(monkeypatch):
     assert got["peak_method"].startswith("CPU fallback, MPS has no peak-memory counter")
     assert on_cpu["peak_method"].startswith("CPU:") and len(steps) == 1
     assert got["activations"] == on_cpu["activations"]  # the saved tensors: the MPS step's
+
+
+def test_a_korean_kernel_says_what_ran_out_in_korean_with_the_same_bytes(monkeypatch):
+    """Issue 28: the one out-of-memory message in Korean, the sizes as in English; the words a
+    caller passes (TOGETHER) and the constants shown from code have their Korean text."""
+    from course_utils import i18n
+    from course_utils.hardware import MPS_PEAK_NOTE
+    from course_utils.measure import EMULATED_TIMING, TOGETHER, out_of_memory_message
+    error = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 24.00 MiB. GPU 0 has a total capacity of 79.10 GiB"
+        " of which 20.00 MiB is free. Of the allocated memory 1.00 GiB is allocated by PyTorch, "
+        "and 170.00 MiB is reserved by PyTorch but unallocated.")
+    cfg = config_for("smoke", device="cpu")
+    english = out_of_memory_message(cfg, "NVIDIA H100", error, TOGETHER)
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    korean = out_of_memory_message(cfg, "NVIDIA H100", error, TOGETHER)
+    assert korean.startswith("NVIDIA H100에서 메모리 부족, 배치 4, 시퀀스 32 (fp32), 구성들의")
+    assert "PyTorch가 이미 1.17 GiB를 예약한 상태에서 스텝이 24.00 MiB를 더 요청함" in korean
+    for size in ("24.00 MiB", "1.17 GiB", "79.10 GiB", "20.00 MiB"):
+        assert size in english and size in korean
+    i18n.catalog.cache_clear()
+    assert all(t in i18n.catalog("ko") for t in (EMULATED_TIMING, TOGETHER, MPS_PEAK_NOTE))

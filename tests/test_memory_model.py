@@ -234,3 +234,18 @@ def test_the_logits_bucket_on_cuda_is_the_h100_runs():
         cfg = RunConfig(shape=shape, batch_size=c["batch_size"], precision=c["precision"],
                         checkpoint=c["checkpoint"], device="cuda")
         assert estimate(cfg).logits == row["measured"]["logits"], row["label"]
+
+
+def test_a_korean_kernel_says_where_the_peak_falls_in_korean(monkeypatch):
+    """Issue 28: peak_at is Korean; peak_moment, which code compares ("optimizer step"), stays
+    English."""
+    cfg = config_for("smoke", device="cpu")
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    for policy in ("none", "full", "segments:1"):
+        e = estimate(cfg.replace(checkpoint=policy, grad_accum_steps=2))
+        words = {"optimizer step": "옵티마이저 스텝", "start of backward": "역전파 시작"}
+        base = e.peak_moment.replace(" (later micro-batch)", "")
+        assert e.peak_at.startswith(words.get(base, "블록 ")), (e.peak_moment, e.peak_at)
+        assert e.peak_moment.isascii()
+    assert memory_model._moment_words("backward of blocks 0-1 (later micro-batch)") == \
+        "블록 0-1의 역전파 (이후 마이크로배치)"

@@ -150,3 +150,19 @@ def test_race_needs_a_plain_and_a_checkpointed_configuration(race_inputs):
                                measurement=ckpt.measurement)
     with pytest.raises(ValueError, match="one budget"):
         search.race([plain, other], steps=1, progress=False)
+
+
+def test_a_korean_kernel_reads_the_race_in_korean(monkeypatch):
+    """Issue 28: the race's sentence and its reading are Korean, with the batches, budget and
+    verdict the English ones print."""
+    import pandas as pd
+
+    from course_utils.step_timing import time_ratio
+    cfg = config_for("smoke", device="cpu")
+    per_token = time_ratio([0.8, 0.82, 0.79, 0.81, 0.8, 0.8], [1.0] * 6, size="cpu")
+    race = search.Race(pd.DataFrame(), cfg.replace(batch_size=4),
+                       cfg.replace(checkpoint="full", batch_size=12), per_token, 64 * 2**20)
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    assert race.describe().startswith("마이크로배치 12의 fp32 + 전체 체크포인팅 대 마이크로배치 4의 "
+                                      "fp32, 둘 다 64.0 MiB 안: 토큰당 시간 1.25x 더 빠름")
+    assert race.reading().startswith("여기서는 체크포인팅 덕분에 들어간 더 큰 배치가")

@@ -1,5 +1,6 @@
 """course_utils.step_timing: budgets, interleaved rounds and the noise rule (a difference inside
 its band is never faster or slower)."""
+import re
 import statistics
 
 import pytest
@@ -133,3 +134,19 @@ def test_agreement_says_whether_two_runs_of_the_same_pair_overlap_and_names_a_di
                      TimeRatio(1.22, 0.5, 3.0, 5, "too small to time"),
                      TimeRatio(30.0, 29.0, 31.0, 5, "emulated")):
         assert "not compared" in agreement(unbanded, lesson02, "Lesson 02")
+
+
+def test_a_korean_kernel_describes_the_comparison_in_korean_with_the_same_numbers(monkeypatch):
+    """Issue 28: the sentence is Korean and its numbers are the English one's; the verdict the
+    code compares stays the English constant."""
+    slow = ratio(1.30)
+    english = slow.describe()
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    korean = slow.describe()
+    assert korean.startswith("스텝 시간 1.30x 더 느림 (노이즈 범위 ") and korean.endswith(", 9라운드)")
+    assert re.findall(r"\d+\.\d+", korean) == re.findall(r"\d+\.\d+", english)
+    assert slow.verdict == "slower"
+    assert "1.43x 더 빠름" in ratio(0.70).describe()
+    assert ratio(1.0, spread=0.1).describe().endswith(": 노이즈 범위 안")
+    assert "시간 재기에는 너무 작음" in ratio(1.3, size="smoke").describe()
+    assert not re.search(r"[a-z]{4,}", korean), korean  # no English word left
