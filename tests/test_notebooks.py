@@ -121,8 +121,9 @@ def test_the_identity_table_sees_a_drifted_cell():
 #: Charts that describe no run of the lesson's model, so they name no size profile.
 SIZE_FREE = {"styled_claims", "format_range_chart", "scaler_trace_chart", "scale_chart",
              "routes_chart", "sharding_chart"}
-#: Fewest chart cells per lesson (the rule below must have something to check).
-CHART_CELLS = {"01": 7, "02": 8, "03": 5, "04": 1, "05": 0}
+#: Fewest chart cells per lesson (the rule below must have something to check; lesson 02 draws one
+#: block's saved tensors once, in §2, beside its checkpointed version).
+CHART_CELLS = {"01": 7, "02": 7, "03": 5, "04": 1, "05": 0}
 
 
 def _chart_call(node, charts):
