@@ -236,7 +236,8 @@ def _c5(full_time, flops_ratio=None):
         return u
     cost = full_time.ratio - 1
     flops = tr("; FLOPs {change}", change=_pct(flops_ratio - 1)) if flops_ratio is not None else ""
-    text = tr("{described} = {cost} (published: 20-40%; held from +15% to +40%){flops}",
+    text = tr("{described} = {cost} (held when the band lies within +15% to +40%: the claim "
+              "widened to the span of published measurements){flops}",
               described=full_time.describe(), cost=_pct(cost), flops=flops)
     lo, hi = round(full_time.low, 2), round(full_time.high, 2)
     if 1.15 <= lo and hi <= 1.40:
@@ -373,7 +374,7 @@ def _c13(same_range, flushed_bf16, val_loss_gap=None, which="gradients"):
     if val_loss_gap is not None:
         text += (tr("; without a scaler it ended within 0.01% of fp32's validation loss")
                  if abs(val_loss_gap) < 5e-5 else
-                 tr("; without a scaler it ended {gap:+.2%} from fp32's validation loss",
+                 tr("; without a scaler it ended {gap:+.3%} from fp32's validation loss",
                     gap=val_loss_gap))
         ok = ok and abs(val_loss_gap) < 0.02
     return ("held" if ok else "busted"), text
@@ -436,7 +437,7 @@ def _c17(grad_rel_err, undivided_ratio, k, extra_peak_bytes, grad_buffer_bytes, 
     are right and the extra is the .grad buffer (at most 1.05x it): memory above one
     micro-batch, far below the big batch's; busted otherwise."""
     divided_ok = grad_rel_err < 1e-4 and abs(undivided_ratio - k) < 0.01 * k
-    text = tr("{k} micro-batches: gradients within {err:.0e} of the big batch's, x{undivided:.2f} "
+    text = tr("{k} micro-batches: gradients within {err:.2g} of the big batch's, x{undivided:.2f} "
               "without the division; peak {peak:.2f}x the big batch's, {extra:+.2f} MiB above "
               "one micro-batch's (.grad buffer {buffer:.2f} MiB)", k=k, err=grad_rel_err,
               undivided=undivided_ratio, peak=peak_vs_big, extra=extra_peak_bytes / MiB,

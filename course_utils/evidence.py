@@ -394,14 +394,18 @@ def time_between(df, label: str, reference: str) -> TimeRatio:
     """Step time of row ``label`` over row ``reference`` of a `compare` table, from the steps
     the two were timed in the same rounds (`course_utils.step_timing.time_ratio`: "within noise"
     when the spread of the per-round ratios contains 1; "emulated" when either precision is).
+    The ratio is the quotient of the two rows' ratios to the first row, so it equals the
+    quotient of the times `course_utils.experiments.summary` prints for them.
 
     Raises:
         ValueError: a label that is not in the table.
     """
     ms = df.attrs["measurements"]
     a, b = ms[_row(df, label)], ms[_row(df, reference)]
+    first = ms[0]   # summary prints each row against the first: the ratio is their quotient
     return time_ratio(a.step_times_s, b.step_times_s, size=df.attrs.get("size", ""),
-                      emulated=a.emulated or b.emulated)
+                      emulated=a.emulated or b.emulated,
+                      through=None if first.emulated else first.step_times_s)
 
 
 def memory_between(df, label: str, reference: str) -> dict:

@@ -292,7 +292,8 @@ def _band(ratios: list[float], of_medians: float) -> tuple[float, float]:
 
 
 def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str = "",
-               emulated: bool = False, min_rounds: int = MIN_ROUNDS) -> TimeRatio:
+               emulated: bool = False, min_rounds: int = MIN_ROUNDS,
+               through: Sequence[float] | None = None) -> TimeRatio:
     """Compare step times ``times`` with ``reference`` (seconds, paired by round, in the order
     they were taken).
 
@@ -306,6 +307,12 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
     the ratio of the two series' medians (the step times a table prints beside the ratio: a
     band that excluded them contradicted the table, as in lesson 05's "1.22x slower" beside
     1934 ms against 931 ms).
+
+    ``through``: the step times of a third configuration timed in the same rounds, against
+    which a table printed both (`course_utils.experiments.summary`: each row's time is the first
+    row's median times its ratio to it). The ratio is then the quotient of those two ratios, the
+    quotient of the two times the table prints, and the band, still from this pair's own rounds,
+    is widened to reach it (issue 24: a printed ratio equals the printed times' quotient).
     """
     # paired only when taken in the same rounds: as many steps each (an emulated precision's one
     # profiled step is not paired with the reference's first round, but set against its median)
@@ -318,10 +325,14 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
         return TimeRatio(None, None, None, 0, "not timed")
     ratios = [t / r for t, r in pairs]
     ratio = statistics.median(ratios)
+    of_medians = statistics.median(t for t, _ in pairs) / statistics.median(r for _, r in pairs)
+    if through is not None and len(through) == len(times) == len(reference) and all(through):
+        ratio = (statistics.median(t / f for t, f in zip(times, through))
+                 / statistics.median(r / f for r, f in zip(reference, through)))
+        of_medians = ratio   # the quotient the table prints is the one the band must reach
     low = high = None
     if len(ratios) >= 3:
-        low, high = _band(ratios, statistics.median(t for t, _ in pairs)
-                          / statistics.median(r for _, r in pairs))
+        low, high = _band(ratios, of_medians)
     if emulated:
         verdict = "emulated"
     elif size == "smoke":

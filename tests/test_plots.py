@@ -424,9 +424,9 @@ def test_every_printed_time_ratio_says_what_the_noise_allows():
                 assert re.search(r"faster|slower|noise unknown", text), text
 
 
-def test_spread_is_drawn_as_error_bars():
+def test_spread_is_drawn_as_error_bars_and_the_title_names_only_the_subject():
     ax = figure("ladder").axes[0]
-    assert "spread" in ax.get_title()
+    assert ax.get_title() == "step time"   # issue 24: no title about the method
     assert any(c.has_yerr for c in ax.containers if hasattr(c, "has_yerr"))
 
 

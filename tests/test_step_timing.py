@@ -150,3 +150,19 @@ def test_a_korean_kernel_describes_the_comparison_in_korean_with_the_same_number
     assert ratio(1.0, spread=0.1).describe().endswith(": 노이즈 범위 안")
     assert "시간 재기에는 너무 작음" in ratio(1.3, size="smoke").describe()
     assert not re.search(r"[a-z]{4,}", korean), korean  # no English word left
+
+
+def test_a_pair_read_through_a_shared_reference_is_the_quotient_a_table_prints():
+    """Issue 24: lesson 03 printed "1.29x slower" beside 672 and 798 ms (1.19), the table's
+    times being each row's ratio to the first row. Read through that row, the pair's ratio is the
+    quotient of the two ratios, and its band (from the pair's own rounds) reaches it."""
+    import statistics
+    first = [1.0, 1.6, 1.1, 1.9, 1.0, 1.7, 1.2, 1.8, 1.05, 1.5] * 2   # a load that changes
+    a = [f * x for f, x in zip(first, [1.30, 1.45] * 10)]
+    b = [f * x for f, x in zip(first, [1.10, 1.02] * 10)]
+    table_a = statistics.median(x / f for x, f in zip(a, first))
+    table_b = statistics.median(x / f for x, f in zip(b, first))
+    r = time_ratio(a, b, size="cpu", through=first)
+    assert r.ratio == pytest.approx(table_a / table_b)
+    assert r.low <= r.ratio <= r.high and r.verdict == "slower"
+    assert time_ratio(a, b, size="cpu").ratio != pytest.approx(r.ratio)  # the pair alone differs

@@ -138,9 +138,8 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
     shows = _time_bars(ax_t, x, t, notes, [TIME_COLOR] * n, np.vstack([iqr, iqr]), refs=[0] * n)
     ax_t.set_ylabel(tr("step time (ms)"))
-    what = tr("first row's median × ratio") if notes[0].ratio is not None else tr("median")
-    ax_t.set_title(tr("step time ({what}; bars: {shows})", what=what, shows=shows) if shows
-                   else tr("step time ({what})", what=what), fontsize=10)
+    del shows   # how the bars are drawn is the method page's (docs/method.md), not the title's
+    ax_t.set_title(tr("step time"), fontsize=10)
 
     ax_p.bar(x, mib(df["peak_allocated"]), color=COLORS["parameters"])
     ax_p.scatter(x, mib(df["est_peak_allocated"]), marker="_", s=600, color="black",
@@ -373,13 +372,17 @@ def _story_row(name, table, i, ref, vs) -> dict:
     if ref is not None:
         peak_ratio = nan(row["peak_allocated"]) / nan(table.iloc[ref]["peak_allocated"])
         if ms is not None:
-            a, b = ms[i], ms[ref]
+            a, b = ms[i], ms[ref]   # read through the table's first row: the quotient of the
+            # times the ladder's table prints (experiments.summary), as evidence.time_between
             r = time_ratio(a.step_times_s, b.step_times_s, size=table.attrs.get("size", ""),
-                           emulated=a.emulated or b.emulated)
+                           emulated=a.emulated or b.emulated,
+                           through=None if ms[0].emulated else ms[0].step_times_s)
             ratio, verdict = (np.nan if r.ratio is None else r.ratio), r.verdict
             low = np.nan if r.low is None else r.low
             high = np.nan if r.high is None else r.high
-    return {"step": name, "step_time_s": row["step_time_s"], "peak_allocated": row["peak_allocated"],
+    paired = row.get("paired_step_time_s", np.nan)   # the time the ladder's table prints
+    step_s = row["step_time_s"] if paired is None or pd.isna(paired) else paired
+    return {"step": name, "step_time_s": step_s, "peak_allocated": row["peak_allocated"],
             "source": "measured", "adopted": not emulated, "emulated": emulated, "vs": vs,
             "time_ratio": ratio, "time_verdict": verdict, "time_ratio_low": low,
             "time_ratio_high": high, "peak_ratio": peak_ratio}
