@@ -113,6 +113,8 @@ bench-grading: setup-test
 
 release: setup-test
 	$(BIN)/course-grade release
+	$(BIN)/python tools/editions.py
+	$(BIN)/course-grade release --source ko/solutions --dest ko/exercises
 
 # The course for Colab without a public repository (README.md, "Start on Colab"): a wheel of
 # the package (course_utils and course_grade, no notebooks) and a zip of everything committed
