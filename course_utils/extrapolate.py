@@ -33,6 +33,10 @@ that are not tiny); the sequence length is fixed (attention without a fused kern
 seq^2: extrapolate in the batch only). On the course's GPT, where the analytic model is the
 reference, the prediction at 4x the larger measured batch agrees with
 `course_utils.memory_model.estimate` within 5 % (``tests/test_extrapolate.py``).
+
+Over 400 lines because the fit, the largest batch it predicts and the real step that checks the
+prediction (on CUDA under the allocator's cap, with its out-of-memory note) read one
+`Extrapolation` and must agree; each is a function of its own.
 """
 from __future__ import annotations
 
