@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["store_dir", "store_path", "context_key", "load", "record", "lookup", "forget",
+__all__ = ["store_dir", "store_path", "context_key", "load", "record", "lookup",
            "in_notebook"]
 
 _FILE = "results.json"
@@ -97,16 +97,6 @@ def record(section: str, name: str, value: dict, key: str) -> bool:
 def lookup(section: str, name: str, key: str) -> dict | None:
     """The record ``store[key][section][name]``, or None."""
     return load().get(key, {}).get(section, {}).get(name)
-
-
-def forget(key: str) -> None:
-    """Remove every record of ``key`` (a `context_key`)."""
-    data = load()
-    if data.pop(key, None) is not None:
-        try:
-            store_path().write_text(json.dumps(data, indent=1, sort_keys=True))
-        except OSError:
-            pass
 
 
 def in_notebook() -> bool:

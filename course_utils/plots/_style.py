@@ -15,7 +15,6 @@ import numpy as np
 from matplotlib import font_manager
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 from matplotlib.transforms import Bbox
 
 from ..i18n import tr
@@ -93,12 +92,6 @@ def new_figure(figsize, **kwargs) -> ChartFigure:
     fig = ChartFigure(figsize=figsize, **kwargs)
     FigureCanvasAgg(fig)
     return fig
-
-
-def emulated_handle(color=TIME_COLOR):
-    """A legend entry for hatched "emulated here" bars."""
-    return Patch(facecolor="white", edgecolor=color, hatch=EMULATED_HATCH,
-                 label=tr("emulated here (not this hardware's real speed)"))
 
 
 def nan(v) -> float:
