@@ -43,9 +43,15 @@ STACKS = {
 }
 
 #: What every stack runs (pytest node ids and folders, from the repository root).
-TESTS = ["notebooks", "tests/test_saved_tensors.py", "tests/test_checkpointing.py",
-         "tests/test_measure.py", "tests/test_training.py", "tests/test_cli.py",
-         "tests/test_dashboard.py",
+TESTS = ["notebooks", "ko/notebooks", "tests/test_saved_tensors.py",
+         "tests/test_checkpointing.py", "tests/test_measure.py", "tests/test_training.py",
+         "tests/test_cli.py", "tests/test_dashboard.py",
+         # what this batch added, where torch versions differ: the chunked loss, the inf/NaN
+         # guards, the fp32 matmul API (torch >= 2.9 and the route before it), the block formats,
+         # the stand-in and CUDA paths on a fake torch.cuda, the Korean edition
+         "tests/test_chunked_loss.py", "tests/test_nonfinite.py", "tests/test_fp32_matmul.py",
+         "tests/test_block_formats.py", "tests/test_stand_in.py", "tests/test_cuda_paths.py",
+         "tests/test_i18n.py",
          "tests/test_grading.py::test_each_solution_scores_full_marks"]
 
 VERSIONS = """
