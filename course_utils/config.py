@@ -212,8 +212,10 @@ SIZE_PROFILES: dict[str, dict] = {
     "smoke": dict(n_layers=2, d_model=64, n_heads=2, seq_len=32, batch_size=4),
     "cpu": dict(n_layers=4, d_model=256, n_heads=4, seq_len=128, batch_size=8),
     "t4": dict(n_layers=4, d_model=768, n_heads=12, seq_len=512, batch_size=8),  # README: T4 guide
-    "a100": dict(n_layers=12, d_model=1024, n_heads=16, seq_len=1024, batch_size=16),
-    "h100": dict(n_layers=12, d_model=1536, n_heads=16, seq_len=1024, batch_size=16),
+    # 6 blocks: the width sets how well tensor cores are used, the depth only multiplies a
+    # lesson's time (results/gpu-budget.md: a lesson in about a minute on an H100)
+    "a100": dict(n_layers=6, d_model=1024, n_heads=16, seq_len=1024, batch_size=16),
+    "h100": dict(n_layers=6, d_model=1536, n_heads=16, seq_len=1024, batch_size=16),
 }
 
 

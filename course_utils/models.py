@@ -158,14 +158,16 @@ class GPT(nn.Module):
 
 def build_model(config) -> GPT:
     """The reference model of a `RunConfig`: seeded by ``config.seed``, its checkpoint policy
-    and ``loss_chunk`` applied, on ``config.device`` (parameters stay fp32: autocast casts per
-    op).
+    and ``loss_chunk`` applied, built on ``config.device`` (parameters stay fp32: autocast casts
+    per op). Equal seeds give equal models on one device; a GPU's generator differs from the
+    CPU's, and every comparison builds its models on one device.
 
     Raises:
         ValueError: ``config.device`` is not available on this machine.
     """
     require_device(config.device)
     torch.manual_seed(config.seed)
-    model = GPT(config.shape, config.loss_chunk)
-    apply_checkpointing(model, config.checkpoint)
+    with torch.device(config.device):   # initialised where it runs: no CPU build and copy (at
+        model = GPT(config.shape, config.loss_chunk)   # the h100 size 3.5-4 s a build on an H100:
+    apply_checkpointing(model, config.checkpoint)       # results/gpu-budget.md)
     return model.to(config.device)

@@ -274,14 +274,23 @@ def _section(text: str, cell_id: str) -> str:
     return body.split("\n--- [", 1)[0]
 
 
-def _gpu_model(setup: str) -> str | None:
-    """The model lesson 04's GPU cell trains (``config_for(size)`` in the recipe precision), in
-    words, from a transcript's setup section; None where it names no size profile."""
+def _gpu_model(setup: str, run_dir: Path | None = None) -> str | None:
+    """The model lesson 04's GPU cell trained (``config_for(size)`` in the recipe precision), in
+    words, from a transcript's setup section; None where it names no size profile. A profile's
+    dimensions change between releases, so they are read from the same run's ``course-bench``
+    (``run_dir/bench.json``, the same GPU and day) where it was committed, else today's."""
     size = re.search(r"size profile '([^']+)'", setup)
     recipe = re.search(r"^recipe\s*:\s*(\S+)", setup, re.MULTILINE)
     if not size or size.group(1) not in SIZE_PROFILES:
         return None
     c = config_for(size.group(1), device="cpu")
+    bench = run_dir / "bench.json" if run_dir is not None else None
+    if bench is not None and bench.is_file():
+        data = json.loads(bench.read_text())
+        if data.get("size") == size.group(1) and data.get("rows"):
+            k = data["rows"][0]["config"]
+            c = c.replace(**{f: k[f] for f in ("n_layers", "d_model", "n_heads", "seq_len",
+                                               "batch_size") if f in k})
     fields = dict(size=size.group(1), layers=c.n_layers, d_model=c.d_model,
                   params=c.shape.n_parameters / 1e6, batch=c.batch_size)
     if recipe:
@@ -320,7 +329,9 @@ def committed_memory_tools(folder: str | Path | None = None) -> dict | None:
         torch_v = re.search(r"^torch\s*:\s*(\S+)", setup, re.MULTILINE)
         return {"run": path.parents[1].name,
                 "device": device.group(1) if device else tr("a GPU"),
-                "torch": torch_v.group(1) if torch_v else None, "model": _gpu_model(setup),
+                "torch": torch_v.group(1) if torch_v else None,
+                "model": _gpu_model(setup, root / path.parents[1].name.removeprefix(
+                    "lesson-timings-")),
                 **found}
     return None
 

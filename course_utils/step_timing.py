@@ -47,7 +47,7 @@ VERDICTS = ("faster", "slower", "within noise", "too few rounds", TOO_SMALL, "em
 #: Consecutive blocks of rounds whose medians widen the noise band (run-to-run drift).
 BLOCKS = 3
 
-_BUDGET_S = {"smoke": 0.3, "cpu": 3.0}
+_BUDGET_S = {"smoke": 0.3, "cpu": 3.0, "a100": 2.0, "h100": 2.0}
 
 #: Fewest rounds of alternation a comparison takes: with 3 the interquartile band of the
 #: per-round ratios is too narrow on a busy machine, and verdicts flipped between runs.
@@ -55,9 +55,10 @@ MIN_ROUNDS = 5
 
 
 def default_budget_s(size: str) -> float:
-    """Seconds of timed steps per comparison at a size profile (``smoke`` 0.3, ``cpu`` 3, GPU
-    profiles 4): enough repeats for a median and a spread, little enough for a lesson to stay
-    near a minute."""
+    """Seconds of timed steps per comparison at a size profile (``smoke`` 0.3, ``cpu`` 3,
+    ``a100`` and ``h100`` 2, ``t4`` 4): enough repeats for a median and a spread (an H100's bands
+    were 1 % wide over 5 rounds), little enough for a lesson to stay near a minute
+    (results/gpu-budget.md)."""
     return _BUDGET_S.get(size, 4.0)
 
 

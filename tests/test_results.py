@@ -66,10 +66,19 @@ def test_committed_memory_tools_reads_lesson_04s_gpu_transcript(tmp_path):
     (folder / "04_scaling_out.txt").write_text(TRANSCRIPT.replace(
         "torch         : 2.11.0+cu130\n", "torch         : 2.11.0+cu130\nrecipe        : bf16\n"
         "\nsize profile 'h100'; the ranks train the 'cpu' model (4 layers) on cpu\n"))
+    assert results.committed_memory_tools(tmp_path)["model"] == (   # today's 'h100' profile
+        "the 'h100' model (6 layers, d_model 1536, 172M parameters, micro-batch 16, bf16)")
+    # the same run's course-bench says what the profile was that day (its dimensions change)
+    (tmp_path / "Some-GPU-2026-01-01").mkdir()
+    (tmp_path / "Some-GPU-2026-01-01" / "bench.json").write_text(json.dumps(
+        {"size": "h100", "rows": [{"config": {"n_layers": 12, "d_model": 1536, "n_heads": 16,
+                                              "seq_len": 1024, "batch_size": 16}}]}))
     assert results.committed_memory_tools(tmp_path)["model"] == (
         "the 'h100' model (12 layers, d_model 1536, 342M parameters, micro-batch 16, bf16)")
     committed = results.committed_memory_tools()               # the run committed with the course
     assert committed is None or committed["reserved"] >= committed["peak_allocated"] > 0
+    if committed is not None and committed["run"].endswith("H100-80GB-HBM3-2026-11-26"):
+        assert committed["model"].startswith("the 'h100' model (12 layers")
 
 
 def test_results_are_found_beside_the_imported_course_not_from_the_working_folder(tmp_path,
