@@ -100,6 +100,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Release the course's graded notebooks and autograde submissions.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_release(commands)
+    _add_grade(commands)
+    _add_feedback(commands)
+    _add_gradebook(commands)
+    return parser
+
+
+def _add_release(commands) -> None:
     rel = commands.add_parser(
         "release", help="regenerate exercises/ from solutions/, or write the student bundle",
         description="Write the learner's copy of every graded notebook (solutions -> exercises), "
@@ -115,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
                           "solutions, hidden tests or grader")
     rel.add_argument("--lessons", metavar="DIR", default=None,
                      help="lesson folder for --student (default: notebooks/ next to SOURCE)")
+
+
+def _add_grade(commands) -> None:
     grd = commands.add_parser(
         "grade", help="grade submissions (notebooks or folders of them)",
         description="Execute each submission with the source's tests and score it. Exit status "
@@ -172,6 +183,9 @@ def _parser() -> argparse.ArgumentParser:
         help="run learner code unsandboxed, as your user, with your files, processes and "
         "network: you accept that risk",
     )
+
+
+def _add_feedback(commands) -> None:
     fbk = commands.add_parser(
         "feedback", help="write feedback pages from grading logs",
         description="Write one feedback page per submission of the grading logs (--log, "
@@ -182,6 +196,9 @@ def _parser() -> argparse.ArgumentParser:
     fbk.add_argument("--source", default="solutions", help="source folder (default: solutions)")
     fbk.add_argument("--format", choices=FORMATS, default="html",
                      help="HTML or Markdown (default: html)")
+
+
+def _add_gradebook(commands) -> None:
     book = commands.add_parser(
         "gradebook", help="one row per learner from grading logs and a roster; LMS exports",
         description="Match the results of grading logs (--log, JSON lines) to a roster and "
@@ -197,7 +214,6 @@ def _parser() -> argparse.ArgumentParser:
     book.add_argument("--csv", metavar="FILE", help="write the summary (one row per learner)")
     book.add_argument("--moodle", metavar="FILE", help="write Moodle's grade import CSV")
     book.add_argument("--canvas", metavar="FILE", help="write Canvas's gradebook import CSV")
-    return parser
 
 
 def _feedback(args, out) -> int:
@@ -271,8 +287,9 @@ def _release(args, out) -> int:
     return EXIT_OK
 
 
-def _grade(args, out) -> int:
-    err = sys.stderr
+def _output_paths(args) -> tuple[Path | None, Path | None]:
+    """The CSV and the log ``grade`` writes (the log beside the CSV by default), each checked
+    before any work, with the feedback folder; malformed sources raise first."""
     csv_path = Path(args.csv) if args.csv else None
     log_path = Path(args.log) if args.log else None
     if log_path is None and csv_path is not None:
@@ -286,6 +303,12 @@ def _grade(args, out) -> int:
             check_output(path, label)
     if args.feedback:
         check_output(args.feedback, "--feedback", folder=True)
+    return csv_path, log_path
+
+
+def _grade(args, out) -> int:
+    err = sys.stderr
+    csv_path, log_path = _output_paths(args)
     missing = [p for p in args.paths if not Path(p).exists() and not Path(p).is_symlink()]
     if missing:
         raise GradingError(f"no such file or folder: {', '.join(map(display_path, missing))}")
@@ -347,6 +370,27 @@ def _grade(args, out) -> int:
             show(finished[index])
     results = [finished[index] for index in sorted(finished)]
 
+    problems, csv_written = _write_outputs(args, results, csv_path, log_path, journal, err)
+    if args.json:
+        json.dump([result.to_dict() for result in results], out, indent=1)
+        print(file=out, flush=True)
+    else:
+        print_summary(results, out)
+        if csv_written:
+            print(f"wrote {display_path(csv_path)}", file=out, flush=True)
+    for problem in problems:
+        print(f"course-grade: error: {problem}", file=err, flush=True)
+    if interrupted is not None:
+        _say_stopped(interrupted, remaining, files, len(results), err)
+        return EXIT_SIGNAL_BASE + interrupted
+    if problems:
+        return EXIT_PARTLY_WRITTEN
+    return EXIT_OK if all(result.graded for result in results) else EXIT_NOT_GRADED
+
+
+def _write_outputs(args, results, csv_path, log_path, journal, err) -> tuple[list[str], bool]:
+    """Write the CSV and the feedback pages; return what could not be written, in words, and
+    whether the CSV was."""
     problems = []
     if journal is not None and journal.error:
         problems.append(
@@ -371,31 +415,19 @@ def _grade(args, out) -> int:
                   file=err, flush=True)
         except OSError as error:
             problems.append(f"could not write the feedback pages: {error.strerror or error}")
-    if args.json:
-        json.dump([result.to_dict() for result in results], out, indent=1)
-        print(file=out, flush=True)
-    else:
-        print_summary(results, out)
-        if csv_written:
-            print(f"wrote {display_path(csv_path)}", file=out, flush=True)
-    for problem in problems:
-        print(f"course-grade: error: {problem}", file=err, flush=True)
-    if interrupted is not None:
-        name = signal.Signals(interrupted).name
-        tail = files[len(files) - len(remaining):] == remaining
-        which = ""
-        if remaining:
-            which = (f" (from {display_path(remaining[0])} on)" if tail
-                     else f" (the first: {display_path(remaining[0])})")
-        print(
-            f"course-grade: stopped by {name}: graded and kept: {len(results)}; "
-            f"not graded: {len(remaining)}{which}",
-            file=err, flush=True,
-        )
-        return EXIT_SIGNAL_BASE + interrupted
-    if problems:
-        return EXIT_PARTLY_WRITTEN
-    return EXIT_OK if all(result.graded for result in results) else EXIT_NOT_GRADED
+    return problems, csv_written
+
+
+def _say_stopped(signum: int, remaining: list, files: list, kept: int, err) -> None:
+    """The line a stopped grading ends with: the signal, what was kept, what was not graded."""
+    name = signal.Signals(signum).name
+    tail = files[len(files) - len(remaining):] == remaining
+    which = ""
+    if remaining:
+        which = (f" (from {display_path(remaining[0])} on)" if tail
+                 else f" (the first: {display_path(remaining[0])})")
+    print(f"course-grade: stopped by {name}: graded and kept: {kept}; "
+          f"not graded: {len(remaining)}{which}", file=err, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

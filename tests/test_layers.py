@@ -236,3 +236,19 @@ def test_a_module_over_400_lines_says_why_in_its_docstring(package):
                 ast.get_docstring(ast.parse(text)) or ""):
             silent.append(str(path.relative_to(ROOT)))
     assert silent == [], f"modules over 400 lines whose docstring gives no reason: {silent}"
+
+
+#: The longest function the packages keep (issue 24: card.recommend was 189 lines).
+MAX_FUNCTION_LINES = 80
+
+
+@pytest.mark.parametrize("package", ["course_utils", "course_grade"])
+def test_no_function_is_over_80_lines(package):
+    long = []
+    for name, path in modules(ROOT / package).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{package}.{name}.{node.name}: {lines} lines")
+    assert not long, long

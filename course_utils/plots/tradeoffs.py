@@ -79,9 +79,8 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     noise of each other are a tie in time: the smaller one dominates, and tied points on the
     front are joined by a dotted line. Two rows are tied unless their own per-round ratio
     (`compare`'s measurements, timed in the same rounds) says faster or slower; a table without
-    them falls back on the rows' noise bands against the first row overlapping. Emulated
-    configurations are not drawn (their time is not this hardware's speed): a caption under the
-    chart names them.
+    them falls back on the rows' noise bands against the first row overlapping. Emulated rows
+    are not drawn (their time is not this hardware's speed): a caption names them.
 
     Each point is labelled with its configuration in words (`course_utils.experiments.plain_label`;
     "(no checkpointing)" where the policy is ``none``) and, against the first row, its time ratio
@@ -119,16 +118,7 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     bands = [(lo, hi) if np.isfinite([lo, hi]).all() else None for lo, hi in zip(low, high)]
     fig = new_figure((8, 5))
     ax = fig.subplots()
-    if any(n and n.band for n in notes):
-        err = np.zeros((2, len(df)))
-        for i, n in enumerate(notes):
-            if n and n.band and np.isfinite(t[i]):
-                err[:, i] = (t[i] * (1 - n.band[0]), t[i] * (n.band[1] - 1))
-        bars = tr("bars: spread of the time ratio to {config}", config=labels[0])
-    elif np.nansum(iqr[ok]) > 0:
-        err, bars = np.vstack([np.nan_to_num(iqr)] * 2), tr("bars: interquartile range")
-    else:
-        err, bars = None, tr("no spread measured")
+    err, bars = _pareto_error_bars(t, iqr, ok, notes, labels[0])
     ax.errorbar(t[ok], peak[ok], xerr=None if err is None else err[:, ok], fmt="o",
                 color=TIME_COLOR, ecolor="#9bb0d6", capsize=3, markersize=7, zorder=3)
     texts = []
@@ -139,29 +129,9 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
                                  fontsize=8))
 
     rounds = _paired_rounds(df)
-
-    def faster(j, i):  # j is faster than i, outside the noise
-        return t[j] < t[i] and not _tied(notes, bands, i, j, rounds)
-
-    def dominates(j, i):
-        same_time = _tied(notes, bands, i, j, rounds) or t[j] == t[i]
-        return ((faster(j, i) or same_time) and peak[j] <= peak[i]
-                and (faster(j, i) or peak[j] < peak[i]))
-
-    idx = [i for i in np.flatnonzero(ok) if not any(dominates(j, i) for j in np.flatnonzero(ok))]
-    idx.sort(key=lambda i: t[i])
-    front = tr("Pareto front: no other policy is smaller at a step time as short")
-    ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label=tr("Pareto front"))
-    handles = [Line2D([], [], color="#DD8452", label=front),
-               Line2D([], [], color="#9bb0d6" if err is not None else TIME_COLOR, marker="o",
-                      markerfacecolor=TIME_COLOR, markeredgecolor=TIME_COLOR, label=bars)]
-    ties = [(a, b) for a, b in zip(idx, idx[1:]) if _tied(notes, bands, a, b, rounds)]
-    for a, b in ties:  # a tie: the segment drawn dotted (white under it hides the solid line)
-        ax.plot(t[[a, b]], peak[[a, b]], "-", color="white", lw=3, zorder=2.1)
-        ax.plot(t[[a, b]], peak[[a, b]], ":", color="#DD8452", lw=1.5, zorder=2.2)
-    if ties:
-        handles.append(Line2D([], [], color="#DD8452", ls=":",
-                              label=tr("tie: times within the noise of each other")))
+    idx = _front(t, peak, ok, lambda i, j: _tied(notes, bands, i, j, rounds))
+    handles = _draw_front(ax, t, peak, idx, lambda a, b: _tied(notes, bands, a, b, rounds),
+                          err is not None, bars)
     ax.set_xlabel(tr("step time (ms)"))
     ax.set_ylabel(tr("peak allocated memory (MiB)"))
     ax.set_title(with_size(title, size))
@@ -180,6 +150,54 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
         (t[i], peak[i], t[i] - (0 if err is None else err[0, i]),
          t[i] + (0 if err is None else err[1, i])) for i in shown])
     return fig
+
+
+def _pareto_error_bars(t, iqr, ok, notes, first: str):
+    """The horizontal error bars of `pareto_chart` (a 2 x n array, or None) and what they show:
+    the spread of each ratio to the first row where measured, else the interquartile range."""
+    if any(n and n.band for n in notes):
+        err = np.zeros((2, len(t)))
+        for i, n in enumerate(notes):
+            if n and n.band and np.isfinite(t[i]):
+                err[:, i] = (t[i] * (1 - n.band[0]), t[i] * (n.band[1] - 1))
+        return err, tr("bars: spread of the time ratio to {config}", config=first)
+    if np.nansum(iqr[ok]) > 0:
+        return np.vstack([np.nan_to_num(iqr)] * 2), tr("bars: interquartile range")
+    return None, tr("no spread measured")
+
+
+def _front(t, peak, ok, tied) -> list[int]:
+    """The rows on the Pareto front, by step time: none is dominated, that is, no other row is
+    as small or smaller at a time as short (``tied(i, j)``: their times within the noise of
+    each other count as the same)."""
+    def faster(j, i):  # j is faster than i, outside the noise
+        return t[j] < t[i] and not tied(i, j)
+
+    def dominates(j, i):
+        same_time = tied(i, j) or t[j] == t[i]
+        return ((faster(j, i) or same_time) and peak[j] <= peak[i]
+                and (faster(j, i) or peak[j] < peak[i]))
+
+    idx = [i for i in np.flatnonzero(ok) if not any(dominates(j, i) for j in np.flatnonzero(ok))]
+    return sorted(idx, key=lambda i: t[i])
+
+
+def _draw_front(ax, t, peak, idx, tied, has_err: bool, bars: str) -> list:
+    """Draw the front through the rows ``idx`` (a tie between neighbours dotted); return the
+    legend's handles: the front, the points and their bars, and the tie where one is drawn."""
+    front = tr("Pareto front: no other policy is smaller at a step time as short")
+    ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label=tr("Pareto front"))
+    handles = [Line2D([], [], color="#DD8452", label=front),
+               Line2D([], [], color="#9bb0d6" if has_err else TIME_COLOR, marker="o",
+                      markerfacecolor=TIME_COLOR, markeredgecolor=TIME_COLOR, label=bars)]
+    ties = [(a, b) for a, b in zip(idx, idx[1:]) if tied(a, b)]
+    for a, b in ties:  # a tie: the segment drawn dotted (white under it hides the solid line)
+        ax.plot(t[[a, b]], peak[[a, b]], "-", color="white", lw=3, zorder=2.1)
+        ax.plot(t[[a, b]], peak[[a, b]], ":", color="#DD8452", lw=1.5, zorder=2.2)
+    if ties:
+        handles.append(Line2D([], [], color="#DD8452", ls=":",
+                              label=tr("tie: times within the noise of each other")))
+    return handles
 
 
 def _wrap(label: str, width: int = 18) -> str:
