@@ -73,8 +73,27 @@ def table_columns(html: str) -> list[int]:
     return counts
 
 
-def shown_problems(outputs) -> list[str]:
-    """What breaks the rules above in a cell's outputs (nbformat-like dicts)."""
+#: Issue 28: in the Korean edition a printed line may keep code, units and terms (in backticks,
+#: quotes or parentheses, or single words such as a policy's name) in English, but not a sentence:
+#: four English words in a row, once those are set aside, are one.
+_SET_ASIDE = re.compile(r"`[^`]*`|'[^'\n]*'|\"[^\"\n]*\"|\([^()\n]*\)|\[[^\[\]\n]*\]|https?://\S+")
+_ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z]+(?:[ ,;:/-]+[A-Za-z][a-z]+\b){3,}")
+
+
+def english_sentences(text: str) -> list[str]:
+    """The runs of four or more English words in ``text`` outside code, quotes and parentheses."""
+    found = []
+    for line in text.splitlines():
+        kept = line
+        for _ in range(3):                     # nested parentheses, innermost first
+            kept = _SET_ASIDE.sub(" ", kept)
+        found += [m.group(0) for m in _ENGLISH_RUN.finditer(kept)]
+    return found
+
+
+def shown_problems(outputs, korean: bool = False) -> list[str]:
+    """What breaks the rules above in a cell's outputs (nbformat-like dicts); ``korean``: the
+    cell is the Korean edition's, so an English sentence it prints is one too."""
     problems = []
     for out in outputs:
         data = out.get("data", {}) if isinstance(out, dict) else {}
@@ -87,4 +106,6 @@ def shown_problems(outputs) -> list[str]:
         text = "".join(text) if isinstance(text, list) else text
         for m in _VERDICT_NEAR_EMULATED.finditer(text):
             problems.append(f"an emulated timing with a verdict word: {m.group(0)!r}")
+        if korean and out.get("name") != "stderr":
+            problems += [f"English in the Korean edition: {run!r}" for run in english_sentences(text)]
     return problems

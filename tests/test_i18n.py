@@ -161,10 +161,16 @@ def test_a_korean_kernel_shows_table_labels_translated_and_keeps_them_in_code(no
 
 
 def _tr_calls():
-    """Every tr("...") call with a literal text in course_utils: (module, text)."""
+    """Every tr("...") call with a literal text in course_utils and in the English notebooks'
+    code cells (the Korean ones run the same code): (file, text)."""
     import ast
-    for path in sorted((ROOT / "course_utils").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+
+    from nbcells import code
+    sources = [(path, path.read_text()) for path in sorted((ROOT / "course_utils").rglob("*.py"))]
+    sources += [(path, code(path)) for folder in ("notebooks", "exercises", "solutions")
+                for path in sorted((ROOT / folder).glob("*.ipynb"))]
+    for path, source in sources:
+        for node in ast.walk(ast.parse(source)):
             if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr",
                                                                                  "")) == "tr"
                     and node.args and isinstance(node.args[0], ast.Constant)

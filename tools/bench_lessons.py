@@ -204,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"running {_name(path)} ...", flush=True)
         r = run_notebook(path, args.timeout, env,
-                         # notebooks/03_x and solutions/03_x share a name: keep their folder
-                         args.save_executed / path.parent.name / path.name
+                         # notebooks/03_x, solutions/03_x and ko/notebooks/03_x share a name:
+                         # keep their folders
+                         args.save_executed / (_name(path) if not Path(_name(path)).is_absolute()
+                                               else Path(path.parent.name, path.name))
                          if args.save_executed else None,
                          args.limit)
         report["notebooks"].append(r)
