@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from torch.utils import benchmark
 
-from .hardware import require_device
+from .hardware import detect, require_device
 from .i18n import tr
 
 __all__ = ["FP32_MATMUL_MODES", "fp32_precision_api", "fp32_matmul_settings",
@@ -98,9 +98,10 @@ def fp32_matmul_precision(backend: str, mode: str):
 
 def _reduced_modes(dev: torch.device, capability) -> tuple[str, tuple[str, ...]] | None:
     """(backend, modes) a probe compares on ``dev``; None where fp32 matmuls have no faster
-    mode (a GPU older than Ampere, MPS)."""
+    mode (a CPU without bf16 instructions, where oneDNN ignores the setting; a GPU older than
+    Ampere; MPS)."""
     if dev.type == "cpu":
-        return "mkldnn", ("ieee", "bf16")
+        return ("mkldnn", ("ieee", "bf16")) if detect("cpu").native_bf16 else None
     if dev.type == "cuda":
         cc = capability if capability is not None else torch.cuda.get_device_capability(dev)
         return ("cuda", ("ieee", "tf32")) if tuple(cc) >= (8, 0) else None
@@ -117,7 +118,7 @@ def fp32_matmul_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2
                       capability=None) -> pd.DataFrame | None:
     """One ``(n x n) @ (n x n)`` fp32 matmul in full fp32 (``"ieee"``) and in the faster mode
     this device may use: ``"tf32"`` on an NVIDIA GPU of compute capability 8.0 or more,
-    ``"bf16"`` (oneDNN) on a CPU. Settings in force are restored after.
+    ``"bf16"`` (oneDNN) on a CPU with avx512_bf16 or AMX. Settings in force are restored after.
 
     Args:
         capability: the compute capability to plan with (a stand-in GPU's,
@@ -128,7 +129,8 @@ def fp32_matmul_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2
         ``torch.utils.benchmark.Timer.blocked_autorange``, about ``budget_s`` each: one probe,
         no noise band), ``error`` (the largest absolute error against the fp64 product, over
         the mean magnitude of that product) and ``error vs ieee`` (that error over full
-        fp32's). None where no faster mode exists (MPS, a GPU older than Ampere).
+        fp32's). None where no faster mode exists (a CPU without bf16 instructions, as oneDNN
+        sees it: ``ONEDNN_MAX_CPU_ISA=AVX2`` counts; MPS; a GPU older than Ampere).
 
     Raises:
         ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
