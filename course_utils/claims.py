@@ -227,24 +227,24 @@ def _c4(peak_ratio, saved_ratio):
 
 def _c5(full_time, flops_ratio=None):
     """``full_time``: TimeRatio full / none, same precision. Held when the whole noise band, as
-    printed, lies from 1.15 to 1.40 (+15% to +40%); busted when it lies wholly outside;
-    inconclusive when it straddles an edge (the run cannot tell). The published time
-    measurements lesson 02 cites span 20-40% (Hugging Face 20%, Bekman 20-25%, NeMo 30%, the
-    Ultra-Scale Playbook 30-40%); the claim's 33% is the FLOPs of one extra forward."""
+    printed, lies from 1.20 to 1.40 (+20% to +40%: the span of the published time measurements
+    lesson 02 cites: Hugging Face 20%, Bekman 20-25%, NeMo 30%, the Ultra-Scale Playbook
+    30-40%); busted when it lies wholly outside; inconclusive when it straddles an edge (the run
+    cannot tell). The claim's 33% is the FLOPs of one extra forward."""
     u = _unsettled(full_time, tr("full / none step time"))
     if u:
         return u
     cost = full_time.ratio - 1
     flops = tr("; FLOPs {change}", change=_pct(flops_ratio - 1)) if flops_ratio is not None else ""
-    text = tr("{described} = {cost} (held when the band lies within +15% to +40%: the claim "
-              "widened to the span of published measurements){flops}",
+    text = tr("{described} = {cost} (held when the band lies within +20% to +40%, the span of "
+              "published measurements){flops}",
               described=full_time.describe(), cost=_pct(cost), flops=flops)
     lo, hi = round(full_time.low, 2), round(full_time.high, 2)
-    if 1.15 <= lo and hi <= 1.40:
+    if 1.20 <= lo and hi <= 1.40:
         return "held", text
-    if hi < 1.15 or lo > 1.40:
+    if hi < 1.20 or lo > 1.40:
         return "busted", text
-    edges = [_pct(e - 1) for e in (1.15, 1.40) if lo < e <= hi or lo <= e < hi]
+    edges = [_pct(e - 1) for e in (1.20, 1.40) if lo < e <= hi or lo <= e < hi]
     if len(edges) == 1:
         return "inconclusive", tr("{text}; that band straddles the {edge} edge of the held range",
                                   text=text, edge=edges[0])
