@@ -63,13 +63,20 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("claim", [c for c in CLAIMS if c not in ("C7", "C8", "C10")])
+@pytest.mark.parametrize("claim", [c for c in CLAIMS if c not in ("C7", "C8", "C10", "C20")])
 def test_each_rule_holds_and_fails(claim):
     held, busted = CASES[claim]
     v = verdict(claim, where="test", **held)
     assert isinstance(v, Verdict) and v.status == "held", v
     assert v.evidence and any(ch.isdigit() for ch in v.evidence), "evidence carries numbers"
     assert verdict(claim, **busted).status == "busted", verdict(claim, **busted)
+
+
+def test_c20_says_can_so_one_slower_machine_does_not_bust_it():
+    held, slower = CASES["C20"]
+    assert verdict("C20", **held).status == "held"
+    v = verdict("C20", **slower)
+    assert v.status == "depends" and "slower" in v.evidence
 
 
 def test_c1_depends_on_the_baseline_when_tf32_closes_the_gap():
