@@ -729,6 +729,18 @@ def test_lesson_charts_draw_and_reject_bad_input(cfg, block):
 
     tl = memory_timeline(lambda: torch.ones(1000))
     assert len(plots.memory_timeline_chart({"a": tl, "b": tl}).axes) == 2
+    # the axis is each run's share of its step: a step twice as long draws the same phases
+    slow = timeline()
+    slow.t_ms = [2 * t for t in slow.t_ms]
+    slow.phases = [NS(name=p.name, start_ms=2 * p.start_ms, end_ms=2 * p.end_ms) for p in slow.phases]
+    for fig in (plots.memory_timeline_chart({"t": timeline()}),
+                plots.memory_timeline_chart({"t": slow})):
+        ax = fig.axes[0]
+        assert ax.get_xlim() == (0, 100)
+        spans = sorted(round(float(patch.get_x() if hasattr(patch, "get_x")   # matplotlib >= 3.9
+                                   else patch.get_xy()[:, 0].min()), 6)       # older: a Polygon
+                       for patch in ax.patches)                               # the phases' starts
+        assert spans == [0.0, 40.0, 90.0]
     with pytest.raises(ValueError):
         plots.memory_timeline_chart({})
 

@@ -207,18 +207,29 @@ def memory_growth_chart(df, title: str = "", size: str | None = None):
     return fig
 
 
+def _step_share(tl):
+    """A function mapping a time (ms) of ``tl`` to its share of the step (%), from the first
+    event or phase start to the last event or phase end."""
+    ends = list(tl.t_ms) + [p.start_ms for p in tl.phases] + [p.end_ms for p in tl.phases]
+    t0, t1 = (min(ends), max(ends)) if ends else (0.0, 1.0)
+    span = (t1 - t0) or 1.0
+    return lambda t: (np.asarray(t, dtype=float) - t0) / span * 100
+
+
 def memory_timeline_chart(timelines: dict, title: str = "memory over one training step",
                           size: str | None = None):
-    """Bytes allocated (MiB above the step's start) over time (ms), one panel per run, with the
-    marked phases shaded.
+    """Bytes allocated (MiB above the step's start) over the step, one panel per run, with the
+    marked phases shaded. The horizontal axis is the share of each run's step (0-100 %), not
+    milliseconds: on a CPU the profiler that records the allocations slows the step by more than
+    the step takes (unevenly), so its clock would mislead; the phases' shares still show where
+    recomputation adds work.
 
     Args:
         timelines: ``{label: Timeline}`` (`course_utils.memory_timeline.memory_timeline`: ``t_ms``,
             ``allocated`` in bytes, ``phases`` with ``name``, ``start_ms``, ``end_ms``).
         title: the figure's title; size: the size profile, appended as "size '...'".
 
-    The panels share both axes so that heights and durations compare directly; each panel marks
-    its peak.
+    The panels share both axes so that heights compare directly; each panel marks its peak.
 
     Raises:
         ValueError: no timelines.
@@ -231,13 +242,15 @@ def memory_timeline_chart(timelines: dict, title: str = "memory over one trainin
     shades = {"forward": "#4C72B0", "backward": "#C44E52", "optimizer": "#55A868"}
     extra = ["#8172B3", "#937860", "#DA8BC3"]
     for ax, (label, tl) in zip(axes[:, 0], timelines.items()):
-        t = np.asarray(tl.t_ms, dtype=float)
+        share = _step_share(tl)
+        t = share(np.asarray(tl.t_ms, dtype=float))
         a = np.asarray(tl.allocated, dtype=float) / MiB
         ax.step(t, a, where="post", color="black", linewidth=1.0)
         for k, p in enumerate(tl.phases):
             c = shades.get(p.name, extra[k % len(extra)])
-            ax.axvspan(p.start_ms, p.end_ms, color=c, alpha=0.12, linewidth=0)
-            ax.annotate(tr(p.name), ((p.start_ms + p.end_ms) / 2, 1.0),
+            start, end = share(p.start_ms), share(p.end_ms)
+            ax.axvspan(start, end, color=c, alpha=0.12, linewidth=0)
+            ax.annotate(tr(p.name), ((start + end) / 2, 1.0),
                         xycoords=("data", "axes fraction"), xytext=(0, -11),
                         textcoords="offset points", ha="center", fontsize=8, color=c)
         if len(a):
@@ -248,7 +261,8 @@ def memory_timeline_chart(timelines: dict, title: str = "memory over one trainin
         ax.set_ylabel(tr("MiB above start"))
         ax.set_title(label, fontsize=10, loc="left")
         ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel(tr("time (ms)"))
+    axes[-1, 0].set_xlabel(tr("share of the step (%)"))
+    axes[-1, 0].set_xlim(0, 100)
     top = max((max(tl.allocated) if tl.allocated else 0) for tl in timelines.values()) / MiB
     low = min((min(tl.allocated) if tl.allocated else 0) for tl in timelines.values()) / MiB
     axes[0, 0].set_ylim(min(0, low) * 1.1, top * 1.22 + 1e-9)
