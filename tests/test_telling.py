@@ -249,6 +249,15 @@ def test_no_chart_draws_an_emulated_time_on_a_time_axis():
     check_no_emulated_time(plots.adoption_chart(story), emulated_ms)
 
 
+def test_a_time_panel_of_one_native_bar_is_left_out_and_the_title_says_so():
+    df = emulated_table().iloc[[0, 2]]        # fp32 native, bf16 emulated: nothing to compare
+    assert df["emulated"].tolist() == [False, True]
+    fig = plots.comparison_chart(df, title="fp32 and bf16")
+    assert len(fig.axes) == 2 and "step time" not in [ax.get_title() for ax in fig.axes]
+    assert "step time not drawn" in fig._suptitle.get_text()
+    assert len(plots.comparison_chart(emulated_table(), title="the ladder").axes) == 3
+
+
 def test_the_chart_checker_rejects_an_emulated_bar():
     fig = Figure()
     ax = fig.subplots()

@@ -99,7 +99,9 @@ def _caption(fig, labels, t_ms, notes, reference: int | None = 0) -> None:
 
 
 def comparison_chart(df, title: str = "", size: str | None = None):
-    """Three panels for a `course_utils.experiments.compare` table, one bar per configuration.
+    """Three panels for a `course_utils.experiments.compare` table, one bar per configuration
+    (two, with the title saying so, where fewer than two rows are timed natively: a time panel
+    of one bar compares nothing).
 
     Each configuration is named in words (`course_utils.experiments.plain_label`).
 
@@ -131,15 +133,21 @@ def comparison_chart(df, title: str = "", size: str | None = None):
         raise ValueError(tr("comparison_chart() needs at least one row (a compare() table)."))
     labels, n = [plain_label(v) for v in df["label"]], len(df)
     x = np.arange(n)
-    fig = new_figure((max(10, 2.2 * n + 6), 4.9))
-    ax_t, ax_p, ax_s = fig.subplots(1, 3)
     notes = time_notes(df, [0] * n)
     t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
-    iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
-    shows = _time_bars(ax_t, x, t, notes, [TIME_COLOR] * n, np.vstack([iqr, iqr]), refs=[0] * n)
-    ax_t.set_ylabel(tr("step time (ms)"))
-    del shows   # how the bars are drawn is the method page's (docs/method.md), not the title's
-    ax_t.set_title(tr("step time"), fontsize=10)
+    # a time panel with one bar compares nothing (every other row emulated): left out, said once
+    timed = sum(1 for v, note in zip(t, notes) if not np.isnan(v) and not note.emulated) >= 2
+    fig = new_figure((max(10, 2.2 * n + 6) * (1 if timed else 0.7), 4.9))
+    if timed:
+        ax_t, ax_p, ax_s = fig.subplots(1, 3)
+        iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
+        _time_bars(ax_t, x, t, notes, [TIME_COLOR] * n, np.vstack([iqr, iqr]), refs=[0] * n)
+        ax_t.set_ylabel(tr("step time (ms)"))
+        ax_t.set_title(tr("step time"), fontsize=10)
+    else:
+        ax_p, ax_s = fig.subplots(1, 2)
+        title = tr("{title} (step time not drawn: only one configuration runs natively here)",
+                   title=title)
 
     ax_p.bar(x, mib(df["peak_allocated"]), color=COLORS["parameters"])
     ax_p.scatter(x, mib(df["est_peak_allocated"]), marker="_", s=600, color="black",
@@ -156,7 +164,7 @@ def comparison_chart(df, title: str = "", size: str | None = None):
                  zorder=3)
     ax_s.set_ylabel("MiB")
     ax_s.set_title(tr("saved tensors (for backward)"), fontsize=10)
-    for ax in (ax_t, ax_p, ax_s):
+    for ax in ((ax_t, ax_p, ax_s) if timed else (ax_p, ax_s)):
         ax.set_xticks(x)
         ax.set_xticklabels([textwrap.fill(lab, 20) for lab in labels], rotation=30, ha="right",
                            fontsize=8)
