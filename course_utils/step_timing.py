@@ -273,7 +273,8 @@ def agreement(here: TimeRatio, there: TimeRatio, there_name: str) -> str:
         return tr("{said} The two runs are not compared: one of them has no noise band that "
                   "means something.", said=said)
     if here.low <= there.high and there.low <= here.high:
-        return tr("{said} The two noise bands overlap: the lessons agree.", said=said)
+        return tr("{said} The two noise bands overlap: the two runs measured the same ratio within their "
+                  "noise.", said=said)
     return tr("{said} The two noise bands do not overlap: the machine ran at a different speed "
               "during one of the runs (other programs, heat, power saving), more than either band "
               "shows, since a band measures the spread within one run. Run both lessons again on "
