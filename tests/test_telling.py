@@ -30,6 +30,7 @@ from nbcells import cell
 
 from course_utils import claims, memory_model, plots
 from course_utils.experiments import summary
+from course_utils.i18n import tr
 from course_utils.step_timing import time_ratio
 from course_utils.terms import GiB, MiB
 
@@ -102,7 +103,7 @@ def run_cell(nb_path: Path, cell_id: str, namespace: dict) -> str:
 
 
 def test_lesson03_peak_sentences_name_the_estimates_moment():
-    ns = {"memory_model": memory_model, "estimate": memory_model.estimate, "GiB": GiB}
+    ns = {"memory_model": memory_model, "estimate": memory_model.estimate, "GiB": GiB, "tr": tr}
     printed = run_cell(ROOT / "notebooks" / "03_combined_stack.ipynb", "scale", ns).splitlines()
     assert len(printed) == len(memory_model.SCALE_MODELS)
     for name, line in zip(memory_model.SCALE_MODELS, printed):

@@ -304,7 +304,7 @@ def scale_chart(sweep, gpus=None, title: str = ""):
         for color, (recipe, r) in zip(SERIES, sub.groupby("recipe", sort=False)):
             b, peak = r["micro-batch"].to_numpy(), r["peak GiB"].to_numpy(dtype=float)
             at_step = (r["peak at"] == "optimizer step").to_numpy()
-            ax.plot(b, peak, color=color, lw=1.5, label=recipe)
+            ax.plot(b, peak, color=color, lw=1.5, label=tr(recipe))
             ax.scatter(b[at_step], peak[at_step], color=color, s=22, zorder=3)
             ax.scatter(b[~at_step], peak[~at_step], facecolor="white", edgecolor=color, s=22,
                        zorder=3)
