@@ -198,7 +198,7 @@ def guarded_step(guard, model, optimizer, micro_batches, dtype=None,
             if guard == "skip":                       # train_step's default
                 with StepCounter(optimizer) as steps:
                     train_step(*args, nonfinite="skip")
-                return "" if steps.taken else "skipped the step"
+                return "" if steps.taken else tr("skipped the step")
             if guard == "error_if_nonfinite":         # clip_grad_norm_(..., error_if_nonfinite=True)
                 train_step(*args, nonfinite="raise")
             elif guard == "detect_anomaly":           # raises in backward at the first NaN
@@ -207,7 +207,8 @@ def guarded_step(guard, model, optimizer, micro_batches, dtype=None,
             elif guard == "forward hooks":            # names the first inf/NaN output
                 with FirstNonFinite(model) as first:
                     train_step(*args, nonfinite="step")
-                return "" if first.module is None else f"first non-finite output: {first.module}"
+                return ("" if first.module is None else
+                        tr("first non-finite output: {module}", module=first.module))
             else:                                     # "none": no guard at all
                 train_step(*args, nonfinite="step")
         except RuntimeError as e:

@@ -45,6 +45,7 @@ from course_utils.card import (
 from course_utils.config import config_for
 from course_utils.experiments import compare
 from course_utils.hardware import HardwareInfo
+from course_utils.i18n import tr
 from course_utils.terms import GiB, MiB
 from course_utils.training import train_step
 
@@ -311,7 +312,7 @@ def test_lesson02_prints_how_far_checkpointed_gradients_are_from_plain_ones(drif
 
 def test_lesson01_prints_how_far_the_recipes_parameters_are_apart():
     """Lesson 01 printed "same parameters as train_step: False" on an H100."""
-    ns = {"torch": torch, "DEV_TYPE": "cuda"}
+    ns = {"torch": torch, "DEV_TYPE": "cuda", "tr": tr}
     run_cell("01", "recipes-run", ns, only="same_parameters")
     same = ns["same_parameters"]
     torch.manual_seed(0)

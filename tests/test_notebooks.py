@@ -26,6 +26,7 @@ from course_utils.checkpointing import SAVE
 from course_utils.claims import CLAIMS, verdict
 from course_utils.config import config_for
 from course_utils.data import get_batch
+from course_utils.i18n import tr
 from course_utils.models import build_model
 from course_utils.profiling import find_blocks, wrap_blocks
 from course_utils.saved_tensors import saved_bytes
@@ -297,7 +298,7 @@ def test_lesson01_section8_runs_on_a_t4_with_arms_the_guard_accepts(capsys):
         calls.append([a.label for a in arms])
         return {a.label: arm_history(a.label, [5.0, 4.0], [0.0] * steps) for a in arms}
 
-    ns = {"math": math, "hw": t4, "is_emulated": is_emulated, "DEVICE": "cpu", "size": "cpu",
+    ns = {"math": math, "hw": t4, "is_emulated": is_emulated, "DEVICE": "cpu", "size": "cpu", "tr": tr,
           "config_for": config_for,
           "Arm": Arm, "feasible_arms": feasible_arms, "train_arms": train_arms_on_t4,
           "loss_curves_chart": lambda *a, **k: None, "results_table": results_table,
@@ -360,7 +361,7 @@ def test_lesson01_nan_section_runs_its_faults_and_guards_on_the_course_model(cap
           "nan_in_weight": nan_in_weight, "overflow": overflow, "StepCounter": StepCounter,
           "train_step": train_step, "autocast_dtype": autocast_dtype,
           "nonfinite_parameters": nonfinite_parameters, "GUARDS": GUARDS,
-          "guarded_step": nonfinite.guarded_step, "display": shown.append}
+          "guarded_step": nonfinite.guarded_step, "display": shown.append, "tr": tr}
     faults = None
     for cell_id in ("nan-faults", "guards-run"):
         source = cell(LESSON["01"], cell_id).source
