@@ -298,7 +298,9 @@ class Drifting(torch.nn.Module):
 def test_lesson02_prints_how_far_checkpointed_gradients_are_from_plain_ones(drift):
     """Lesson 02 printed "bit-for-bit equal: False" on an H100 under a sentence expecting True."""
     from torch.utils.checkpoint import checkpoint
-    ns = {"torch": torch, "checkpoint": checkpoint, "block": Drifting(drift),
+
+    from course_utils.i18n import tr
+    ns = {"torch": torch, "checkpoint": checkpoint, "tr": tr, "block": Drifting(drift),
           "x": torch.randn(4, 8, requires_grad=True)}
     out = run_cell("02", "by-hand", ns)
     assert "block forward calls: plain 1, checkpointed 2" in out and "False" not in out

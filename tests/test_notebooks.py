@@ -450,11 +450,13 @@ def test_lesson02_the_attention_cell_says_where_its_sequence_lengths_stop():
     import contextlib
     import io
     from types import SimpleNamespace
+
+    from course_utils.i18n import tr
     body = ast.parse(cell(LESSON["02"], "attention").source).body
     head = ast.Module([n for n in body[:3]], [])  # candidates, lengths, the sentence
     for size, capped in (("cpu", False), ("h100", True)):
         c = config_for(size)
-        ns = {"T": c.seq_len, "B": c.batch_size, "cfg": SimpleNamespace(n_heads=c.n_heads)}
+        ns = {"T": c.seq_len, "B": c.batch_size, "cfg": SimpleNamespace(n_heads=c.n_heads), "tr": tr}
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             exec(compile(head, "attention", "exec"), ns)
@@ -469,19 +471,23 @@ def test_lesson02_the_attention_cell_says_where_its_sequence_lengths_stop():
 
 def test_lesson02_the_reentrant_cell_comments_a_will_raise_that_did_not_happen(cfg, capsys):
     import warnings
-    ns = {"torch": torch, "checkpoint": torch.utils.checkpoint.checkpoint, "warnings": warnings,
+
+    from course_utils.i18n import tr
+    ns = {"tr": tr, "torch": torch, "checkpoint": torch.utils.checkpoint.checkpoint, "warnings": warnings,
           "build_model": build_model, "cfg": cfg, "B": cfg.batch_size, "T": cfg.seq_len,
           "d": cfg.d_model, "device": "cpu"}
     exec(compile(cell(LESSON["02"], "reentrant-default").source, "reentrant-default", "exec"), ns)
     out = capsys.readouterr().out
     promised = any("will raise" in str(w.message) for w in ns["caught"])
-    ran = ns["outcome"].startswith("ran")
+    ran = ns["ran"]
+    assert ns["outcome"].startswith("ran") == ran
     assert ("has not happened in torch" in out) == (promised and ran), out
 
 
 def test_lesson02_hugging_face_cells_run_without_transformers(monkeypatch, capsys):
+    from course_utils.i18n import tr
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
-    namespace = {"torch": torch}
+    namespace = {"torch": torch, "tr": tr}
     for cell_id in ("hf", "hf-keeps", "hf-cache"):
         exec(compile(cell(LESSON["02"], cell_id).source, cell_id, "exec"), namespace)
     out = capsys.readouterr().out
