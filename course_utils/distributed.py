@@ -6,8 +6,9 @@ plumbing around them:
 * `launch` runs ``python -m torch.distributed.run --standalone --nproc-per-node N script ...``
   (the same program as the ``torchrun`` command) with a time limit, one OpenMP thread budget per
   rank (the caller's ``OMP_NUM_THREADS``, else the usable cores, shared out so that N ranks do
-  not oversubscribe them), this package on every rank's ``PYTHONPATH``, and a fresh folder for
-  the ranks' reports. A failure raises `LaunchError` with the ranks' last error (or the signal
+  not oversubscribe them), this package on every rank's ``PYTHONPATH``, the notebook's language
+  (``COURSE_LANG``: the ranks print in the learner's language too), and a fresh folder for the
+  ranks' reports. A failure raises `LaunchError` with the ranks' last error (or the signal
   that killed a rank) on its first line and the tail of their stderr below it; a run past its
   time limit is stopped, ranks included, and raises `LaunchError` too. Nothing hangs.
 * Each rank runs the script through this module's rank runner (``torchrun ... -m
@@ -57,7 +58,7 @@ import pandas as pd
 import torch
 
 from .hardware import usable_cores
-from .i18n import tr
+from .i18n import LANG_ENV, language, tr
 from .memory_model import sharded_estimate
 from .terms import MiB, check_positive_int
 
@@ -338,6 +339,7 @@ def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
             "OMP_NUM_THREADS": str(threads),   # N ranks x threads <= cores: no oversubscription
             REPORT_ENV: out_dir,
             "PYTHONPATH": os.pathsep.join(p for p in (package_root, run_env.get("PYTHONPATH")) if p),
+            LANG_ENV: language(),  # the ranks start in the script's folder: tell them the edition
         })
         run_env.update({k: str(v) for k, v in (env or {}).items()})  # the caller's word is last
         return _run(script, nproc, backend, threads, [str(a) for a in args], timeout,

@@ -19,6 +19,7 @@ from nbcells import cell
 from course_utils import distributed, hardware, plots
 from course_utils.config import config_for
 from course_utils.hardware import usable_cores
+from course_utils.i18n import tr
 from course_utils.memory_model import estimate, sharded_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,7 +296,7 @@ def test_the_gpu_only_memory_cell_says_so_in_one_line_on_a_cpu():
     from course_utils.hardware import detect
     from course_utils.results import committed_memory_tools
     printed, value = run_lesson_cell("cuda-memory-tools", {
-        "torch": torch, "hw": detect("cpu"), "committed_memory_tools": committed_memory_tools})
+        "torch": torch, "hw": detect("cpu"), "committed_memory_tools": committed_memory_tools, "tr": tr})
     assert value is None and len(printed.strip().splitlines()) == 1, printed
     assert printed.startswith("needs a CUDA GPU (this is cpu")
     if committed_memory_tools() is not None:
@@ -314,7 +315,7 @@ def test_the_fp8_tables_print_short_numbers_and_say_what_was_flushed():
     from course_utils.data import get_batch
     from course_utils.models import build_model
     ns = {"torch": torch, "pd": pd, "formats": formats, "SMALL": "smoke", "config_for": config_for,
-          "build_model": build_model, "get_batch": get_batch}
+          "build_model": build_model, "get_batch": get_batch, "tr": tr}
     _, table = run_lesson_cell("fp8-formats", ns)
     assert list(table.index) == ["bf16", "fp8 e4m3", "fp8 e5m2", "e8m0", "fp4 e2m1"]
     assert list(table["max"]) == ["3.4e+38", "448", "57,344", "1.7e+38", "6"]
@@ -338,7 +339,7 @@ def test_the_lesson_says_a_skipped_measurement_once():
     it; the ranks not run print as a number, not a list."""
     from course_utils.hardware import detect
     printed, _ = run_lesson_cell("c19-verdict", {"hw": detect("cpu"), "fp8_time": None,
-                                                 "fp8_why_not": "no CUDA GPU here"})
+                                                 "fp8_why_not": "no CUDA GPU here", "tr": tr})
     assert printed.strip() == "C19: not measured here (see above)"
     assert "ranks differ by a few percent" not in cell(LESSON, "fsdp-read").source
     assert "stage 2 they still hold every gradient" in cell(LESSON, "fsdp-table-md").source
