@@ -291,7 +291,7 @@ def _options(profile, extrapolations: dict, plan_bytes: int, measured_batch: int
             options.append({"config": m.config.label, "precision": pr, "policy": policy,
                             "largest batch": b,
                             "peak at it (MiB)": round(e.peak(b, policy) / MiB, 1) if b else None,
-                            f"step ms at micro-batch {measured_batch}":
+                            tr("step ms at micro-batch {batch}", batch=measured_batch):
                                 None if step is None else round(step * 1e3, 1),
                             "time vs none": profile.time_text(m),
                             "emulated": m.emulated, "m": m})

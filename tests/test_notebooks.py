@@ -721,9 +721,13 @@ def test_quiz_explanations_stay_out_of_the_cells(path, capsys):
 
 
 def _run(cell_id: str, namespace: dict) -> str:
-    """Run lesson 05's cell ``cell_id`` in ``namespace``; what it printed."""
+    """Run lesson 05's cell ``cell_id`` in ``namespace`` (with the setup cell's `tr`); what it
+    printed."""
     import contextlib
     import io
+
+    from course_utils.i18n import tr
+    namespace.setdefault("tr", tr)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(cell(LESSON["05"], cell_id).source, cell_id, "exec"), namespace)
