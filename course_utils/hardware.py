@@ -411,21 +411,27 @@ def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
         if rec and isinstance(rec.get("threads"), int) and 1 <= rec["threads"] <= cores:
             torch.set_num_threads(rec["threads"])
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.get("recorded_at", 0)))
+            # the numbers are stored, the sentence said anew: in this kernel's language
+            why = (_threads_reason(rec["cores"], rec.get("busy"), rec["threads"])
+                   if isinstance(rec.get("cores"), int) else str(rec.get("reason", "")))
             return ThreadChoice(rec["threads"], tr(
                 "{reason}; chosen on {when} and kept for every lesson on this machine "
-                "(use_threads(fresh=True) chooses again)", reason=rec["reason"], when=when))
+                "(use_threads(fresh=True) chooses again)", reason=why, when=when))
     busy = _cpu_busy(sample_s)
     free = cores if busy is None else max(1, min(cores, round(cores - busy + 0.25)))
     torch.set_num_threads(free)
-    if busy is None:
-        why = tr("{cores} usable core(s)", cores=cores)
-    else:
-        why = (tr("{cores} usable core(s), {busy:.1f} kept busy by other processes: using {free}",
-                  cores=cores, busy=busy, free=free)
-               if free < cores else tr("{cores} usable core(s), all free", cores=cores))
     if keep:
-        store.record("protocol", "threads", {"threads": free, "reason": why}, key)
-    return ThreadChoice(free, why)
+        store.record("protocol", "threads", {"threads": free, "cores": cores, "busy": busy}, key)
+    return ThreadChoice(free, _threads_reason(cores, busy, free))
+
+
+def _threads_reason(cores: int, busy: float | None, free: int) -> str:
+    """Why `use_threads` chose ``free`` of ``cores`` threads, in the learner's language."""
+    if busy is None:
+        return tr("{cores} usable core(s)", cores=cores)
+    return (tr("{cores} usable core(s), {busy:.1f} kept busy by other processes: using {free}",
+               cores=cores, busy=busy, free=free)
+            if free < cores else tr("{cores} usable core(s), all free", cores=cores))
 
 
 def matmul_probe(device: str = "cpu", n: int = 256, budget_s: float = 0.2) -> dict:

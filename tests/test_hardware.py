@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import fake_cpu, fake_cuda
 
-from course_utils import hardware
+from course_utils import hardware, i18n
 from course_utils.config import config_for, size_profile
 from course_utils.guard import check_feasible
 from course_utils.hardware import is_emulated
@@ -97,6 +97,31 @@ def test_threads_obey_omp_num_threads_and_back_off_beside_busy_processes(monkeyp
         assert hardware.use_threads().threads == 1  # never fewer than one
         monkeypatch.setattr(hardware, "_cpu_busy", lambda s: 0.1)
         assert hardware.use_threads().threads == 4
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_kept_thread_choice_is_said_in_the_language_of_the_kernel_that_reads_it(monkeypatch,
+                                                                                  tmp_path):
+    """The store keeps the numbers, not an English sentence (issue 28: a Korean lesson printed
+    the reason an English kernel had stored)."""
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr(hardware.store, "in_notebook", lambda: True)
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 2)
+    monkeypatch.setattr(hardware, "_cpu_busy", lambda s: 1.0)
+    monkeypatch.setattr(i18n, "catalog", lambda lang: {
+        "{cores} usable core(s), {busy:.1f} kept busy by other processes: using {free}":
+            "사용 가능한 코어 {cores}개 중 {busy:.1f}개가 다른 프로세스로 바쁨: {free}개 사용"}
+        if lang == "ko" else {})
+    try:
+        monkeypatch.setenv("COURSE_LANG", "en")
+        assert "kept busy" in hardware.use_threads().reason
+        monkeypatch.setenv("COURSE_LANG", "ko")
+        kept = hardware.use_threads()                 # read back from the store
+        assert kept.threads == 1 and "chosen on" in kept.reason      # the stored choice
+        assert "다른 프로세스로 바쁨" in kept.reason and "kept busy" not in kept.reason
     finally:
         torch.set_num_threads(before)
 
