@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -773,7 +774,9 @@ def test_lesson05_ladder_read_names_the_method_profile_called():
         m.saved_modules = pd.DataFrame({"module": ["layers.0.x", "head"], "nbytes": [2**20, 2**10]})
     out = _run("ladder-read", {"prof": prof, "PRECISION": "fp32", "MiB": 2**20,
                                "transformers": transformers, "display": lambda *a: None,
-                               "hf_method": hf_method})
+                               "hf_method": hf_method, "hw": SimpleNamespace(device="cpu")})
+    # right under the ladder: on a CPU its offload row is not offloading (nothing is copied)
+    assert "On this CPU nothing is copied, so the ladder's offload row" in out
     called = ("activation_checkpointing_enable()"
               if hasattr(transformers.PreTrainedModel, "activation_checkpointing_enable")
               else "gradient_checkpointing_enable()")
