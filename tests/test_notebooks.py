@@ -282,6 +282,7 @@ def test_lesson01_section8_runs_on_a_t4_with_arms_the_guard_accepts(capsys):
     from course_utils.guard import check_feasible
     from course_utils.hardware import HardwareInfo, is_emulated
     from course_utils.training_arms import (
+        HARM,
         Arm,
         feasible_arms,
         flushed_trend,
@@ -305,7 +306,7 @@ def test_lesson01_section8_runs_on_a_t4_with_arms_the_guard_accepts(capsys):
           "loss_curves_chart": lambda *a, **k: None, "results_table": results_table,
           "relative_gap": relative_gap, "shows_harm": shows_harm, "flushed_trend": flushed_trend,
           "verdict": verdict, "verdicts": [], "bf16_plain": {"flushed": 0.0},
-          "table": format_table()}
+          "table": format_table(), "HARM": HARM}
     for cell_id in ("train", "train-table", "c13", "train-scaled", "train-scaled-table"):
         exec(compile(python(cell(LESSON["01"], cell_id).source), cell_id, "exec"), ns)  # noqa: S102
     out = capsys.readouterr().out
