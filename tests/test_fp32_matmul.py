@@ -81,7 +81,7 @@ def test_the_probe_measures_both_modes_on_a_bf16_cpu_and_plans_a_stand_in_by_its
         assert fp32_matmul_settings()["cpu matmul (oneDNN)"] == "ieee"   # restored
     else:   # oneDNN ignores the bf16 mode without bf16 instructions: nothing to compare
         assert fp32_matmul_probe("cpu", n=64, budget_s=0.01) is None
-    # a CPU capped to AVX2 (an AVX2-only laptop, as measurement.md emulates it) has no fast mode
+    # a CPU capped to AVX2 (as an AVX2-only laptop is) has no fast mode
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert fp32_matmul._reduced_modes(torch.device("cpu"), None) is None
     # a GPU plans by the capability it is given: a T4 stand-in on a bigger GPU has no TF32

@@ -99,10 +99,10 @@ def test_routes_name_themselves_in_korean_with_the_same_estimates(monkeypatch):
     english = lora.routes("7B", 24 * GiB, rank=16)
     monkeypatch.setenv("COURSE_LANG", "ko")
     korean = lora.routes("7B", 24 * GiB, rank=16)
-    assert list(korean["route"]) == ["전체 미세 조정 (bf16 autocast + 체크포인팅)",
+    assert list(korean["route"]) == ["전체 파인튜닝 (bf16 autocast + 체크포인팅)",
                                      "LoRA r=16, 고정된 bf16 기반 모델 (+ 체크포인팅)",
                                      "다음 단계: QLoRA r=16, NF4 기반 모델 (+ 체크포인팅)",
-                                     "다음 단계: 8비트 AdamW, 전체 미세 조정"]
+                                     "다음 단계: 8비트 AdamW, 전체 파인튜닝"]
     assert korean.drop(columns="route").equals(english.drop(columns="route"))
     with pytest.raises(ValueError, match=r"^알 수 없는 모델 '3B'"):
         lora.routes("3B")

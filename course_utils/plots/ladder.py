@@ -98,6 +98,14 @@ def _caption(fig, labels, t_ms, notes, reference: int | None = 0) -> None:
         put_caption(fig, text)
 
 
+def _comparison_times(ax_t, x, t, notes, df) -> None:
+    """`comparison_chart`'s step-time panel: bars at the first row's median × each ratio."""
+    iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
+    _time_bars(ax_t, x, t, notes, [TIME_COLOR] * len(x), np.vstack([iqr, iqr]), refs=[0] * len(x))
+    ax_t.set_ylabel(tr("step time (ms)"))
+    ax_t.set_title(tr("step time"), fontsize=10)
+
+
 def comparison_chart(df, title: str = "", size: str | None = None):
     """Three panels for a `course_utils.experiments.compare` table, one bar per configuration
     (two, with the title saying so, where fewer than two rows are timed natively: a time panel
@@ -140,10 +148,7 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     fig = new_figure((max(10, 2.2 * n + 6) * (1 if timed else 0.7), 4.9))
     if timed:
         ax_t, ax_p, ax_s = fig.subplots(1, 3)
-        iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
-        _time_bars(ax_t, x, t, notes, [TIME_COLOR] * n, np.vstack([iqr, iqr]), refs=[0] * n)
-        ax_t.set_ylabel(tr("step time (ms)"))
-        ax_t.set_title(tr("step time"), fontsize=10)
+        _comparison_times(ax_t, x, t, notes, df)
     else:
         ax_p, ax_s = fig.subplots(1, 2)
         title = tr("{title} (step time not drawn: only one configuration runs natively here)",
