@@ -44,7 +44,6 @@ from torch import nn
 
 from .config import RunConfig
 from .data import batches
-from .experiments import round_sig
 from .i18n import tr
 from .memory_model import (
     PEAK_PARTS,
@@ -313,10 +312,10 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
 
 def routes_table(routes: pd.DataFrame) -> pd.DataFrame:
     """`routes`' result as a readable table: one row per route (the index), ``trains``,
-    ``weights GiB``, ``gradients GiB``, ``optimizer GiB``, ``peak GiB`` (four significant
-    figures, as the lesson's sentences print one decimal of GiB) and ``fits``."""
+    ``weights GiB``, ``gradients GiB``, ``optimizer GiB``, ``peak GiB`` (one decimal, as the
+    lesson's sentences print GiB: estimates of a 7B model need no more) and ``fits``."""
     out = routes.set_index("route")[["trains"]].copy()
     for col in ("weights", "gradients", "optimizer", "peak"):
-        out[f"{col} GiB"] = [round_sig(v, 4) for v in routes[col]]
+        out[f"{col} GiB"] = [round(float(v), 1) for v in routes[col]]
     out["fits"] = routes["fits"].to_numpy()
     return out
