@@ -408,12 +408,13 @@ def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
     cores = usable_cores()
     if keep and not fresh:
         rec = store.lookup("protocol", "threads", key)
-        if rec and isinstance(rec.get("threads"), int) and 1 <= rec["threads"] <= cores:
+        # a record from before the numbers were kept (its sentence in one language) is chosen again
+        if (rec and isinstance(rec.get("threads"), int) and 1 <= rec["threads"] <= cores
+                and isinstance(rec.get("cores"), int)):
             torch.set_num_threads(rec["threads"])
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.get("recorded_at", 0)))
             # the numbers are stored, the sentence said anew: in this kernel's language
-            why = (_threads_reason(rec["cores"], rec.get("busy"), rec["threads"])
-                   if isinstance(rec.get("cores"), int) else str(rec.get("reason", "")))
+            why = _threads_reason(rec["cores"], rec.get("busy"), rec["threads"])
             return ThreadChoice(rec["threads"], tr(
                 "{reason}; chosen on {when} and kept for every lesson on this machine "
                 "(use_threads(fresh=True) chooses again)", reason=why, when=when))

@@ -21,6 +21,7 @@ any). Numbers, units and code stay as they are in every language.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -122,15 +123,17 @@ def label(text):
 
 
 def install_display() -> bool:
-    """In a kernel whose language is not English, show every pandas table with its column and
-    index labels translated (`label`): an IPython display formatter renames a copy for display
-    only, so code that reads a table by its English column names works in every edition.
+    """In a kernel whose language is not English, show every pandas table (a DataFrame or a
+    Styler) with its column and index labels translated (`label`): an IPython display formatter
+    renames a copy for display only, so code that reads a table by its English column names
+    works in every edition.
     Returns True when installed (idempotent), False outside IPython or in English."""
     if language() == "en":
         return False
     try:  # lazy: IPython and pandas are only needed in a kernel
         import pandas as pd
         from IPython import get_ipython
+        from pandas.io.formats.style import Styler
     except ImportError:
         return False
     shell = get_ipython()
@@ -143,8 +146,18 @@ def install_display() -> bool:
         out.index.names = [label(n) for n in out.index.names]
         return out
 
+    def styled(st):
+        """A Styler's labels translated on a deep copy (its formats and colours kept)."""
+        out = copy.deepcopy(st)    # its styles name columns in English: relabel, do not rename
+        data = out.data.copy(deep=False)
+        data.index.names = [label(n) for n in data.index.names]
+        data.columns.names = [label(n) for n in data.columns.names]
+        out.data, out.index, out.columns = data, data.index, data.columns
+        return out.format_index(label, axis=0).format_index(label, axis=1)._repr_html_()
+
     formatters = shell.display_formatter.formatters
     formatters["text/html"].for_type(pd.DataFrame, lambda df: shown(df)._repr_html_())
+    formatters["text/html"].for_type(Styler, styled)
     formatters["text/plain"].for_type(
         pd.DataFrame, lambda df, p, cycle: p.text(repr(shown(df))))
     return True

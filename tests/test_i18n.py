@@ -156,6 +156,13 @@ def test_a_korean_kernel_shows_table_labels_translated_and_keeps_them_in_code(no
     html = shell.display_formatter.formatters["text/html"](df)
     assert "최대 할당 메모리 MiB" in html and "구성" in html and "peak MiB" not in html
     assert list(df.columns) == ["peak MiB"] and df.index.name == "config"   # the table itself
+    # a Styler too (the claims ledger, lesson 01's formats): labels relabelled, styles kept
+    styler = df.style.map(lambda v: "color: red", subset=["peak MiB"])
+    html = shell.display_formatter.formatters["text/html"](styler)
+    assert "최대 할당 메모리 MiB" in html and "구성" in html and "peak MiB" not in html
+    assert "color: red" in html and df.index.name == "config"
+    from pandas.io.formats.style import Styler
+    shell.display_formatter.formatters["text/html"].pop(Styler)
     shell.display_formatter.formatters["text/html"].pop(pd.DataFrame)
     shell.display_formatter.formatters["text/plain"].pop(pd.DataFrame)
 
