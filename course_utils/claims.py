@@ -374,7 +374,7 @@ def _c13(same_range, flushed_bf16, val_loss_gap=None, which="gradients"):
     if val_loss_gap is not None:
         text += (tr("; without a scaler it ended within 0.01% of fp32's validation loss")
                  if abs(val_loss_gap) < 5e-5 else
-                 tr("; without a scaler it ended {gap:+.3%} from fp32's validation loss",
+                 tr("; without a scaler it ended {gap:+.2%} from fp32's validation loss",
                     gap=val_loss_gap))
         ok = ok and abs(val_loss_gap) < 0.02
     return ("held" if ok else "busted"), text

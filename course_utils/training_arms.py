@@ -270,7 +270,7 @@ def flushed_trend(history: ArmHistory) -> str:
 
 
 def results_table(histories: dict, reference: str) -> pd.DataFrame:
-    """One row per arm: final validation loss, its gap to ``reference`` (%), the flushed share
+    """One row per arm: final validation loss, its gap to ``reference`` (%, to 0.01), the flushed share
     (mean over steps and last step, %), the skipped steps (GradScaler's, or `train_step`'s guard
     without a scaler). No time: an arm's wall time
     (``ArmHistory.seconds``) includes building the model and the validation passes, and on a
@@ -286,7 +286,8 @@ def results_table(histories: dict, reference: str) -> pd.DataFrame:
     for label, h in histories.items():
         rows[label] = {
             "final val loss": h.val_loss[-1],
-            f"vs {reference} %": 100 * relative_gap(histories, label, reference),
+            # to 0.01 %: one run per arm supports no more (and no "-0.00")
+            f"vs {reference} %": round(100 * relative_gap(histories, label, reference), 2) + 0.0,
             "flushed % (mean)": 100 * sum(h.flushed) / max(1, len(h.flushed)),
             "flushed % (last step)": 100 * (h.flushed[-1] if h.flushed else 0.0),
             "skipped steps": len(h.skipped),

@@ -99,7 +99,7 @@ def test_c11_c13_name_the_gradients_they_count_and_print_no_signed_zero():
                 which="activation gradients")
     assert "of the activation gradients" in v.evidence and "-0.00%" not in v.evidence
     assert "within 0.01% of fp32's validation loss" in v.evidence
-    assert "ended +0.820% from" in verdict("C13", same_range=True, flushed_bf16=0.0,
+    assert "ended +0.82% from" in verdict("C13", same_range=True, flushed_bf16=0.0,
                                           val_loss_gap=0.0082).evidence
 
 
@@ -148,7 +148,7 @@ def test_evidence_prints_readable_numbers():
     assert "1/77,000 of the right one" in v.evidence and "e-05" not in v.evidence
     v = verdict("C13", same_range=True, flushed_bf16=0.0, val_loss_gap=-2e-5)
     assert "within 0.01% of fp32's" in v.evidence and "-0.00%" not in v.evidence
-    assert "+0.400% from" in verdict("C13", same_range=True, flushed_bf16=0.0,
+    assert "+0.40% from" in verdict("C13", same_range=True, flushed_bf16=0.0,
                                     val_loss_gap=0.004).evidence
 
 

@@ -763,6 +763,7 @@ def test_adoption_story_skips_an_emulated_step_as_reference():
     assert mem == ["0.80x\nvs fp32", "0.60x\nvs fp32", "0.50x\nvs full\n(estimate)"]
     times = [t.get_text() for t in fig.axes[0].texts]
     assert "1.30x slower\nvs fp32" in times and "emulated:\nnot drawn" in times
+    assert times.count("not timed") == 1          # the estimate's slot says why it has no bar
     assert "+ bf16 (emulated here)" in fig._supxlabel.get_text() and "ms" not in fig._supxlabel.get_text()
     with pytest.raises(ValueError, match="no row"):
         adoption_story(df, [("x", "nope")])

@@ -70,7 +70,9 @@ def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None,
     elif err is None:
         shows = ""
     for i, (xi, ti, note) in enumerate(zip(x, t_ms, notes)):
-        if np.isnan(ti):
+        if np.isnan(ti):   # an estimate, or a row never timed: say so where its bar would stand
+            ax.annotate(tr("not timed"), (xi, 0), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
             continue
         if note.emulated:  # never on a time axis: the caption under the chart gives it
             ax.annotate(not_drawn(), (xi, 0), xytext=(0, 3), textcoords="offset points",
@@ -295,7 +297,9 @@ def _adoption_times(ax, story, refs, vs) -> list:
     t = drawn_heights([nan(v) * 1e3 for v in story["step_time_s"]], notes, refs)
     err = error_bars(t, notes)
     for i, (xi, v, note, ref_name) in enumerate(zip(x, t, notes, vs)):
-        if not np.isfinite(v):
+        if not np.isfinite(v):   # an estimate (sharding): its slot says why it has no bar
+            ax.annotate(tr("not timed"), (xi, 0), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
             continue
         if note.emulated:  # never on a time axis: the caption under the chart gives it
             ax.annotate(not_drawn(), (xi, 0), xytext=(0, 3), textcoords="offset points",
