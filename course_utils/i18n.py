@@ -149,9 +149,9 @@ def install_display() -> bool:
     def styled(st):
         """A Styler's labels translated on a deep copy (its formats and colours kept)."""
         out = copy.deepcopy(st)    # its styles name columns in English: relabel, do not rename
-        data = out.data.copy(deep=False)
-        data.index.names = [label(n) for n in data.index.names]
-        data.columns.names = [label(n) for n in data.columns.names]
+        data = out.data.copy(deep=False)   # new Index objects: older pandas share them on copy
+        data.index = data.index.set_names([label(n) for n in data.index.names])
+        data.columns = data.columns.set_names([label(n) for n in data.columns.names])
         out.data, out.index, out.columns = data, data.index, data.columns
         return out.format_index(label, axis=0).format_index(label, axis=1)._repr_html_()
 
