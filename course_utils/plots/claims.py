@@ -23,8 +23,9 @@ _BASIS_SHOWN = MappingProxyType({"measured": "measured", "derived": "derived (ar
 def styled_claims(table):
     """`course_utils.claims.claims_table` as an HTML table: status coloured (held green, busted
     red, depends orange, inconclusive yellow, not measured here grey), markdown links
-    ``[text](href)`` in ``where`` made clickable, text left-aligned; column labels and statuses
-    (and bases, where there is a ``basis`` column) shown in the learner's language (`course_utils.i18n.label`: the data stay English).
+    ``[text](href)`` in ``where`` made clickable, text left-aligned; column labels, statuses and
+    (where there is a ``basis`` column) bases shown in the learner's language
+    (`course_utils.i18n.label`: the data stay English).
 
     Args:
         table: columns ``says``, ``status``, ``evidence``, ``where`` (one row per claim).
