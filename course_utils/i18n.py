@@ -117,9 +117,16 @@ def tr(text: str, /, **fields) -> str:
 
 
 def label(text):
-    """A table's column or index label in the learner's language (`tr` without fields); labels
-    that are not strings, or have no translation, stay as they are."""
-    return tr(text) if isinstance(text, str) else text
+    """A table's column or index label in the learner's language (`tr` without fields); a
+    numbered label without a translation of its own, ``"block 3"``, is the catalog's ``"block
+    {i}"`` where it has one; labels that are not strings, or have no translation, stay as they are."""
+    if not isinstance(text, str):
+        return text
+    texts = catalog(language())
+    if text not in texts and (m := re.fullmatch(r"(.+) (\d+)", text)):
+        if f"{m[1]} {{i}}" in texts:
+            return tr(f"{m[1]} {{i}}", i=int(m[2]))
+    return tr(text)
 
 
 def install_display() -> bool:

@@ -889,14 +889,15 @@ class Profile:
 
     def saved_by_block(self, precision: str, policy: str) -> pd.DataFrame:
         """Saved tensors of one configuration grouped by where they were saved: each block
-        (``block 0``...) and ``outside the blocks``; one column, ``MiB``."""
+        (``block 0``...) and ``outside the blocks`` (the index, named ``saved at``); one column,
+        ``MiB``."""
         m = self.get(precision, policy)
         df = m.saved_modules
 
         def where(name: str) -> str:
             i = block_of(name, self.blocks)
             return "outside the blocks" if i is None else f"block {i}"
-        g = df.assign(where=df["module"].map(where)).groupby("where", sort=False)["nbytes"].sum()
+        g = df.assign(**{"saved at": df["module"].map(where)}).groupby("saved at", sort=False)["nbytes"].sum()
         return (g / MiB).to_frame("MiB")
 
 

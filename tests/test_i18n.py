@@ -167,6 +167,14 @@ def test_a_korean_kernel_shows_table_labels_translated_and_keeps_them_in_code(no
     shell.display_formatter.formatters["text/plain"].pop(pd.DataFrame)
 
 
+def test_a_numbered_label_takes_its_numbered_translation(no_front_end, monkeypatch):
+    """Issue 28: lesson 05's per-block rows ("block 0", "block 1") show as 블록 0, 블록 1."""
+    monkeypatch.setenv("COURSE_LANG", "ko")
+    i18n.catalog.cache_clear()
+    assert [i18n.label(t) for t in ("block 0", "block 12", "outside the blocks", "fp16 2", 3)] == [
+        "블록 0", "블록 12", "블록 바깥", "fp16 2", 3]
+
+
 def _tr_calls():
     """Every tr("...") call with a literal text in course_utils and in the English notebooks'
     code cells (the Korean ones run the same code): (file, text)."""

@@ -966,6 +966,8 @@ def test_a_korean_kernel_gets_the_charts_in_korean(monkeypatch):
     html = plots.styled_claims(table).to_html()
     assert ">성립<" in html and ">판정<" in html and "#C8E6C9" in html  # coloured by its status
     assert list(table["status"]) == ["held"]
+    html = plots.styled_claims(table.assign(basis=["none"])).to_html()
+    assert ">근거 없음<" in html and list(table.columns).count("basis") == 0  # not 'none' translated
     ko = i18n.catalog("ko")
     defaults = [p.default for name in plots.__all__
                 for p in inspect.signature(getattr(plots, name)).parameters.values()

@@ -94,11 +94,11 @@ def attention_memory_chart(df, title: str = "saved bytes of one block vs sequenc
     ax = fig.subplots()
     colors = {"naive": "#C44E52", "sdpa": "#4C72B0"}
     others = iter(["#8172B3", "#55A868", "#937860", "#DA8BC3"])
-    for name, d in df.groupby("attention", sort=False):
-        d = d.sort_values("seq_len")
+    for key, d in df.groupby("attention", sort=False):
+        d, name = d.sort_values("seq_len"), tr(key)
         x, y = d["seq_len"].to_numpy(float), d["saved_bytes"].to_numpy(float)
         slope = (np.log(y[-1] / y[-2]) / np.log(x[-1] / x[-2])) if len(x) > 1 else np.nan
-        c = colors.get(name) or next(others, None)
+        c = colors.get(key) or next(others, None)
         ax.plot(x, y / MiB, "o-", color=c, lw=1.0, ms=8, mfc="white", mew=1.6, zorder=3,
                 label=tr("{name}: measured (slope {slope:.2f})", name=name, slope=slope))
         if "est_bytes" in d.columns and d["est_bytes"].notna().any():

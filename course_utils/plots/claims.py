@@ -14,12 +14,18 @@ _STATUS_STYLE = MappingProxyType({
     "depends": "background-color: #FFE0B2", "inconclusive": "background-color: #FFF9C4",
     "not measured here": "background-color: #E0E0E0"})
 
+# How each basis of course_utils.claims.Verdict is shown: words of their own, so that a catalog
+# translates them without translating "none" (also a checkpoint policy's name) everywhere.
+_BASIS_SHOWN = MappingProxyType({"measured": "measured", "derived": "derived (arithmetic)",
+                                 "none": "no basis"})
+
 
 def styled_claims(table):
     """`course_utils.claims.claims_table` as an HTML table: status coloured (held green, busted
     red, depends orange, inconclusive yellow, not measured here grey), markdown links
-    ``[text](href)`` in ``where`` made clickable, text left-aligned; column labels and statuses
-    shown in the learner's language (`course_utils.i18n.label`: the data stay English).
+    ``[text](href)`` in ``where`` made clickable, text left-aligned; column labels, statuses and
+    (where there is a ``basis`` column) bases shown in the learner's language
+    (`course_utils.i18n.label`: the data stay English).
 
     Args:
         table: columns ``says``, ``status``, ``evidence``, ``where`` (one row per claim).
@@ -43,9 +49,12 @@ def styled_claims(table):
     view["where"] = [links(w) for w in view["where"]]
     view["says"] = [html.escape(str(s)) for s in view["says"]]
     view["evidence"] = [html.escape(str(s)) for s in view["evidence"]]
-    return (view.style
-            .map(lambda s: _STATUS_STYLE.get(s, ""), subset=["status"])
-            .format(label, subset=["status"])
+    style = (view.style
+             .map(lambda s: _STATUS_STYLE.get(s, ""), subset=["status"])
+             .format(label, subset=["status"]))
+    if "basis" in view.columns:
+        style = style.format(lambda b: label(_BASIS_SHOWN.get(b, b)), subset=["basis"])
+    return (style
             .format_index(label, axis=1)
             .set_properties(**{"text-align": "left", "vertical-align": "top"})
             .set_table_styles([{"selector": "th", "props": [("text-align", "left")]}]))

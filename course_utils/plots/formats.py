@@ -104,7 +104,7 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
         ax.axvspan(mx, hi + 2, color="#8172B3", alpha=0.15, lw=0,
                    label=tr("overflows to inf in {format}", format=info.name))
         ax.bar(k + 0.5, np.where(frac > 0, frac, np.nan), width=1.0, color="#4C72B0",
-               label=f"{name}")
+               label=tr(name))
         if scale:
             ax.step(np.append(k, k[-1] + 1) + shift, np.append(frac, frac[-1]), where="post",
                     color="black", ls="--", lw=1.2,
@@ -207,7 +207,7 @@ def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation l
     last = max(s[-1] for s, _ in data.values())
     for i, (label, (steps, losses)) in enumerate(data.items()):
         style, color = styles[i % len(styles)], SERIES[i % len(SERIES)]
-        text = f"{label}: {losses[-1]:.3f}"
+        text = f"{tr(label)}: {losses[-1]:.3f}"
         if flushed:
             text += tr(", flushed {share:.2g}%", share=sum(shares[label][1]) / len(shares[label][1]))
         axes[0].plot(steps, losses, style, color=color, marker="o", ms=3, lw=1.6, label=text)

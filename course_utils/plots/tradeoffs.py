@@ -11,6 +11,7 @@ from matplotlib.lines import Line2D
 
 from ..experiments import _per_token, plain_label
 from ..i18n import tr
+from ..memory_model import _moment_words
 from ..step_timing import time_ratio
 from ..terms import MiB
 from ._style import (
@@ -378,10 +379,10 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
         left = left + vals
     peak = routes["peak"].to_numpy(dtype=float)
     for yi, pk, end, fits, at in zip(y, peak, left, routes["fits"], routes["peak at"]):
-        ax.annotate(tr("peak {peak:,.1f} GiB, at the {moment}: fits", peak=pk, moment=tr(at))
+        moment = _moment_words(at)       # "the start of backward (later micro-batch)", translated
+        ax.annotate(tr("peak {peak:,.1f} GiB, at {moment}: fits", peak=pk, moment=moment)
                     if fits else
-                    tr("peak {peak:,.1f} GiB, at the {moment}: does not fit", peak=pk,
-                       moment=tr(at)),
+                    tr("peak {peak:,.1f} GiB, at {moment}: does not fit", peak=pk, moment=moment),
                     (max(pk, end), yi), xytext=(6, 0), textcoords="offset points",
                     va="center", fontsize=8, color="black" if fits else ALERT_COLOR)
     ax.axvline(gpu_gib, color=ALERT_COLOR, ls="--", lw=1)
