@@ -55,6 +55,17 @@ def _bucket_name(kind: str) -> str:
             "logits": tr("logits + loss")}[kind]
 
 
+def _no_time_bar(ax, xi, t_ms, note: TimeNote) -> bool:
+    """Where a row gets no step-time bar, say why at its slot and return True: not timed (an
+    estimate, a row never timed) or emulated (never on a time axis: the caption gives it)."""
+    if np.isfinite(t_ms) and not note.emulated:
+        return False
+    ax.annotate(not_drawn() if np.isfinite(t_ms) else tr("not timed"), (xi, 0), xytext=(0, 3),
+                textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                color=MUTED_COLOR)
+    return True
+
+
 def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None,
                refs=None) -> str:
     """Step-time bars (ms) annotated by ``notes``; returns what the error bars show.
@@ -70,13 +81,7 @@ def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None,
     elif err is None:
         shows = ""
     for i, (xi, ti, note) in enumerate(zip(x, t_ms, notes)):
-        if np.isnan(ti):   # an estimate, or a row never timed: say so where its bar would stand
-            ax.annotate(tr("not timed"), (xi, 0), xytext=(0, 3), textcoords="offset points",
-                        ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
-            continue
-        if note.emulated:  # never on a time axis: the caption under the chart gives it
-            ax.annotate(not_drawn(), (xi, 0), xytext=(0, 3), textcoords="offset points",
-                        ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
+        if _no_time_bar(ax, xi, ti, note):
             continue
         ax.bar(xi, ti, color=colors[i], edgecolor=colors[i], lw=1.2,
                yerr=None if err is None else err[:, i:i + 1], capsize=3,
@@ -297,13 +302,7 @@ def _adoption_times(ax, story, refs, vs) -> list:
     t = drawn_heights([nan(v) * 1e3 for v in story["step_time_s"]], notes, refs)
     err = error_bars(t, notes)
     for i, (xi, v, note, ref_name) in enumerate(zip(x, t, notes, vs)):
-        if not np.isfinite(v):   # an estimate (sharding): its slot says why it has no bar
-            ax.annotate(tr("not timed"), (xi, 0), xytext=(0, 3), textcoords="offset points",
-                        ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
-            continue
-        if note.emulated:  # never on a time axis: the caption under the chart gives it
-            ax.annotate(not_drawn(), (xi, 0), xytext=(0, 3), textcoords="offset points",
-                        ha="center", va="bottom", fontsize=8, color=MUTED_COLOR)
+        if _no_time_bar(ax, xi, v, note):
             continue
         e = None if err is None else err[:, i:i + 1]
         ax.bar(xi, v, color=TIME_COLOR, edgecolor=TIME_COLOR, lw=1.2, yerr=e, capsize=3,
