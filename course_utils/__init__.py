@@ -1,28 +1,11 @@
 """course_utils: the code of the course "Mixed precision and activation checkpointing in
 PyTorch, measured on your machine". The lessons import what they teach from here.
 
-The data flow::
-
-    hardware.detect -> recommend_precision -> config_for (size profile)      hardware, config
-    RunConfig (ModelShape, batch, precision, checkpoint policy, ...)
-      -> build_model; apply_checkpointing wraps blocks                       models, checkpointing
-      -> train_step: autocast, GradScaler(enabled=fp16), unscale_, clip      training
-      -> measure -> Measurement            estimate -> MemoryEstimate        measure, memory_model
-      -> compare / ladder -> table (noise-aware times)                       experiments, step_timing
-      -> verdict per claim                                                   claims
-      -> plots, dashboard, cli (course-bench)
-    any nn.Module -> profile (blocks found, wrapped per policy) -> Profile    profiling, offload
-      -> extrapolate (peak at any batch) -> recommendation card          extrapolate, card
-      -> cli_profile (course-profile)
-
-Submodules not imported here (import them by name): ``plots`` (matplotlib), ``dashboard``
-(ipywidgets), ``formats``, ``fp32_matmul``, ``autocast_ops``, ``gradients``, ``loss_scaling``,
-``nonfinite``, ``training_arms`` (lesson 01's tools), ``memory_timeline``, ``learner_checks``
-(the exercises' checks), ``evidence``, ``lora``, ``distributed``, ``search`` (largest batch under a budget),
-``results``, ``quiz``, ``cli``, ``extrapolate``, ``card``, ``model_zoo`` (lesson 05's models),
-``offload``, ``cli_profile``, ``chunked_loss`` (the chunked cross-entropy that
-``RunConfig.loss_chunk`` turns on). The words every module shares (precision names, units) are in
-``terms``; the layers are in CONTRIBUTING.md.
+Exported here: a run's configuration (`config_for`), model (`build_model`), step (`train_step`),
+measurements (`measure`, `compare`, `ladder`) and claim verdicts (`verdict`). Every other module
+(``plots``, ``dashboard``, ``quiz``, ``learner_checks``, ``cli``, ...) is imported by name; the
+words every module shares (precision names, units) are in ``terms``; the layers are in
+CONTRIBUTING.md.
 """
 from .checkpointing import MODES, apply_checkpointing, segment_bounds
 from .claims import CLAIMS, Verdict, claims_table, verdict

@@ -1,23 +1,13 @@
 """The learner's language: every sentence the library prints goes through `tr`, which looks it up
-in one message catalog per language (``course_utils/locale/<lang>.json``) and fills in its fields.
+in the catalogs ``course_utils/locale/<lang>/*.json`` and fills in its ``{name}`` fields
+(``str.format``). English is the key: a catalog maps the English text to its translation, with
+the same fields; a missing message prints in English (tests/test_i18n.py fails on any).
 
-The language is chosen once per kernel, in this order:
-
-1. ``$COURSE_LANG`` (``en`` or ``ko``), if set: tests, the grader and command lines set it;
-2. the edition of the notebook this kernel runs: a notebook in ``ko/notebooks``,
-   ``ko/exercises`` or ``ko/solutions`` (the Korean edition) is Korean. Its path is read from
-   what the front end tells the kernel: ``JPY_SESSION_NAME`` (Jupyter Server 2: JupyterLab 4,
-   Notebook 7), the ``__session__`` and ``__vsc_ipynb_file__`` names IPython and VS Code put in
-   the user namespace, else the kernel's working folder (Jupyter and nbclient start a kernel in
-   its notebook's folder). Colab tells the kernel none of these: there, ``COURSE_LANG=ko`` (the
-   Korean README says how) or a session whose path names the Korean edition (Colab's local
-   sessions API, best effort, not testable here);
-3. English.
-
-English is the catalog's key: a message is written in English in the code, with ``{name}`` fields
-(``str.format`` syntax), and the Korean catalog maps that English text to its translation with the
-same fields. A message missing from a catalog is printed in English (tests/test_i18n.py fails on
-any). Numbers, units and code stay as they are in every language.
+`language` is ``$COURSE_LANG`` (``en`` or ``ko``) if set; else Korean where the notebook this
+kernel runs is in ``ko/notebooks``, ``ko/exercises`` or ``ko/solutions``, as the front end tells
+it (``JPY_SESSION_NAME`` in Jupyter Server 2, IPython's ``__session__``, VS Code's
+``__vsc_ipynb_file__``, the kernel's working folder, Colab's sessions API: best effort, and
+untested); else English.
 """
 from __future__ import annotations
 
@@ -34,8 +24,6 @@ __all__ = ["LANG_ENV", "LANGUAGES", "language", "tr", "catalog", "label", "insta
 LANG_ENV = "COURSE_LANG"
 LANGUAGES = ("en", "ko")
 _LOCALE = Path(__file__).with_name("locale")
-
-
 _EDITION = re.compile(r"(^|/)ko/(notebooks|exercises|solutions)(/|$)")
 
 
@@ -88,8 +76,8 @@ def language() -> str:
 
 @functools.lru_cache(maxsize=None)
 def catalog(lang: str) -> dict[str, str]:
-    """The message catalog of ``lang``: English text -> its translation (empty for English),
-    merged from ``course_utils/locale/<lang>/*.json`` (one file per module that speaks).
+    """The message catalog of ``lang``: English text -> translation (empty for English), merged
+    from ``course_utils/locale/<lang>/*.json``.
 
     Raises:
         ValueError: an unknown language, or one English text translated two ways.
@@ -107,7 +95,7 @@ def catalog(lang: str) -> dict[str, str]:
 
 def tr(text: str, /, **fields) -> str:
     """``text`` in the learner's language (`language`), its ``{name}`` fields filled from
-    ``fields``. ``tr("{n} rounds", n=9)`` is ``"9 rounds"`` in English and ``"9회"`` in Korean.
+    ``fields``: ``tr("{n} rounds", n=9)`` is ``"9회"`` in Korean.
 
     Raises:
         KeyError: a field the text names and ``fields`` lacks (a programming error).
@@ -117,9 +105,8 @@ def tr(text: str, /, **fields) -> str:
 
 
 def label(text):
-    """A table's column or index label in the learner's language (`tr` without fields); a
-    numbered label without a translation of its own, ``"block 3"``, is the catalog's ``"block
-    {i}"`` where it has one; labels that are not strings, or have no translation, stay as they are."""
+    """A table label in the learner's language (`tr` without fields); ``"block 3"`` without a
+    translation of its own uses the catalog's ``"block {i}"``; a label that is not a string stays."""
     if not isinstance(text, str):
         return text
     texts = catalog(language())
@@ -130,10 +117,9 @@ def label(text):
 
 
 def install_display() -> bool:
-    """In a kernel whose language is not English, show every pandas table (a DataFrame or a
-    Styler) with its column and index labels translated (`label`): an IPython display formatter
-    renames a copy for display only, so code that reads a table by its English column names
-    works in every edition.
+    """In a kernel whose language is not English, show every pandas DataFrame and Styler with
+    its labels translated (`label`), on a copy for display only: code reading a table by its
+    English column names works in every edition.
     Returns True when installed (idempotent), False outside IPython or in English."""
     if language() == "en":
         return False
@@ -154,7 +140,6 @@ def install_display() -> bool:
         return out
 
     def styled(st):
-        """A Styler's labels translated on a deep copy (its formats and colours kept)."""
         out = copy.deepcopy(st)    # its styles name columns in English: relabel, do not rename
         data = out.data.copy(deep=False)   # new Index objects: older pandas share them on copy
         data.index = data.index.set_names([label(n) for n in data.index.names])

@@ -1,18 +1,8 @@
 """The course's terms as code: precision names and their dtypes, device kinds, the units the
-course prints, and the one check of a positive integer.
+course prints (IEC binary prefixes) and the one check of a positive integer.
 
-This module is the bottom of the package: it imports nothing of the course (only ``torch``), and
-every other module takes these words from here, so a precision, a device or a MiB means the same
-thing in every lesson, table and error message.
-
-* Precisions: ``fp32``, ``bf16`` (autocast), ``fp16`` (autocast + GradScaler) (`PRECISIONS`);
-  `precision_dtype` gives the dtype a precision computes in, `autocast_dtype` the dtype
-  ``torch.autocast`` takes (None for fp32: no autocast), `short_dtype` the name a table prints
-  for a dtype (``torch.bfloat16`` -> ``"bf16"``).
-* Devices: `device_kind` (``"cuda"`` for ``"cuda:1"``), `default_device` (this machine's best),
-  `cuda_index` (the index CUDA's memory functions need).
-* Units: `KiB` = 2^10 bytes, `MiB` = 2^20 bytes, `GiB` = 2^30 bytes (IEC binary prefixes).
-* `check_positive_int`: the one rule for counts and sizes (``bool`` is not an integer here).
+The bottom of the package (it imports only ``torch`` and `tr`): every other module takes these
+words from here, so a precision, a device or a MiB means the same in every lesson and table.
 """
 from __future__ import annotations
 
@@ -40,16 +30,14 @@ _DTYPE_NAMES.update({getattr(torch, attr): name for attr, name in (
 #: The device kinds the course runs on (what ``torch.autocast`` and ``GradScaler`` take).
 DEVICE_KINDS = ("cpu", "cuda", "mps")
 
-#: Bytes in a kibibyte (2^10), a mebibyte (2^20) and a gibibyte (2^30): the units every table and
-#: sentence prints.
+#: Bytes in a kibibyte (2^10), a mebibyte (2^20) and a gibibyte (2^30).
 KiB = 2**10
 MiB = 2**20
 GiB = 2**30
 
 
 def precision_dtype(precision: str) -> torch.dtype:
-    """The dtype ``precision`` computes in: ``fp32`` -> ``torch.float32``, ``bf16`` ->
-    ``torch.bfloat16``, ``fp16`` -> ``torch.float16``.
+    """The dtype ``precision`` computes in (``bf16`` -> ``torch.bfloat16``).
 
     Raises:
         ValueError: an unknown precision, naming the valid ones.
@@ -61,8 +49,7 @@ def precision_dtype(precision: str) -> torch.dtype:
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype of a precision name: ``fp32`` -> None (no autocast), ``bf16`` ->
-    ``torch.bfloat16``, ``fp16`` -> ``torch.float16``.
+    """The autocast dtype of a precision: None for ``fp32`` (no autocast), else `precision_dtype`.
 
     Raises:
         ValueError: an unknown precision.
@@ -72,14 +59,12 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 
 
 def short_dtype(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bf16"`` (the course's names); other dtypes as ``str`` without
-    ``torch.``."""
+    """``torch.bfloat16`` -> ``"bf16"``; a dtype without a course name as ``str`` without ``torch.``."""
     return _DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def device_kind(device: str | torch.device) -> str:
-    """``"cuda"`` for ``"cuda:1"``, ``"cpu"``, ``"mps"``: what ``torch.autocast`` and
-    ``GradScaler`` take.
+    """``"cuda"`` for ``"cuda:1"``: what ``torch.autocast`` and ``GradScaler`` take.
 
     Raises:
         ValueError: a string that names no device torch knows.
@@ -117,9 +102,8 @@ def cuda_index(device: str | torch.device) -> int:
 
 
 class PrecisionOnDevice:
-    """What a configuration with ``precision`` and ``device`` fields says about autocast: its
-    dtype, the device kind and the autocast context (`course_utils.config.RunConfig` and
-    `course_utils.profiling.ProfileConfig` both mix it in)."""
+    """The autocast dtype, device kind and context of a configuration with ``precision`` and
+    ``device`` fields (mixed into `course_utils.config.RunConfig` and `profiling.ProfileConfig`)."""
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -128,7 +112,7 @@ class PrecisionOnDevice:
 
     @property
     def device_type(self) -> str:
-        """``cuda``, ``cpu`` or ``mps``: what ``torch.autocast`` and ``GradScaler`` take."""
+        """`device_kind` of the device."""
         return device_kind(self.device)
 
     def autocast(self):
@@ -137,12 +121,11 @@ class PrecisionOnDevice:
 
 
 def check_positive_int(name: str, value, *, minimum: int = 1, allow_none: bool = False) -> None:
-    """Check that ``value`` is an integer >= ``minimum`` (``bool`` excluded: ``True`` is no
-    count), or None where ``allow_none``.
+    """Check that ``value`` is an integer >= ``minimum`` (not a ``bool``), or None where
+    ``allow_none``.
 
     Raises:
-        ValueError: ``"<name> must be a positive integer, got 0."`` (or "an integer >= N" for
-            another ``minimum``; "... or None" where None is allowed). 0 is not "unset".
+        ValueError: ``"<name> must be a positive integer, got 0."`` (or "an integer >= N").
     """
     if value is None and allow_none:
         return
