@@ -1,33 +1,23 @@
-"""Inf and NaN in a training step (lesson 01 §6): two faults to inject into a real step of a
-model, and the guards that catch them, each with what it tells you.
+"""Inf and NaN in a training step (lesson 01 §6): two faults to inject into a real step, and the
+guards that catch them (`GUARDS`, run by `guarded_step`), each with what it tells you.
 
-Faults:
-
-* `nan_in_weight`: one entry of a parameter set to NaN, the state a NaN update, a corrupted
-  checkpoint or a bad kernel leaves. It stays until the weight is overwritten.
-* `overflow`: one module's output multiplied so that its largest entry exceeds the largest
-  finite value of its dtype (``torch.finfo``: 65504 in fp16, about 3.4e38 in bf16 and fp32) and
-  becomes inf: an activation that blew up, for as long as the ``with`` block lasts.
-
-Guards (`GUARDS`, run by `guarded_step`), by what they localise:
+Faults: `nan_in_weight` (a NaN that stays until the weight is overwritten) and `overflow` (a
+module output scaled past its dtype's largest finite value, ``torch.finfo``). Guards:
 
 * ``"skip"``: `course_utils.training.train_step`'s default, no ``optimizer.step()`` when the
-  gradient norm that ``clip_grad_norm_`` returns is inf or NaN (GradScaler's rule for fp16,
-  ``torch.amp.GradScaler.step``, given to the precisions without a scaler): names the step;
-* ``"error_if_nonfinite"``: ``clip_grad_norm_(..., error_if_nonfinite=True)`` raises at that
-  step (``train_step(..., nonfinite="raise")``);
-* ``"detect_anomaly"``: ``torch.autograd.detect_anomaly()`` raises in backward at the first
-  backward function that returned NaN, with the traceback of the forward op that created it
-  (PyTorch docs, ``torch.autograd.detect_anomaly``: it checks for NaN, not inf);
-* ``"forward hooks"``: `FirstNonFinite` names the first module whose forward output holds an
-  inf or NaN.
+  gradient norm is inf or NaN (GradScaler's rule, ``torch.amp.GradScaler.step``);
+* ``"error_if_nonfinite"``: ``clip_grad_norm_(..., error_if_nonfinite=True)`` raises;
+* ``"detect_anomaly"``: ``torch.autograd.detect_anomaly()`` raises in backward at the first NaN,
+  with the forward op's traceback (PyTorch docs: it checks for NaN, not inf);
+* ``"forward hooks"``: `FirstNonFinite` names the first module whose output is not finite.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -38,7 +28,7 @@ from .training import DEFAULT_MAX_GRAD_NORM, StepCounter, train_step
 __all__ = ["GUARDS", "nan_in_weight", "overflow", "FirstNonFinite", "nonfinite_parameters",
            "changed_parameters", "anomaly_forward_line", "guarded_step"]
 
-#: The guards `guarded_step` runs, "none" first (a step with no guard).
+#: The guards `guarded_step` runs, "none" (no guard) first.
 GUARDS = ("none", "skip", "error_if_nonfinite", "detect_anomaly", "forward hooks")
 
 
@@ -69,11 +59,9 @@ def nan_in_weight(model: torch.nn.Module, name: str, index: int = 0) -> None:
 
 @contextmanager
 def overflow(model: torch.nn.Module, module: str):
-    """Within the block, the output of submodule ``module`` (a floating tensor) is multiplied
-    so that its largest magnitude is twice its dtype's largest finite value: it becomes inf.
-
-    The hook runs before any other forward hook of that module (``prepend=True``), so a guard's
-    hooks see the overflowed output.
+    """Within the block, the output of submodule ``module`` is multiplied so that its largest
+    magnitude is twice its dtype's largest finite value: inf. The hook runs before the module's
+    other forward hooks (``prepend=True``), so a guard's hooks see the overflow.
 
     Raises:
         ValueError: ``model`` has no submodule ``module``.
@@ -99,20 +87,17 @@ class FirstNonFinite:
     """Forward hooks on every submodule of ``model`` (the model included): after the ``with``
     block, `module` is the dotted name of the first module, in the order their forward passes
     finished, whose output held an inf or a NaN (None if none did; ``""`` is the model itself).
-
-    Each hook keeps a device-side flag; the flags are read once, when `module` is first asked
-    for, so the guard adds one host sync, not one per module.
+    The hooks keep device-side flags, read once: one host sync, not one per module.
     """
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self._flags: list[tuple[str, torch.Tensor]] = []
         self._handles: list = []
-        self._first: str | None = None
-        self._read = False
 
     def __enter__(self) -> "FirstNonFinite":
-        self._flags, self._read = [], False
+        self._flags = []
+        self.__dict__.pop("module", None)  # forget a previous block's answer
         for name, mod in self.model.named_modules():
             self._handles.append(mod.register_forward_hook(self._hook(name)))
         return self
@@ -129,14 +114,11 @@ class FirstNonFinite:
             h.remove()
         self._handles = []
 
-    @property
+    @functools.cached_property
     def module(self) -> str | None:
         """The first module with a non-finite output, or None."""
-        if not self._read:
-            finite = torch.stack([f for _, f in self._flags]).tolist() if self._flags else []
-            self._first = next((n for (n, _), ok in zip(self._flags, finite) if not ok), None)
-            self._read = True
-        return self._first
+        finite = torch.stack([f for _, f in self._flags]).tolist() if self._flags else []
+        return next((n for (n, _), ok in zip(self._flags, finite) if not ok), None)
 
 
 def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
@@ -146,7 +128,7 @@ def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
 
 def changed_parameters(model: torch.nn.Module, before: list[torch.Tensor]) -> int:
     """How many parameters of ``model`` differ from ``before`` (`loss_scaling.snapshot`), a NaN
-    counting as equal to a NaN in the same place (so a skipped step changes none).
+    equal to a NaN in the same place.
 
     Raises:
         ValueError: ``before`` is not a snapshot of ``model``'s parameters.
@@ -177,13 +159,11 @@ def guarded_step(guard, model, optimizer, micro_batches, dtype=None,
     """One `train_step` without a scaler (fp32 or bf16) under ``guard``, one of `GUARDS`.
 
     Returns what the guard reported: ``""`` (nothing), ``"skipped the step"``, the first
-    sentence of the error it raised (for ``detect_anomaly``, with the forward line of the op
-    whose backward returned NaN), or ``"first non-finite output: <module>"``. The UserWarnings of the
-    step are recorded, not shown (``detect_anomaly`` warns with the whole forward traceback).
+    sentence of the error it raised (for ``detect_anomaly``, with `anomaly_forward_line`), or
+    ``"first non-finite output: <module>"``. The step's UserWarnings are recorded, not shown.
 
     Raises:
-        ValueError: an unknown guard, or an fp16 ``dtype`` (fp16 takes GradScaler, whose own
-            skip is the guard).
+        ValueError: an unknown guard, or an fp16 ``dtype`` (GradScaler's skip is its guard).
     """
     if guard not in GUARDS:
         raise ValueError(f"unknown guard {guard!r}: expected one of {GUARDS}.")
@@ -195,25 +175,20 @@ def guarded_step(guard, model, optimizer, micro_batches, dtype=None,
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always", UserWarning)  # detect_anomaly's forward traceback
         try:
-            if guard == "skip":                       # train_step's default
+            if guard == "skip":
                 with StepCounter(optimizer) as steps:
                     train_step(*args, nonfinite="skip")
                 return "" if steps.taken else tr("skipped the step")
-            if guard == "error_if_nonfinite":         # clip_grad_norm_(..., error_if_nonfinite=True)
-                train_step(*args, nonfinite="raise")
-            elif guard == "detect_anomaly":           # raises in backward at the first NaN
-                with torch.autograd.detect_anomaly():
-                    train_step(*args, nonfinite="step")
-            elif guard == "forward hooks":            # names the first inf/NaN output
+            if guard == "forward hooks":
                 with FirstNonFinite(model) as first:
                     train_step(*args, nonfinite="step")
                 return ("" if first.module is None else
                         tr("first non-finite output: {module}", module=first.module))
-            else:                                     # "none": no guard at all
-                train_step(*args, nonfinite="step")
+            with torch.autograd.detect_anomaly() if guard == "detect_anomaly" else nullcontext():
+                train_step(*args, nonfinite="raise" if guard == "error_if_nonfinite" else "step")
         except RuntimeError as e:
             optimizer.zero_grad(set_to_none=True)
-            first = str(e).strip().split(". ")[0].rstrip(".")   # the error's first sentence
+            first = str(e).strip().split(". ")[0].rstrip(".")
             where = anomaly_forward_line(warned)
             return first + (f" (forward: {where})" if where else "")
     return ""
