@@ -1,14 +1,14 @@
 """Which fp32 an fp32 matmul is: full fp32 ("ieee"), TF32 on NVIDIA Ampere and newer GPUs, bf16
 through oneDNN on a CPU with bf16 instructions (lesson 01 §6, claim C1's baseline).
 
-torch 2.9 and later set this per backend (``torch.backends.cuda.matmul.fp32_precision``,
-``torch.backends.mkldnn.matmul.fp32_precision``); torch 2.7-2.8 only through
-``torch.set_float32_matmul_precision`` and ``torch.backends.cuda.matmul.allow_tf32``, which are
-slated for deprecation (PyTorch docs, "CUDA semantics: TensorFloat-32 (TF32) on Ampere (and later)
-devices"). `fp32_precision_api` picks the route; everything here reads and sets through it.
+torch 2.9 and later set this per backend (``torch.backends.<backend>.matmul.fp32_precision``),
+torch 2.7-2.8 only through ``torch.set_float32_matmul_precision`` and ``allow_tf32`` (PyTorch docs,
+"CUDA semantics: TensorFloat-32 (TF32) on Ampere (and later) devices"). `fp32_precision_api`
+picks the route; everything here reads and sets through it.
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import pandas as pd
@@ -22,35 +22,26 @@ __all__ = ["FP32_MATMUL_MODES", "fp32_precision_api", "fp32_matmul_settings",
            "fp32_matmul_precision", "fp32_matmul_probe", "tf32_probe"]
 
 #: The modes an fp32 matmul may run in, per backend: ``"ieee"`` is full fp32; ``"tf32"`` rounds
-#: the inputs to TF32 (10 mantissa bits, NVIDIA Ampere and newer; on a CPU only with AMX-FP16);
-#: ``"bf16"`` lets oneDNN compute in bf16 on a CPU with bf16 instructions (PyTorch docs, "CUDA
-#: semantics: TensorFloat-32 (TF32) on Ampere (and later) devices", torch 2.9 and later).
+#: the inputs to 10 mantissa bits; ``"bf16"`` lets oneDNN compute in bf16 (same PyTorch docs).
 FP32_MATMUL_MODES = {"cuda": ("ieee", "tf32"), "mkldnn": ("ieee", "tf32", "bf16")}
 
-#: The same modes as torch 2.7-2.8 set them, ``torch.set_float32_matmul_precision``: "highest"
-#: is full fp32, "high" allows TF32 on CUDA, "medium" lets oneDNN use bf16 for fp32 matmuls
-#: (``use_mkldnn_bf32_matmul`` in ``aten/src/ATen/native/mkldnn/Matmul.cpp``).
+#: The same modes as ``torch.set_float32_matmul_precision`` names them (torch 2.7-2.8; "medium":
+#: ``use_mkldnn_bf32_matmul`` in ``aten/src/ATen/native/mkldnn/Matmul.cpp``).
 _LEGACY_PRECISION = {"ieee": "highest", "tf32": "high", "bf16": "medium"}
 
 
 def fp32_precision_api() -> bool:
-    """True where torch has the per-backend fp32 precision settings
-    (``torch.backends.cuda.matmul.fp32_precision``, ``torch.backends.mkldnn.matmul.fp32_precision``,
-    documented since torch 2.9); False on older torch, which has only
-    ``torch.set_float32_matmul_precision`` and ``torch.backends.cuda.matmul.allow_tf32``. The
-    old calls are slated for deprecation, and reading them after the new settings were used
-    raises a RuntimeError ("mix of the legacy and new APIs"): the course reads and sets one
-    API, the newest this torch has."""
+    """True where torch has the per-backend fp32 precision settings (torch 2.9 and later). Reading
+    the old settings after the new ones were used raises a RuntimeError ("mix of the legacy and
+    new APIs"): the course uses one API, the newest this torch has."""
     return hasattr(torch.backends, "fp32_precision")
 
 
 def fp32_matmul_settings() -> dict:
-    """What an fp32 matmul means in this process, read with the API this torch has
-    (`fp32_precision_api`): ``{"api": "fp32_precision" or "set_float32_matmul_precision",
-    "cuda matmul": mode, "cpu matmul (oneDNN)": mode, "cudnn conv": mode}``, each mode one of
-    `FP32_MATMUL_MODES` (``"ieee"`` = full fp32). PyTorch's defaults: matmuls in full fp32,
-    cuDNN convolutions in TF32 (PyTorch docs, "TensorFloat-32 (TF32) on Ampere (and later)
-    devices"). A setting left at ``"none"`` (inherit, never set) reads as ``"ieee"``."""
+    """What an fp32 matmul means in this process (`fp32_precision_api`'s route):
+    ``{"api": "fp32_precision" or "set_float32_matmul_precision", "cuda matmul": mode,
+    "cpu matmul (oneDNN)": mode, "cudnn conv": mode}``, each mode one of `FP32_MATMUL_MODES`; a
+    setting left at ``"none"`` (never set) reads as ``"ieee"``."""
     if fp32_precision_api():
         def mode(value):
             return "ieee" if value == "none" else value
@@ -68,9 +59,7 @@ def fp32_matmul_settings() -> dict:
 @contextmanager
 def fp32_matmul_precision(backend: str, mode: str):
     """Within the block, fp32 matmuls of ``backend`` (``"cuda"``, or ``"mkldnn"``: oneDNN on a
-    CPU) may run in ``mode`` (`FP32_MATMUL_MODES`); the setting in force before is restored
-    after. torch 2.9 and later: ``torch.backends.<backend>.matmul.fp32_precision = mode``;
-    older torch: ``torch.set_float32_matmul_precision`` ("highest", "high", "medium").
+    CPU) may run in ``mode`` (`FP32_MATMUL_MODES`); the setting before is restored after.
 
     Raises:
         ValueError: an unknown backend, or a mode that backend does not take.
@@ -81,25 +70,20 @@ def fp32_matmul_precision(backend: str, mode: str):
                             backend=backend, mode=mode))
     if fp32_precision_api():
         setting = getattr(torch.backends, backend).matmul
-        before = setting.fp32_precision
+        restore = functools.partial(setattr, setting, "fp32_precision", setting.fp32_precision)
         setting.fp32_precision = mode
-        try:
-            yield
-        finally:
-            setting.fp32_precision = before
-        return
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(_LEGACY_PRECISION[mode])
+    else:
+        restore = functools.partial(torch.set_float32_matmul_precision,
+                                    torch.get_float32_matmul_precision())
+        torch.set_float32_matmul_precision(_LEGACY_PRECISION[mode])
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(before)
+        restore()
 
 
 def _reduced_modes(dev: torch.device, capability) -> tuple[str, tuple[str, ...]] | None:
-    """(backend, modes) a probe compares on ``dev``; None where fp32 matmuls have no faster
-    mode (a CPU without bf16 instructions, where oneDNN ignores the setting; a GPU older than
-    Ampere; MPS)."""
+    """(backend, modes) a probe compares on ``dev``; None where fp32 matmuls have no faster mode."""
     if dev.type == "cpu":
         return ("mkldnn", ("ieee", "bf16")) if detect("cpu").native_bf16 else None
     if dev.type == "cuda":
@@ -119,18 +103,14 @@ def fp32_matmul_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2
     """One ``(n x n) @ (n x n)`` fp32 matmul in full fp32 (``"ieee"``) and in the faster mode
     this device may use: ``"tf32"`` on an NVIDIA GPU of compute capability 8.0 or more,
     ``"bf16"`` (oneDNN) on a CPU with avx512_bf16 or AMX. Settings in force are restored after.
-
-    Args:
-        capability: the compute capability to plan with (a stand-in GPU's,
-            `HardwareInfo.compute_capability`); default: the device's own.
+    ``capability`` plans for a stand-in GPU's (default: the device's own).
 
     Returns:
-        One row per mode, indexed by it: ``seconds`` (median of
-        ``torch.utils.benchmark.Timer.blocked_autorange``, about ``budget_s`` each: one probe,
-        no noise band), ``error`` (the largest absolute error against the fp64 product, over
-        the mean magnitude of that product) and ``error vs ieee`` (that error over full
-        fp32's). None where no faster mode exists (a CPU without bf16 instructions, as oneDNN
-        sees it: ``ONEDNN_MAX_CPU_ISA=AVX2`` counts; MPS; a GPU older than Ampere).
+        One row per mode, indexed by it: ``seconds`` (median of ``Timer.blocked_autorange``,
+        about ``budget_s`` each, no noise band), ``error`` (the largest absolute error against
+        the fp64 product over that product's mean magnitude) and ``error vs ieee`` (over full
+        fp32's). None where no faster mode exists (a CPU without bf16 instructions as oneDNN
+        sees them, ``ONEDNN_MAX_CPU_ISA=AVX2`` included; MPS; a GPU older than Ampere).
 
     Raises:
         ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
@@ -145,7 +125,7 @@ def fp32_matmul_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2
     g = torch.Generator().manual_seed(0)
     a64 = torch.randn(n, n, generator=g, dtype=torch.float64).to(dev)
     b64 = torch.randn(n, n, generator=g, dtype=torch.float64).to(dev)
-    exact = a64 @ b64                      # fp64 on the device: no fp32 setting applies to it
+    exact = a64 @ b64  # fp64: no fp32 setting applies to it
     a, b = a64.float(), b64.float()
     rows = {}
     for mode in modes:
@@ -163,16 +143,8 @@ def fp32_matmul_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2
 
 def tf32_probe(device: str = "cuda", n: int = 2048, budget_s: float = 0.2,
                capability=None) -> dict | None:
-    """Seconds of one ``(n x n) @ (n x n)`` fp32 matmul in full fp32 and with TF32 allowed, on an
-    NVIDIA GPU of compute capability 8.0 or more (``capability`` overrides the device's own:
-    a stand-in's). `fp32_matmul_probe`'s two CUDA rows.
-
-    TF32 keeps fp32's 8 exponent bits and rounds the inputs of a matmul to 10 mantissa bits
-    (fp16's), accumulating in fp32. The settings in force before the call are restored after it.
-
-    Returns:
-        ``{"fp32": s, "tf32": s}``, or None where TF32 does not exist (a CPU, MPS, or a GPU
-        older than Ampere).
+    """`fp32_matmul_probe`'s two CUDA rows: ``{"fp32": s, "tf32": s}`` (seconds), or None where
+    TF32 does not exist (a CPU, MPS, or a GPU older than Ampere).
 
     Raises:
         ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
