@@ -1,14 +1,8 @@
 """What one training run is: `ModelShape` (the model's dimensions) inside `RunConfig` (batch,
-precision, checkpoint policy, device...), and the course's size profiles.
-
-A size profile picks model and batch dimensions so that notebooks, the CLI, widgets and tests
-agree: ``smoke`` (tests, CI: seconds), ``cpu`` (a laptop: a lesson in about two minutes),
-``t4``, ``a100``, ``h100`` (large enough for tensor cores to show). `size_profile()` chooses one
-from the hardware; the environment variable ``COURSE_SIZE`` overrides it.
-
-The words a configuration is written in (precision names and their dtypes, device kinds, units)
-live in `course_utils.terms`; the hardware a size profile is chosen from, in
-`course_utils.hardware`.
+precision, checkpoint policy, device...), and the course's size profiles (`SIZE_PROFILES`):
+``smoke`` (tests: seconds), ``cpu`` (a laptop), ``t4``, ``a100``, ``h100`` (large enough for
+tensor cores to show). `size_profile()` picks one from the hardware; ``$COURSE_SIZE`` overrides
+it. The words a configuration is written in are in `course_utils.terms`.
 """
 from __future__ import annotations
 
@@ -36,23 +30,10 @@ ATTENTIONS = ("sdpa", "naive")
 SIZE_ENV = "COURSE_SIZE"
 
 
-def _check_dimensions(obj, names) -> None:
-    """Check that ``obj``'s attributes ``names`` are positive integers (`check_positive_int`).
-
-    Raises:
-        ValueError: naming the first attribute that is not (0 is not "unset": it is refused).
-    """
-    for name in names:
-        check_positive_int(name, getattr(obj, name))
-
-
 @dataclass(frozen=True)
 class ModelShape:
-    """The dimensions of a GPT-like model (the course's block: pre-LN, 4d MLP, learned
-    positions, untied head), as nanoGPT's ``GPTConfig``.
-
-    The course runs it at ``vocab_size`` 256 (bytes); `course_utils.memory_model` also takes it
-    at the sizes of 1B-70B models (`SCALE_MODELS` there) for estimates.
+    """The dimensions of the course's GPT (`course_utils.models`), as nanoGPT's ``GPTConfig``;
+    `course_utils.memory_model` also takes it at 1B-70B sizes for estimates.
 
     Attributes:
         n_layers: transformer blocks (>= 1).
@@ -76,7 +57,8 @@ class ModelShape:
     attention: str = "sdpa"
 
     def __post_init__(self):
-        _check_dimensions(self, ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size"))
+        for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size"):
+            check_positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(tr("d_model ({d_model}) must be divisible by n_heads ({n_heads}).",
                                 d_model=self.d_model, n_heads=self.n_heads))
@@ -101,27 +83,19 @@ _SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
 @dataclass(frozen=True)
 class RunConfig(PrecisionOnDevice):
     """One training configuration of the course's model: a `ModelShape` and how to train it.
-
-    Build one with `config_for` (a size profile plus overrides); read the shape's fields
-    directly (``config.n_layers``); change any field, of the run or of the shape, with
-    ``config.replace(batch_size=2, n_layers=8)``.
+    Built by `config_for`; the shape's fields read through it (``config.n_layers``).
 
     Attributes:
         shape: the model's dimensions (`ModelShape`).
         batch_size: sequences per micro-batch (>= 1).
         precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + GradScaler).
-        checkpoint: checkpoint policy: ``none``, ``full``, ``every-K``, ``segments:N``,
-            ``selective``, ``memory-budget:B`` (see `course_utils.checkpointing`).
-        compile: compile the blocks with ``torch.compile``, each in place (regional
-            compilation: `course_utils.training.compile_blocks`).
-        grad_accum_steps: micro-batches per optimizer step (>= 1); the effective batch is
-            ``batch_size * grad_accum_steps``.
+        checkpoint: a checkpoint policy (`course_utils.checkpointing.MODES`).
+        compile: compile each block in place (`course_utils.training.compile_blocks`).
+        grad_accum_steps: micro-batches per optimizer step (>= 1).
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
         seed: seed for weights and data.
         loss_chunk: tokens per chunk of the chunked cross-entropy
-            (`course_utils.chunked_loss.chunked_cross_entropy`: the head and the loss computed
-            a chunk at a time, so the full logits never exist); 0 (default) is the plain
-            ``head`` + ``F.cross_entropy``.
+            (`course_utils.chunked_loss`); 0 (default): the plain ``F.cross_entropy``.
 
     Raises:
         ValueError: on construction, for any invalid field, with the valid values named.
@@ -141,7 +115,8 @@ class RunConfig(PrecisionOnDevice):
         if not isinstance(self.shape, ModelShape):
             raise ValueError(tr("shape must be a ModelShape, got {type}.",
                                 type=type(self.shape).__name__))
-        _check_dimensions(self, ("batch_size", "grad_accum_steps"))
+        for name in ("batch_size", "grad_accum_steps"):
+            check_positive_int(name, getattr(self, name))
         check_positive_int("loss_chunk", self.loss_chunk, minimum=0)  # 0: the plain loss
         autocast_dtype(self.precision)  # raises on an unknown precision
         if device_kind(self.device) not in DEVICE_KINDS:
@@ -149,7 +124,6 @@ class RunConfig(PrecisionOnDevice):
                                 "'mps'.", device=self.device))
         parse_policy(self.checkpoint, self.shape.n_layers)  # raises on an unfitting policy
 
-    # The shape's fields, read through the config (config.n_layers, ...).
     n_layers = property(lambda self: self.shape.n_layers)
     d_model = property(lambda self: self.shape.d_model)
     n_heads = property(lambda self: self.shape.n_heads)
@@ -178,8 +152,7 @@ class RunConfig(PrecisionOnDevice):
 
     @property
     def label(self) -> str:
-        """A short name such as ``bf16+full``, ``fp32`` or ``fp32+loss-chunk:64`` for tables and
-        charts."""
+        """A short name for tables and charts: ``fp32``, ``bf16+full``, ``fp32+loss-chunk:64``."""
         s = self.precision
         if self.checkpoint != "none":
             s += f"+{self.checkpoint}"
@@ -202,28 +175,23 @@ _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "
 
 
 def _unknown_fields(unknown) -> str:
-    """The error message for field names that are neither the run's nor the shape's."""
     return tr("unknown RunConfig field(s) {unknown}: valid are {valid}.", unknown=sorted(unknown),
               valid=sorted(_SHAPE_FIELDS + _RUN_FIELDS))
 
-#: Model and batch dimensions per size profile (``batch_size`` is the run's; the rest is the
-#: shape's). The byte vocabulary is always 256.
+#: Model and batch dimensions per size profile (the byte vocabulary is always 256).
 SIZE_PROFILES: dict[str, dict] = {
     "smoke": dict(n_layers=2, d_model=64, n_heads=2, seq_len=32, batch_size=4),
     "cpu": dict(n_layers=4, d_model=256, n_heads=4, seq_len=128, batch_size=8),
     "t4": dict(n_layers=4, d_model=768, n_heads=12, seq_len=512, batch_size=8),  # README: T4 guide
-    # 6 blocks: the width sets how well tensor cores are used, the depth only multiplies a
-    # lesson's time (results/gpu-budget.md: a lesson in about a minute on an H100)
+    # 6 blocks: the depth only multiplies a lesson's time (results/gpu-budget.md)
     "a100": dict(n_layers=6, d_model=1024, n_heads=16, seq_len=1024, batch_size=16),
     "h100": dict(n_layers=6, d_model=1536, n_heads=16, seq_len=1024, batch_size=16),
 }
 
 
 def size_profile(hw=None) -> str:
-    """The size profile to use: ``$COURSE_SIZE`` if set, else chosen from the hardware.
-
-    CPU and MPS -> ``cpu``; a CUDA GPU with compute capability < 8 or under 20 GiB -> ``t4``;
-    compute capability 9.x or newer -> ``h100``; other Ampere-class GPUs -> ``a100``.
+    """``$COURSE_SIZE`` if set, else from the hardware: CPU and MPS -> ``cpu``; a CUDA GPU of
+    compute capability < 8 or under 20 GiB -> ``t4``; 9.x or newer -> ``h100``; else ``a100``.
 
     Raises:
         ValueError: ``$COURSE_SIZE`` names no profile.
@@ -254,14 +222,10 @@ def config_for(size: str | None = None, **overrides) -> RunConfig:
     if size not in SIZE_PROFILES:
         raise ValueError(tr("unknown size {size!r}: expected one of {names}.", size=size,
                             names=", ".join(SIZE_PROFILES)))
-    kw = dict(SIZE_PROFILES[size])
-    kw.update(overrides)
-    kw.setdefault("device", default_device())
-    shape_kw = {k: kw.pop(k) for k in list(kw) if k in _SHAPE_FIELDS}
-    unknown = set(kw) - set(_RUN_FIELDS)
+    unknown = set(overrides) - set(_SHAPE_FIELDS + _RUN_FIELDS)
     if unknown:
         raise ValueError(_unknown_fields(unknown))
-    return RunConfig(shape=ModelShape(**shape_kw), **kw)
+    return RunConfig().replace(**{"device": default_device(), **SIZE_PROFILES[size], **overrides})
 
 
 def step_flops(config: RunConfig) -> float:
