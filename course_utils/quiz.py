@@ -1,28 +1,13 @@
 """Auto-checked conceptual questions for the graded exercises ("interview questions").
 
-A question's answer is a choice (``"b"``) or a number. Its test cell reads
-``quiz.check("bf16-no-scaler", answer)`` and nothing more: the question lives in a **question
-bank**, ``course_utils/quizzes/<exercise>.json``, as ``{question: {"key", "hint", "explanation",
-"choices" | "digits"}}``. The bank stores the right answer only as its `answer_key` (a salted
-hash) and the explanation *sealed* with the right answer (`seal`: XOR with a SHA-256 keystream of
-``question:answer``), so neither the cell the learner reads nor the file gives the answer away
-(a determined learner can still try every choice: these questions teach, they do not examine).
-A right answer opens and prints the explanation; a wrong one raises an ``AssertionError`` with
-the hint, the lesson section to read again, never the answer (issue 24 item 7).
-
-Authoring (once, in a Python shell)::
-
-    >>> from course_utils import quiz
-    >>> quiz.author("bf16-no-scaler", "c", "bf16 has fp32's 8 exponent bits, so ...",
-    ...             hint="lesson 01 §1 (number formats)", bank="01_loss_scaling")
-    quiz.check('bf16-no-scaler', answer)
-
-Numbers are compared after rounding to ``digits`` decimals (``digits=0``: integers), so a
-question that asks for a number says how to round it.
-
-**Other languages.** An entry may hold ``"<lang>": {"hint": ..., "explanation": ...}`` (the
-explanation sealed with the same answer: `translate`); `check` prints the learner's language
-(`course_utils.i18n.language`) where the entry has it, else English.
+A question's answer is a choice (``"b"``) or a number (compared after rounding to ``digits``
+decimals). Its test cell reads ``quiz.check("bf16-no-scaler", answer)``: the question lives in a
+bank, ``course_utils/quizzes/<exercise>.json``, which stores the answer only as its `answer_key`
+(a salted hash) and the explanation sealed with it (`seal`), so neither the cell nor the file gives
+the answer away (trying every choice still works: these questions teach, they do not examine).
+A wrong answer raises an ``AssertionError`` with the hint, the lesson section to read again.
+Authors add a question with `author`; translators add a language with `translate`, which `check`
+prints where the learner's language (`course_utils.i18n.language`) has it.
 """
 from __future__ import annotations
 
@@ -54,12 +39,9 @@ def _normalise(answer, digits: int | None) -> str:
 
 
 def answer_key(question: str, answer, digits: int | None = None) -> str:
-    """The key a bank stores: the first 16 hex digits of SHA-256 of ``question:answer``.
-
-    Args:
-        question: the question's id (the salt: equal answers to different questions differ).
-        answer: a choice (string, case and surrounding spaces ignored) or a number.
-        digits: ``None`` for a choice; for a number, the decimals it is rounded to.
+    """The key a bank stores: the first 16 hex digits of SHA-256 of ``question:answer``, the
+    answer a choice (case and surrounding spaces ignored; ``digits`` None) or a number rounded to
+    ``digits`` decimals.
 
     Raises:
         TypeError: a number for a choice question or the reverse.
@@ -68,43 +50,37 @@ def answer_key(question: str, answer, digits: int | None = None) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def _keystream(question: str, normalised: str, n: int) -> bytes:
-    out, i = b"", 0
-    while len(out) < n:
-        out += hashlib.sha256(f"{question}:{normalised}:{i}".encode("utf-8")).digest()
-        i += 1
-    return out[:n]
+def _xor(question: str, answer, digits: int | None, raw: bytes) -> bytes:
+    """``raw`` XOR a keystream of SHA-256 blocks of ``question:answer:i``."""
+    key = f"{question}:{_normalise(answer, digits)}"
+    blocks = (hashlib.sha256(f"{key}:{i}".encode("utf-8")).digest()
+              for i in range(math.ceil(len(raw) / 32)))
+    return bytes(a ^ b for a, b in zip(raw, b"".join(blocks)))
 
 
 def seal(question: str, answer, text: str, digits: int | None = None) -> str:
     """``text`` sealed with the right answer to ``question``: its UTF-8 bytes XOR a SHA-256
-    keystream of ``question:answer`` (`answer_key`'s normalisation), in base64. Only that
-    answer opens it (`unseal`).
+    keystream of ``question:answer``, in base64. Only that answer opens it (`unseal`).
 
     Raises:
         TypeError: a number for a choice question or the reverse.
     """
-    raw = text.encode("utf-8")
-    ks = _keystream(question, _normalise(answer, digits), len(raw))
-    return base64.b64encode(bytes(a ^ b for a, b in zip(raw, ks))).decode("ascii")
+    return base64.b64encode(_xor(question, answer, digits, text.encode("utf-8"))).decode("ascii")
 
 
 def unseal(question: str, answer, sealed: str, digits: int | None = None) -> str:
-    """The text `seal` sealed, opened with ``answer`` (garbage, or a UnicodeDecodeError, with a
-    wrong one: check the answer's key first).
+    """The text `seal` sealed, opened with ``answer`` (garbage or a UnicodeDecodeError with a
+    wrong one).
 
     Raises:
         TypeError: a number for a choice question or the reverse.
     """
-    raw = base64.b64decode(sealed.encode("ascii"))
-    ks = _keystream(question, _normalise(answer, digits), len(raw))
-    return bytes(a ^ b for a, b in zip(raw, ks)).decode("utf-8")
+    return _xor(question, answer, digits, base64.b64decode(sealed.encode("ascii"))).decode("utf-8")
 
 
 def bank_entry(question: str, answer, explanation: str, hint: str,
                choices: str | None = "abcd", digits: int | None = None) -> dict:
-    """The bank entry of ``question`` (for course authors): the answer's key, the hint, the
-    explanation sealed with the answer, and ``choices`` or ``digits``.
+    """The bank entry of ``question``: key, hint, sealed explanation, ``choices`` or ``digits``.
 
     Raises:
         TypeError: a number for a choice question or the reverse.
@@ -134,12 +110,8 @@ def question_bank(folder: str | Path | None = None) -> dict:
 
 
 def check(question: str, answer) -> None:
-    """Check a learner's answer to a banked question; print its explanation, opened with the
-    answer, if it is right.
-
-    Returns:
-        None: a cell that ends with this call shows the explanation once (printed), not a second
-        time as the cell's value.
+    """Check a learner's answer to a banked question; print its explanation if it is right
+    (returns None: a cell ending with this call shows it once).
 
     Raises:
         AssertionError: the answer is missing, not one of the question's choices, or wrong (with
@@ -151,7 +123,7 @@ def check(question: str, answer) -> None:
         raise ValueError(f"no question bank in {BANK_DIR} holds {question!r}.")
     entry = bank[question]
     digits, choices = entry.get("digits"), entry.get("choices")
-    words = {**entry, **entry.get(language(), {})}   # the learner's language, where translated
+    words = {**entry, **entry.get(language(), {})}
     if answer is None or answer is Ellipsis:
         raise AssertionError(tr("{question}: no answer yet. Set the answer variable above.",
                                 question=question))
@@ -168,16 +140,15 @@ def check(question: str, answer) -> None:
         raise AssertionError(tr("{question}: not this one. Hint: {hint}", question=question,
                                 hint=words["hint"]))
     text = unseal(question, answer, words["explanation"], digits)
-    # Hangul is drawn twice as wide as Latin letters: half the characters per line
+    # Hangul is twice as wide as Latin letters
     print(textwrap.fill(tr("Right. {explanation}", explanation=text),
                         width=100 if language() == "en" else 50))
 
 
 def author(question: str, answer, explanation: str, *, hint: str, bank: str,
            choices: str | None = "abcd", digits: int | None = None) -> str:
-    """Write ``question`` into ``BANK_DIR / f"{bank}.json"`` (added or replaced; ``bank`` is the
-    exercise's name, e.g. ``"04_scaling_out"``) and return the call its test cell makes, for
-    course authors.
+    """Write ``question`` into ``BANK_DIR / f"{bank}.json"`` (``bank``: the exercise's name,
+    ``"04_scaling_out"``) and return the call its test cell makes.
 
     Raises:
         TypeError: a number for a choice question or the reverse.
@@ -194,8 +165,8 @@ def author(question: str, answer, explanation: str, *, hint: str, bank: str,
 
 
 def translate(question: str, answer, lang: str, explanation: str, hint: str, *, bank: str) -> None:
-    """Add ``question``'s explanation and hint in ``lang`` to its entry in ``BANK_DIR /
-    f"{bank}.json"``, the explanation sealed with the right ``answer`` (for translators).
+    """Add ``question``'s explanation (sealed with the right ``answer``) and hint in ``lang`` to
+    its entry in ``BANK_DIR / f"{bank}.json"``.
 
     Raises:
         ValueError: no such question in that bank, or ``answer`` is not its right answer.
