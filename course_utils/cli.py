@@ -1,10 +1,6 @@
-"""``course-bench``: the course's comparison, headless, planned for this machine.
-
-It runs `course_utils.experiments.ladder` (or a grid of precisions x checkpoint policies) with
-`course_utils.experiments.compare` and prints one table: measured step time (noise-aware ratios),
-tokens/s, peak allocated memory and saved-tensor bytes, each next to the analytic estimate.
-``--out DIR`` writes ``bench.json`` and ``bench.png``. Every argument, the output folder
-included, is checked before anything is measured.
+"""``course-bench``: the course's comparison, headless, planned for this machine: the table of
+`course_utils.experiments.compare` over `ladder` (or a grid of precisions x checkpoint policies),
+each measurement next to its estimate. ``--out DIR`` writes ``bench.json`` and ``bench.png``.
 """
 from __future__ import annotations
 
@@ -57,8 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``course-bench``. Exit status 0 on success, 2 on bad arguments or a refused
-    configuration (nothing is measured then)."""
+    """Run ``course-bench``: exit status 0, or 2 on bad arguments or a refused configuration."""
     args = _parser().parse_args(argv)
     try:
         if args.out is not None:
@@ -76,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                         if not (pr == "fp32" and po == "none")]
         else:
             configs = ladder(base, hw)
-        configs = [accept(cfg, hw, force=args.force) for cfg in configs]  # the guard's one check
+        configs = [accept(cfg, hw, force=args.force) for cfg in configs]
     except ValueError as e:
         print(f"course-bench: {e}", file=sys.stderr)
         return 2
@@ -106,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                    "recommendation": {"precision": rec.precision, "grad_scaler": rec.grad_scaler,
                                       "reason": rec.reason},
                    "rows": bench_rows(df)}
-        fig = comparison_chart(df, title=hw.name, size=size)  # "<GPU>, size '<size>'"
+        fig = comparison_chart(df, title=hw.name, size=size)
         paths = write_bench(args.out, payload, fig)
         print(tr("wrote {paths}", paths=tr(" and ").join(str(p) for p in paths)))
     return 0

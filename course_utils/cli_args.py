@@ -1,7 +1,6 @@
-"""The argument types of the course's commands (``course-bench``, ``course-profile``): each
-parses one command-line string and raises ``argparse.ArgumentTypeError`` with what was expected,
-so that every argument is checked before anything is measured; `check_out_file` checks where a
-result will be written, also before anything is measured.
+"""The argument types of the course's commands (``course-bench``, ``course-profile``): each parses
+one command-line string and raises ``argparse.ArgumentTypeError`` with what was expected; with
+`check_out_file` and `check_out_folder`, every argument is checked before anything is measured.
 """
 from __future__ import annotations
 
@@ -24,10 +23,8 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "m
 
 def comma_list(valid: Sequence[str] | None = None, what: str = "value") -> Callable[[str], list]:
     """An argument type for ``"fp32,bf16"``: the comma-separated items, each one of ``valid``
-    (any, if None); ``what`` names them in the error (``"precision"``).
-
-    The type raises ``argparse.ArgumentTypeError`` for an empty list or an unknown item (the
-    message lists the valid ones).
+    (any, if None); it raises ``argparse.ArgumentTypeError`` for an empty list or an unknown item,
+    naming them ``what`` (``"precision"``) and listing the valid ones.
     """
     def parse(text: str) -> list[str]:
         items = [t.strip() for t in text.split(",") if t.strip()]
@@ -43,9 +40,8 @@ def comma_list(valid: Sequence[str] | None = None, what: str = "value") -> Calla
 
 def add_precisions_and_policies(parser, *, precisions_help: str, policies_help: str,
                                 policies_default: list | None = None) -> None:
-    """The two options both commands take: ``--precisions`` (comma-separated `PRECISIONS`) and
-    ``--policies`` (comma-separated checkpoint policies, checked later against the model), with
-    each command's help and default."""
+    """The options both commands take: ``--precisions`` (comma-separated `PRECISIONS`) and
+    ``--policies`` (checkpoint policies, checked later against the model)."""
     parser.add_argument("--precisions", type=comma_list(PRECISIONS, "precision"), default=None,
                         help=precisions_help)
     parser.add_argument("--policies", type=comma_list(None, "policy"), default=policies_default,
@@ -71,8 +67,7 @@ def positive_seconds(text: str) -> float:
     """``"0.5"`` -> 0.5 (seconds).
 
     Raises:
-        argparse.ArgumentTypeError: not a finite number > 0 (``nan``, ``inf``, ``0``, ``-1``,
-            ``abc``).
+        argparse.ArgumentTypeError: not a finite number > 0.
     """
     try:
         value = float(text)
@@ -85,10 +80,9 @@ def positive_seconds(text: str) -> float:
 
 
 def cannot_write(path: str | os.PathLike) -> str | None:
-    """Why a file cannot be written into the folder ``path`` (or, for an existing file, why it
-    cannot be rewritten), or None when it can: found by doing it (an empty file made and removed,
-    an existing file opened for appending), since permission bits do not bind root and a
-    read-only or virtual file system (``/proc``) refuses what they allow."""
+    """Why a file cannot be written into the folder ``path`` (or an existing file rewritten), or
+    None: found by doing it, since permission bits do not bind root and a read-only or virtual
+    file system (``/proc``) refuses what they allow."""
     path = Path(path)
     try:
         if path.is_dir():
@@ -105,12 +99,10 @@ def cannot_write(path: str | os.PathLike) -> str | None:
 
 
 def check_out_folder(folder: str | os.PathLike, flag: str = "--out") -> Path:
-    """Check, before any work, that ``folder`` can receive result files: it is a folder or can be
-    made as one (its parent exists), and a file can be written there (`cannot_write`).
+    """Check that ``folder`` is a folder, or can be made as one, where a file can be written.
 
     Raises:
-        ValueError: ``folder`` is an existing file, its parent is missing or not a folder, or
-            nothing can be written there (the message names ``flag`` and says which).
+        ValueError: naming ``flag`` and what is wrong.
     """
     out = Path(folder)
     if out.exists() and not out.is_dir():
@@ -123,26 +115,19 @@ def check_out_folder(folder: str | os.PathLike, flag: str = "--out") -> Path:
     if not parent.is_dir():
         raise ValueError(tr("{flag} {path!r}: {parent!r} is not a folder.", flag=flag,
                             path=str(out), parent=str(parent)))
-    why = cannot_write(parent)
-    if why:
+    if why := cannot_write(parent):
         raise ValueError(tr("{flag} {path!r}: {parent!r} is not writable ({why}).", flag=flag,
                             path=str(out), parent=str(parent), why=why))
     return out
 
 
 def check_out_file(out: str | os.PathLike, default_name: str, flag: str = "--out") -> Path:
-    """Where a command writes its result file, checked before anything runs.
-
-    ``out`` is a folder (an existing one, or a new one named with a trailing ``/``, made when
-    the file is written): the file is ``out/default_name``; anything else is the file itself.
-
-    Returns:
-        The file's path.
+    """The path of a command's result file, checked before anything runs: ``out/default_name``
+    where ``out`` is a folder (or a new one, named with a trailing ``/``), else ``out`` itself.
 
     Raises:
-        ValueError: a missing parent folder, a file where a folder is needed, a folder where
-            the file would go, or a place that is not writable (the message names ``flag``
-            and says which).
+        ValueError: naming ``flag`` and what is wrong (a missing or non-folder parent, a folder
+            where the file would go, a place that is not writable).
     """
     text = os.fspath(out)
     path = Path(text)
@@ -152,7 +137,7 @@ def check_out_file(out: str | os.PathLike, default_name: str, flag: str = "--out
             raise ValueError(tr("{flag} {path!r}: {file!r} is a folder: give a file name.",
                                 flag=flag, path=text, file=str(path)))
     folder = path.parent
-    for parent in (folder, *folder.parents):  # the nearest that exists must be a folder
+    for parent in (folder, *folder.parents):  # the nearest that exists
         if parent.exists():
             if not parent.is_dir():
                 raise ValueError(tr("{flag} {path!r}: {parent!r} is a file, not a folder.",
@@ -161,12 +146,10 @@ def check_out_file(out: str | os.PathLike, default_name: str, flag: str = "--out
     if not folder.exists() and not text.endswith(("/", os.sep)):
         raise ValueError(tr("{flag} {path!r}: the folder {folder!r} does not exist.", flag=flag,
                             path=text, folder=str(folder)))
-    why = cannot_write(folder) if folder.exists() else None
-    if why:
+    if folder.exists() and (why := cannot_write(folder)):
         raise ValueError(tr("{flag} {path!r}: cannot write into the folder {folder!r} ({why}).",
                             flag=flag, path=text, folder=str(folder), why=why))
-    why = cannot_write(path) if path.exists() else None
-    if why:
+    if path.exists() and (why := cannot_write(path)):
         raise ValueError(tr("{flag} {path!r}: cannot rewrite {file!r} ({why}).", flag=flag,
                             path=text, file=str(path), why=why))
     return path
