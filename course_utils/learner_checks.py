@@ -1,21 +1,11 @@
 """Checks of a learner's code from the outside, importable by the graded exercises, the grader's
 kernel and ``tests/`` alike (no notebook globals: every helper takes what it checks).
 
-**Exercise 02** (activation checkpointing). The learner writes a forward that checkpoints every
-k-th block, a segment-count rule and a selective checkpointing policy; the tests check them with:
-
-* `forward_plain(blocks, x)`: the plain forward, lesson 02's `run_blocks`;
-* `forward_full(blocks, x)`: every block checkpointed on its own (policy ``full``);
-* `forward_selective(blocks, x, policy)`: every block checkpointed with a selective
-  checkpointing ``policy`` (``context_fn``);
-* `checkpoint_every_segment(blocks, x, n_segments)`: lesson 02's loop (the library's, with its
-  one segment rule `course_utils.checkpointing.segment_bounds`);
-* `gradients`, `forward_calls`, `kept_after_forward`, `matmul_flops`: what the tests compare
-  (gradients, forward calls per block, bytes kept after the forward, matmul FLOPs).
-
-**Exercise 03** (the production step). `StepProbe` and `step_gradients` check a training step
-from the outside: the gradients its optimizer receives, whether it zeroed them, what it saved for
-backward; `relative_error` compares two lists of gradients.
+Exercise 02 (activation checkpointing): reference forwards (`forward_plain`, `forward_full`,
+`forward_selective`, `checkpoint_every_segment`) and what the tests compare of a forward:
+`gradients`, `forward_calls`, `kept_after_forward`, `matmul_flops`. Exercise 03 (the production
+step): `StepProbe` and `step_gradients` see what a step hands its optimizer; `relative_error`
+compares two lists of gradients.
 """
 from __future__ import annotations
 
@@ -32,20 +22,9 @@ from .i18n import tr
 from .memory_timeline import allocated_after
 from .saved_tensors import SavedTensorMeter
 
-__all__ = [
-    "MATMULS",
-    "StepProbe",
-    "checkpoint_every_segment",
-    "forward_calls",
-    "forward_full",
-    "forward_plain",
-    "forward_selective",
-    "gradients",
-    "kept_after_forward",
-    "matmul_flops",
-    "relative_error",
-    "step_gradients",
-]
+__all__ = ["MATMULS", "StepProbe", "checkpoint_every_segment", "forward_calls", "forward_full",
+           "forward_plain", "forward_selective", "gradients", "kept_after_forward", "matmul_flops",
+           "relative_error", "step_gradients"]
 
 #: The plain forward: ``x`` through ``blocks`` in order, nothing checkpointed (`run_blocks`).
 forward_plain = run_blocks
@@ -62,8 +41,7 @@ def forward_full(blocks, x: torch.Tensor) -> torch.Tensor:
 
 
 def forward_selective(blocks, x: torch.Tensor, policy) -> torch.Tensor:
-    """Every block checkpointed with the selective checkpointing ``policy``: the outputs the
-    policy saves are kept, the rest is recomputed in backward."""
+    """Every block checkpointed with the selective checkpointing ``policy`` (``context_fn``)."""
     context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
     for block in blocks:
         x = checkpoint(block, x, use_reentrant=False, context_fn=context_fn)
@@ -114,8 +92,8 @@ def forward_calls(forward, blocks, x: torch.Tensor, *args) -> list[int]:
 
 def kept_after_forward(forward, blocks, x: torch.Tensor, *args) -> int | None:
     """Bytes still allocated when ``forward(blocks, x, *args)`` returns: what it keeps for backward
-    (wherever it keeps it: autograd or selective checkpointing's cache) plus its output
-    (`course_utils.memory_timeline.allocated_after`; None on a device without a memory counter)."""
+    (in autograd or selective checkpointing's cache) plus its output (`allocated_after`; None on
+    a device without a memory counter)."""
     _check(blocks, x)
     out, kept = allocated_after(lambda: forward(blocks, x, *args), x.device)
     del out
@@ -132,17 +110,10 @@ def matmul_flops(forward, blocks, x: torch.Tensor, *args) -> int:
     return sum(v for op, v in counter.get_flop_counts()["Global"].items() if str(op) in MATMULS)
 
 
-# --- exercise 03: a training step, checked from the outside ------------------------------------
-
 class StepProbe(torch.optim.Optimizer):
-    """An optimizer that applies nothing and remembers what it was asked to apply.
-
-    ``step()`` stores a copy of every parameter's ``.grad`` (None where a parameter has none) in
-    ``grads`` (unless ``record`` is False: then it allocates nothing, for peak measurements)
-    and counts itself in ``steps``. A training step that clips, unscales and zeroes
-    as it should hands it the final gradients, so two steps can be compared by what their
-    optimizer received. GradScaler accepts it like any optimizer (it has ``param_groups`` and
-    ``state``).
+    """An optimizer that applies nothing: ``step()`` stores a copy of every parameter's ``.grad``
+    (or None) in ``grads`` unless ``record`` is False (then it allocates nothing, for peak
+    measurements), and counts itself in ``steps``. GradScaler accepts it like any optimizer.
     """
 
     def __init__(self, params, record: bool = True):
@@ -177,17 +148,11 @@ def relative_error(got: list, want: list) -> float:
 def step_gradients(step_fn, model: torch.nn.Module, micro_batches, dtype=None, scaler=None,
                    max_grad_norm: float = math.inf, meter: bool = False,
                    record: bool = True) -> dict:
-    """Run ``step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)`` once with a
-    `StepProbe` as the optimizer and report what happened.
-
-    Args:
-        step_fn: a step with `course_utils.training.train_step`'s signature.
-        model: the model (its parameters' ``.grad`` must be None before: a fresh model).
-        scaler: a ``torch.amp.GradScaler`` (default: a disabled one for the model's device).
-        max_grad_norm: the clipping threshold passed on (default: no clipping).
-        meter: also count the bytes saved for backward during the step (`SavedTensorMeter`,
-            parameters excluded).
-        record: keep copies of the gradients (False: allocate nothing, to measure a peak).
+    """Run ``step_fn`` (`course_utils.training.train_step`'s signature) once on ``model`` (a fresh
+    one: no ``.grad`` yet) with a `StepProbe` as the optimizer and report what happened.
+    ``scaler`` defaults to a disabled GradScaler, ``max_grad_norm`` to no clipping; ``meter``
+    also counts the bytes saved for backward (`SavedTensorMeter`, parameters excluded);
+    ``record`` is `StepProbe`'s.
 
     Returns:
         ``{"grads": [tensor or None per parameter] the optimizer received (None if it never
