@@ -1,5 +1,5 @@
-"""Gradients of one backward, collected for histograms: parameter gradients and the gradients
-that flow between layers (activation gradients), optionally sampled to bound memory.
+"""Gradients of one backward, collected for lesson 01's histograms: parameter gradients and the
+gradients that flow between layers (activation gradients), optionally sampled to bound memory.
 """
 from __future__ import annotations
 
@@ -12,19 +12,15 @@ from .terms import check_positive_int
 
 __all__ = ["GradientCapture", "capture_gradients"]
 
+
 @dataclass
 class GradientCapture:
-    """Gradients collected by `capture_gradients`, as flat fp32 tensors.
+    """Gradients collected by `capture_gradients`, as flat fp32 tensors on the model's device.
 
     Attributes:
-        parameters: every parameter's ``.grad`` concatenated (elements), read at the end of the
-            ``with`` block.
-        activations: the gradient of every submodule output (the tensors that flow between
-            layers in backward: these are the ones an fp16 backward holds in fp16).
+        parameters: every parameter's ``.grad`` concatenated, read at the end of the block.
+        activations: the gradient of every submodule output (what an fp16 backward holds in fp16).
         by_module: ``{module name: gradient tensor}`` of the activation gradients.
-
-    The tensors stay on the model's device. With ``max_per_tensor`` each one is a uniform
-    random sample of its gradient (see `capture_gradients`).
     """
 
     parameters: torch.Tensor = field(default_factory=lambda: torch.empty(0))
@@ -32,35 +28,24 @@ class GradientCapture:
     by_module: dict = field(default_factory=dict)
 
     def groups(self) -> dict:
-        """``{"parameter gradients": ..., "activation gradients": ...}`` for the tables/charts."""
+        """``{"parameter gradients": ..., "activation gradients": ...}`` for tables and charts."""
         return {"parameter gradients": self.parameters, "activation gradients": self.activations}
 
 
 class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gradients(m) as g``
-    """Context manager: collect a model's parameter and activation gradients of one backward.
-
-    Run the forward and ``loss.backward()`` inside the block. Each submodule's floating-point
-    output gets a tensor hook (``Tensor.register_hook``) that stores the gradient flowing into it
-    (each output tensor once, so a module whose output *is* its child's is not counted twice).
-    At exit, parameter ``.grad`` tensors are read too (existing ``.grad`` is included: zero them
-    first).
+    """Context manager: collect a model's parameter and activation gradients of one backward
+    (run the forward and ``loss.backward()`` inside the block; zero existing ``.grad`` first).
+    Each submodule's floating-point output tensor gets one tensor hook; ``__enter__`` returns a
+    `GradientCapture`, filled when the block ends.
 
     Args:
-        model: the module whose gradients to collect.
-        max_values: keep about this many elements in all (at most twice as many), every element
-            of every gradient tensor sampled at the same rate (a uniform sample of ``numel x
-            rate`` elements, seeded by ``seed``; the rate halves, and the kept samples are
-            thinned alike, whenever the total exceeds twice the budget). Fractions and
-            histograms pooled over tensors of different sizes stay unbiased, and memory stays
-            bounded on large size profiles.
-        max_per_tensor: keep at most this many elements of each gradient tensor, drawn
-            uniformly at random with replacement. Each tensor's own statistics stay unbiased,
-            but pooled ones weight a small tensor like a large one: prefer ``max_values``.
+        max_values: keep about this many elements in all (at most twice as many), every
+            gradient sampled at one rate (seeded by ``seed``), which halves, the kept samples
+            thinned alike, whenever the total exceeds twice the budget: pooled fractions stay
+            unbiased and memory bounded.
+        max_per_tensor: keep at most this many elements of each gradient (drawn with
+            replacement): pooled statistics then weight a small tensor like a large one.
             ``None`` (both) keeps every element.
-        seed: seed of the sampling generator.
-
-    Returns (from ``__enter__``):
-        a `GradientCapture` (fp32 tensors on the gradients' device), filled when the block ends.
 
     Raises:
         ValueError: ``max_values`` or ``max_per_tensor`` < 1, or no gradients were recorded (no
@@ -74,13 +59,13 @@ class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gr
         self.model = model
         self.max_per_tensor = max_per_tensor
         self.max_values = max_values
-        self.rate = 1.0  # the probability with which each element is kept (max_values)
+        self.rate = 1.0  # the probability of keeping an element (max_values)
         self._kept = 0
         self._gen: dict = {}
         self.seed = seed
         self.result = GradientCapture()
         self._handles: list = []
-        self._alive: list = []  # outputs already hooked (kept alive so that ids stay unique)
+        self._alive: list = []  # outputs already hooked
         self._grads: dict = {}
 
     def _hook_output(self, name):
@@ -99,9 +84,8 @@ class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gr
         return self._gen[dev]
 
     def _sample(self, flat: torch.Tensor, p: float) -> torch.Tensor:
-        """A uniform random sample of ``flat`` whose size is ``numel x p`` in expectation
-        (stochastically rounded, so that small tensors are not dropped), drawn with replacement:
-        cheaper than a mask over every element, and just as unbiased for pooled fractions."""
+        """A uniform sample of ``flat``, with replacement, of ``numel x p`` elements stochastically
+        rounded (a small tensor is not dropped)."""
         if p >= 1.0:
             return flat
         gen = self._generator(flat.device)
