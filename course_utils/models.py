@@ -1,13 +1,8 @@
-"""The course's reference model: a small GPT-style, pre-LayerNorm, byte-level transformer.
-
-Written to be read, in the spirit of nanoGPT's ``model.py`` (Karpathy): token and learned
-position embeddings, ``n_layers`` blocks in ``model.layers``, a final LayerNorm and a linear head
-over the 256 byte values (not tied to the embedding, so that parameter counts are plain).
-Checkpointing is not in here: `course_utils.checkpointing.apply_checkpointing` wraps blocks.
-With ``loss_chunk`` the head and the loss run as one chunked cross-entropy
-(`course_utils.chunked_loss`): the full logits never exist.
-
-Shapes: input ``idx`` is ``(batch, seq)`` int64 bytes; logits are ``(batch, seq, vocab)``.
+"""The course's reference model: a small GPT-style, pre-LayerNorm, byte-level transformer, written
+to be read in the spirit of nanoGPT's ``model.py`` (Karpathy): token and learned position
+embeddings, ``n_layers`` blocks in ``model.layers``, a final LayerNorm and a head over the 256 byte
+values (untied, so parameter counts are plain). `course_utils.checkpointing.apply_checkpointing`
+wraps the blocks; with ``loss_chunk`` the head and the loss are `course_utils.chunked_loss`'s.
 """
 from __future__ import annotations
 
@@ -28,11 +23,9 @@ __all__ = ["CausalSelfAttention", "MLP", "Block", "GPT", "build_model"]
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention.
-
-    ``attention="sdpa"`` calls ``F.scaled_dot_product_attention`` (flash / memory-efficient
-    kernels: O(seq) saved memory); ``"naive"`` writes softmax(QK^T / sqrt(d_head)) V out, which
-    saves the (batch, heads, seq, seq) attention matrix: O(seq^2).
+    """Multi-head causal self-attention: ``"sdpa"`` calls ``F.scaled_dot_product_attention``
+    (O(seq) saved memory); ``"naive"`` writes softmax(QK^T / sqrt(d_head)) V out, saving the
+    (batch, heads, seq, seq) attention matrix: O(seq^2).
     """
 
     def __init__(self, d_model: int, n_heads: int, attention: str = "sdpa"):
@@ -88,13 +81,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Byte-level GPT: embeddings -> ``layers`` (blocks) -> LayerNorm -> head.
-
-    Args:
-        shape: the dimensions (`course_utils.config.ModelShape`); ``shape.seq_len`` is the
-            longest input.
-        loss_chunk: tokens per chunk of the chunked cross-entropy (0: the plain loss; see
-            `forward`).
+    """Byte-level GPT of ``shape`` (`course_utils.config.ModelShape`): embeddings -> ``layers``
+    -> LayerNorm -> head; ``loss_chunk``: tokens per chunk of the cross-entropy (0: plain).
 
     Raises:
         ValueError: ``loss_chunk`` is not an integer >= 0.
@@ -116,20 +104,16 @@ class GPT(nn.Module):
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
-        # GPT-2's initialisation: N(0, 0.02) weights, zero biases.
+        # GPT-2's initialisation: N(0, 0.02) weights, zero biases
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """``(logits, loss)``: logits ``(B, T, vocab)`` and, if ``targets`` ``(B, T)`` is given,
-        the mean cross-entropy (else None).
-
-        With ``loss_chunk`` > 0 and ``targets`` given, the loss is
-        `course_utils.chunked_loss.chunked_cross_entropy` and the logits returned are **None**:
-        the full logits are never computed (that is the point). A caller that needs them calls
-        the model without targets, or uses a model with ``loss_chunk=0``.
+        """``(logits, loss)`` of ``idx`` ``(B, T)`` int64 bytes: logits ``(B, T, vocab)`` and, if
+        ``targets`` ``(B, T)`` is given, the mean cross-entropy (else None). With ``loss_chunk``
+        and ``targets``, the logits are None: the full logits are never computed.
 
         Raises:
             ValueError: ``idx`` is longer than ``shape.seq_len``.
@@ -151,23 +135,18 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 
-    def num_parameters(self) -> int:
-        """Number of parameters (elements)."""
-        return sum(p.numel() for p in self.parameters())
-
 
 def build_model(config) -> GPT:
-    """The reference model of a `RunConfig`: seeded by ``config.seed``, its checkpoint policy
-    and ``loss_chunk`` applied, built on ``config.device`` (parameters stay fp32: autocast casts
-    per op). Equal seeds give equal models on one device; a GPU's generator differs from the
-    CPU's, and every comparison builds its models on one device.
+    """The model of a `RunConfig`, seeded by ``config.seed`` (equal on one device), its
+    checkpoint policy and ``loss_chunk`` applied, built in fp32 on ``config.device``.
 
     Raises:
         ValueError: ``config.device`` is not available on this machine.
     """
     require_device(config.device)
     torch.manual_seed(config.seed)
-    with torch.device(config.device):   # initialised where it runs: no CPU build and copy (at
-        model = GPT(config.shape, config.loss_chunk)   # the h100 size 3.5-4 s a build on an H100:
-    apply_checkpointing(model, config.checkpoint)       # results/gpu-budget.md)
+    # built where it runs: a CPU build and copy took 3.5-4 s at the h100 size (results/gpu-budget.md)
+    with torch.device(config.device):
+        model = GPT(config.shape, config.loss_chunk)
+    apply_checkpointing(model, config.checkpoint)
     return model.to(config.device)
