@@ -1,8 +1,6 @@
-"""Real English text for the byte-level model: the Python documentation topics.
-
-The corpus is ``pydoc_data.topics.topics`` of the running CPython (the text behind ``help()``,
-about 460 KB of English with code), so the course needs no download. Bytes are tokens: the
-vocabulary is 256.
+"""Real English text for the byte-level model: ``pydoc_data.topics.topics`` of the running
+CPython (the text behind ``help()``, about 460 KB), so the course needs no download. Bytes are
+tokens: the vocabulary is 256.
 """
 from __future__ import annotations
 
@@ -20,13 +18,13 @@ VAL_FRACTION = 0.1
 
 @functools.lru_cache(maxsize=1)
 def corpus_bytes() -> bytes:
-    """The corpus as UTF-8 bytes: all ``pydoc_data.topics`` entries in key order.
+    """The corpus as UTF-8 bytes, the topics in key order.
 
     Raises:
         RuntimeError: this Python ships without ``pydoc_data`` (some minimal distributions).
     """
     try:
-        from pydoc_data.topics import topics  # lazy: 460 KB of text, read on first use
+        from pydoc_data.topics import topics  # lazy: 460 KB of text
     except ImportError as e:  # pragma: no cover - every CPython ships it
         raise RuntimeError(tr("this Python has no pydoc_data.topics; the course's text corpus "
                               "comes from it (install a full CPython).")) from e
@@ -51,11 +49,8 @@ def corpus_tensor(split: str = "train") -> torch.Tensor:
 
 def get_batch(batch_size: int, seq_len: int, split: str = "train", seed: int = 0,
               step: int = 0, device: str | torch.device = "cpu"):
-    """A batch of (input, target) byte sequences, deterministic in (seed, step, split).
-
-    Returns:
-        ``(x, y)``, both int64 of shape ``(batch_size, seq_len)``; ``y`` is ``x`` shifted by one
-        byte (next-byte prediction).
+    """``(x, y)``, int64 ``(batch_size, seq_len)``, ``y`` the next byte of each of ``x``'s:
+    deterministic in (seed, step, split).
 
     Raises:
         ValueError: non-positive sizes, or ``seq_len`` longer than the split allows.

@@ -1,9 +1,7 @@
-"""GradScaler read from what it does (lesson 01 §4-§5): the rule a scale trace shows (claim C12),
-and the size of a parameter update (claim C18: clipping before ``unscale_``).
-
-PyTorch's rule (``torch.amp.GradScaler`` docs): ``step`` skips ``optimizer.step()`` when a
-gradient is inf/NaN; ``update`` then multiplies the scale by ``backoff_factor``; after
-``growth_interval`` clean steps in a row it multiplies it by ``growth_factor``.
+"""GradScaler read from what it does (lesson 01 §4-§5): the rule a scale trace shows (claim C12;
+``torch.amp.GradScaler`` docs: an inf/NaN step is skipped and the scale multiplied by
+``backoff_factor``, ``growth_interval`` clean steps multiply it by ``growth_factor``), and the
+size of a parameter update (claim C18: clipping before ``unscale_``).
 """
 from __future__ import annotations
 
@@ -14,33 +12,23 @@ from .i18n import tr
 __all__ = ["read_scaler_trace", "snapshot", "update_norm"]
 
 
-def _rows(trace) -> list[dict]:
-    if hasattr(trace, "to_dict"):  # a DataFrame
-        return trace.to_dict("records")
-    return [dict(r) for r in trace]
-
-
 def read_scaler_trace(trace, scaler, init_scale: float) -> dict:
     """What a GradScaler trace shows about its rule, as the inputs of claim C12's verdict.
 
     Args:
-        trace: rows (a DataFrame or dicts), one per step in order, with ``injected`` (an inf/NaN
-            was put into a gradient at that step), ``scale`` (the scale after ``update()``) and
-            ``stepped`` (the optimizer changed the parameters).
-        scaler: the ``torch.amp.GradScaler`` that made the trace (its factors and interval are
-            read from it).
+        trace: rows (a DataFrame or dicts), one per step in order: ``injected`` (an inf/NaN was
+            put into a gradient), ``scale`` (after ``update()``), ``stepped`` (parameters changed).
+        scaler: the ``torch.amp.GradScaler`` that made the trace.
         init_scale: the scale before the first step.
 
     Returns:
-        ``{"backoffs_ok": [...], "growth_after": [...], "growth_interval": int,
-        "clean_taken": bool}``: for each injected step, whether it was skipped and the scale
-        multiplied by ``backoff_factor``; the number of clean steps before each growth; the
-        scaler's ``growth_interval``; whether every clean step was taken.
+        ``{"backoffs_ok": [per injected step: skipped and backed off], "growth_after": [clean
+        steps before each growth], "growth_interval": the scaler's, "clean_taken": bool}``.
 
     Raises:
         ValueError: an empty trace, or rows without the three keys.
     """
-    rows = _rows(trace)
+    rows = trace.to_dict("records") if hasattr(trace, "to_dict") else [dict(r) for r in trace]
     need = {"injected", "scale", "stepped"}
     if not rows or any(need - set(r) for r in rows):
         raise ValueError(tr("read_scaler_trace needs rows with {keys}.", keys=sorted(need)))
@@ -68,8 +56,7 @@ def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def update_norm(model: torch.nn.Module, before: list[torch.Tensor]) -> float:
-    """The L2 norm of the change of all parameters since ``before`` (`snapshot`), in fp64:
-    the size of the update the optimizer actually made.
+    """The L2 norm, in fp64, of the change of all parameters since ``before`` (`snapshot`).
 
     Raises:
         ValueError: ``before`` does not match ``model``'s parameters.
