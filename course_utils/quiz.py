@@ -1,13 +1,10 @@
-"""Auto-checked conceptual questions for the graded exercises ("interview questions").
-
-A question's answer is a choice (``"b"``) or a number (compared after rounding to ``digits``
-decimals). Its test cell reads ``quiz.check("bf16-no-scaler", answer)``: the question lives in a
-bank, ``course_utils/quizzes/<exercise>.json``, which stores the answer only as its `answer_key`
-(a salted hash) and the explanation sealed with it (`seal`), so neither the cell nor the file gives
-the answer away (trying every choice still works: these questions teach, they do not examine).
-A wrong answer raises an ``AssertionError`` with the hint, the lesson section to read again.
-Authors add a question with `author`; translators add a language with `translate`, which `check`
-prints where the learner's language (`course_utils.i18n.language`) has it.
+"""Auto-checked conceptual questions for the graded exercises: ``quiz.check("bf16-no-scaler",
+answer)`` checks a choice (``"b"``) or a number (rounded to ``digits`` decimals) against a bank,
+``course_utils/quizzes/<exercise>.json``, that stores only the answer's salted hash (`answer_key`)
+and the explanation sealed with the answer (`seal`): neither the cell nor the file gives it away
+(trying every choice still works: these questions teach, they do not examine). A wrong answer
+gets the hint. `author` adds a question; `translate` adds a language, which `check` prints to a
+learner of that language (`course_utils.i18n.language`).
 """
 from __future__ import annotations
 
@@ -27,32 +24,31 @@ __all__ = ["BANK_DIR", "answer_key", "seal", "unseal", "bank_entry", "question_b
 BANK_DIR = Path(__file__).resolve().parent / "quizzes"
 
 
-def _normalise(answer, digits: int | None) -> str:
+def _salted(question: str, answer, digits: int | None) -> str:
+    """``question:answer``, the answer normalised."""
     if digits is None:
         if not isinstance(answer, str):
             raise TypeError(tr("this question takes a choice (a letter such as 'b'), got {kind} "
                                "{answer!r}.", kind=type(answer).__name__, answer=answer))
-        return answer.strip().lower()
+        return f"{question}:{answer.strip().lower()}"
     if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
         raise TypeError(tr("this question takes a finite number, got {answer!r}.", answer=answer))
-    return f"{round(float(answer), digits):.{digits}f}"
+    return f"{question}:{round(float(answer), digits):.{digits}f}"
 
 
 def answer_key(question: str, answer, digits: int | None = None) -> str:
-    """The key a bank stores: the first 16 hex digits of SHA-256 of ``question:answer``, the
-    answer a choice (case and surrounding spaces ignored; ``digits`` None) or a number rounded to
-    ``digits`` decimals.
+    """The first 16 hex digits of SHA-256 of ``question:answer``, a choice's case and surrounding
+    spaces ignored (``digits`` None), a number rounded to ``digits`` decimals.
 
     Raises:
         TypeError: a number for a choice question or the reverse.
     """
-    text = f"{question}:{_normalise(answer, digits)}"
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(_salted(question, answer, digits).encode("utf-8")).hexdigest()[:16]
 
 
 def _xor(question: str, answer, digits: int | None, raw: bytes) -> bytes:
     """``raw`` XOR a keystream of SHA-256 blocks of ``question:answer:i``."""
-    key = f"{question}:{_normalise(answer, digits)}"
+    key = _salted(question, answer, digits)
     blocks = (hashlib.sha256(f"{key}:{i}".encode("utf-8")).digest()
               for i in range(math.ceil(len(raw) / 32)))
     return bytes(a ^ b for a, b in zip(raw, b"".join(blocks)))
@@ -69,8 +65,7 @@ def seal(question: str, answer, text: str, digits: int | None = None) -> str:
 
 
 def unseal(question: str, answer, sealed: str, digits: int | None = None) -> str:
-    """The text `seal` sealed, opened with ``answer`` (garbage or a UnicodeDecodeError with a
-    wrong one).
+    """The text `seal` sealed, opened with ``answer`` (garbage with a wrong one).
 
     Raises:
         TypeError: a number for a choice question or the reverse.
@@ -95,8 +90,7 @@ def question_bank(folder: str | Path | None = None) -> dict:
     """Every question of the banks in ``folder`` (default `BANK_DIR`), by id.
 
     Raises:
-        ValueError: a question id in two banks, or an entry without ``key``, ``hint`` and
-            ``explanation``.
+        ValueError: a question id in two banks, or an entry without key, hint or explanation.
     """
     out: dict = {}
     for path in sorted(Path(folder or BANK_DIR).glob("*.json")):
@@ -114,8 +108,7 @@ def check(question: str, answer) -> None:
     (returns None: a cell ending with this call shows it once).
 
     Raises:
-        AssertionError: the answer is missing, not one of the question's choices, or wrong (with
-            the hint: the lesson section to read again).
+        AssertionError: the answer is missing, not one of the choices, or wrong (with the hint).
         ValueError: no bank holds the question (an authoring error).
     """
     bank = question_bank()
