@@ -76,11 +76,8 @@ def overflow(model: torch.nn.Module, module: str):
         largest = out.detach().abs().max().item()
         return out * (2 * torch.finfo(out.dtype).max / largest if largest > 0 else float("inf"))
 
-    handle = target.register_forward_hook(blow_up, prepend=True)
-    try:
+    with target.register_forward_hook(blow_up, prepend=True):
         yield
-    finally:
-        handle.remove()
 
 
 class FirstNonFinite:
