@@ -95,9 +95,7 @@ def kept_after_forward(forward, blocks, x: torch.Tensor, *args) -> int | None:
     (in autograd or selective checkpointing's cache) plus its output (`allocated_after`; None on
     a device without a memory counter)."""
     _check(blocks, x)
-    out, kept = allocated_after(lambda: forward(blocks, x, *args), x.device)
-    del out
-    return kept
+    return allocated_after(lambda: forward(blocks, x, *args), x.device)[1]
 
 
 def matmul_flops(forward, blocks, x: torch.Tensor, *args) -> int:
@@ -131,8 +129,8 @@ class StepProbe(torch.optim.Optimizer):
 
 
 def relative_error(got: list, want: list) -> float:
-    """``max |got - want| / max |want|`` over lists of tensors (inf if a tensor is missing or
-    shapes differ)."""
+    """``max |got - want| / max |want|`` over lists of tensors (inf if one is missing or shapes
+    differ)."""
     if len(got) != len(want) or any(
             (g is None) != (w is None) or (g is not None and g.shape != w.shape)
             for g, w in zip(got, want)):
@@ -162,11 +160,8 @@ def step_gradients(step_fn, model: torch.nn.Module, micro_batches, dtype=None, s
     device = next(model.parameters()).device
     probe = StepProbe(model.parameters(), record=record)
     scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
-    ctx = SavedTensorMeter(model) if meter else contextlib.nullcontext()
-    with ctx as m:
+    with SavedTensorMeter(model) if meter else contextlib.nullcontext() as m:
         loss = step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)
-    if isinstance(loss, torch.Tensor):
-        loss = loss.detach()
     return {"grads": probe.grads, "loss": None if loss is None else float(loss),
             "steps": probe.steps, "zeroed": all(p.grad is None for p in model.parameters()),
             "saved": m.totals() if meter else None}
