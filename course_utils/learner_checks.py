@@ -162,6 +162,7 @@ def step_gradients(step_fn, model: torch.nn.Module, micro_batches, dtype=None, s
     scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
     with SavedTensorMeter(model) if meter else contextlib.nullcontext() as m:
         loss = step_fn(model, probe, scaler, micro_batches, dtype, max_grad_norm)
+    loss = loss.detach() if isinstance(loss, torch.Tensor) else loss  # float() of a grad tensor warns
     return {"grads": probe.grads, "loss": None if loss is None else float(loss),
             "steps": probe.steps, "zeroed": all(p.grad is None for p in model.parameters()),
             "saved": m.totals() if meter else None}
