@@ -86,7 +86,6 @@ class RunConfig(PrecisionOnDevice):
     Built by `config_for`; the shape's fields read through it (``config.n_layers``).
 
     Attributes:
-        shape: the model's dimensions (`ModelShape`).
         batch_size: sequences per micro-batch (>= 1).
         precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + GradScaler).
         checkpoint: a checkpoint policy (`course_utils.checkpointing.MODES`).

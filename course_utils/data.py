@@ -5,6 +5,7 @@ tokens: the vocabulary is 256.
 from __future__ import annotations
 
 import functools
+import itertools
 import zlib
 
 import torch
@@ -71,7 +72,5 @@ def get_batch(batch_size: int, seq_len: int, split: str = "train", seed: int = 0
 
 def batches(config, split: str = "train", start_step: int = 0):
     """Endless micro-batches ``(x, y)`` for a `RunConfig` (its batch, seq, seed and device)."""
-    step = start_step
-    while True:
+    for step in itertools.count(start_step):
         yield get_batch(config.batch_size, config.seq_len, split, config.seed, step, config.device)
-        step += 1

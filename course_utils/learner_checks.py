@@ -146,11 +146,10 @@ def relative_error(got: list, want: list) -> float:
 def step_gradients(step_fn, model: torch.nn.Module, micro_batches, dtype=None, scaler=None,
                    max_grad_norm: float = math.inf, meter: bool = False,
                    record: bool = True) -> dict:
-    """Run ``step_fn`` (`course_utils.training.train_step`'s signature) once on ``model`` (a fresh
-    one: no ``.grad`` yet) with a `StepProbe` as the optimizer and report what happened.
-    ``scaler`` defaults to a disabled GradScaler, ``max_grad_norm`` to no clipping; ``meter``
-    also counts the bytes saved for backward (`SavedTensorMeter`, parameters excluded);
-    ``record`` is `StepProbe`'s.
+    """Run ``step_fn`` (`course_utils.training.train_step`'s signature) once on a fresh ``model``
+    with a `StepProbe` as the optimizer (``record`` is its) and report what happened. ``scaler``
+    None is a disabled GradScaler; ``meter`` also counts the bytes saved for backward
+    (`SavedTensorMeter`, parameters excluded).
 
     Returns:
         ``{"grads": [tensor or None per parameter] the optimizer received (None if it never

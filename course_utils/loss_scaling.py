@@ -18,8 +18,7 @@ def read_scaler_trace(trace, scaler, init_scale: float) -> dict:
     Args:
         trace: rows (a DataFrame or dicts), one per step in order: ``injected`` (an inf/NaN was
             put into a gradient), ``scale`` (after ``update()``), ``stepped`` (parameters changed).
-        scaler: the ``torch.amp.GradScaler`` that made the trace.
-        init_scale: the scale before the first step.
+        scaler, init_scale: the ``torch.amp.GradScaler`` that made the trace, its first scale.
 
     Returns:
         ``{"backoffs_ok": [per injected step: skipped and backed off], "growth_after": [clean
