@@ -3,28 +3,14 @@
 Examples::
 
     course-profile --hf-config gpt2 --n-layer 6 --seq-len 512 --budget 14GiB
-    course-profile --hf-config llama --n-layer 4 --d-model 256 --budget 2GiB --target-batch 64
     course-profile mypkg.models:make_model --batch-fn mypkg.data:batch --budget 8GiB
-    course-profile --course-gpt --size smoke --budget 16MiB --out card.json
     course-profile --hf-config gpt2 --n-layer 6 --for t4 --out results/   # on a laptop
 
-A model given as ``module:function`` is a function of no arguments returning an ``nn.Module``;
-``--batch-fn module:function`` makes a batch (``f(batch_size)``), ``--loss-fn`` takes
-``(output, batch)`` and returns a scalar, ``--forward-fn`` takes ``(model, batch)``
-(`course_utils.profiling.profile` documents the defaults). It runs
-`course_utils.card.profile_and_recommend`: the profile (every precision x policy, timed in
-alternation), the extrapolated peak per policy, the card, and one real step that checks it.
-
-The budget: ``--budget``; or ``--for t4|a100-40gb|a100-80gb|h100``, the memory CUDA reports on
-that GPU (`GPUS`: a learner on a laptop plans for the GPU they will rent; the check step, which
-would run on this machine, is skipped); or, on a GPU, 90% of its free memory. On a machine
-without GPU memory and with neither option, the profile is printed without a card, with the
-options that give one: never an exit without a result.
-
-``--out`` writes the card (null without one), the profile's table and the extrapolations as
-JSON, into a file, or into a folder as ``course-profile-<model>.json``. Every argument and the
-``--out`` path are checked before anything runs; the results are printed before the file is
-written, so a file that cannot be written loses nothing.
+It runs `course_utils.card.profile_and_recommend` (``module:function`` arguments as
+`course_utils.profiling.profile` takes them). The budget: ``--budget``; ``--for GPU``, the memory
+CUDA reports on that GPU (`GPUS`; no check step); or, on a GPU, 90% of its free memory. Without
+any, on a machine without GPU memory, the profile is printed without a card. ``--out`` writes the
+card, the profile's table and the extrapolations as JSON, after the results are printed.
 """
 from __future__ import annotations
 
@@ -54,9 +40,8 @@ from .terms import GiB, default_device
 
 __all__ = ["main", "GPUS"]
 
-#: The GPUs ``--for`` plans for: (name as CUDA reports it, bytes CUDA reports as the card's
-#: memory, where that figure comes from). What a learner's torch can use is this, not the
-#: marketing figure (an "80 GB" card reports about 79.2 GiB).
+#: The GPUs ``--for`` plans for: (name as CUDA reports it, bytes CUDA reports as its memory, not
+#: the marketing figure: an "80 GB" card reports about 79.2 GiB; where that figure comes from).
 GPUS = {
     "t4": (stand_in.STAND_INS["t4"].name, stand_in.STAND_INS["t4"].memory_bytes,
            "course_utils.stand_in: deviceMemorySize 14.75GiB on a Tesla T4, NVIDIA/DALI issue 1813"),
@@ -182,8 +167,7 @@ def _zoo(args, parser):
 
 
 def _budget(args, device: str) -> tuple[int | None, str | None]:
-    """The memory budget (bytes) and the words that say where it comes from; ``(None, None)``
-    on a device without GPU memory when neither --budget nor --for is given."""
+    """The memory budget (bytes) and where it comes from in words (None: the default)."""
     if args.budget is not None:
         return args.budget, None
     if args.for_gpu is not None:
@@ -197,11 +181,9 @@ def _budget(args, device: str) -> tuple[int | None, str | None]:
 
 
 def check_batch_fits(zoo, batch_size: int, device: str, blocks=None) -> None:
-    """Refuse, before any step, a micro-batch whose saved tensors alone exceed the memory this
-    process may still use (`course_utils.guard.memory_headroom`): the bytes one sample saves for
-    backward (the course's meter, one forward at a batch of 1) times ``batch_size`` is a lower
-    bound of the step's peak, so no batch that could fit is refused. Without it, a mistyped
-    ``--batch-size 1000000000`` ran until the system killed it.
+    """Refuse, before any step, a micro-batch whose saved tensors alone (one sample's, measured
+    at a batch of 1, times ``batch_size``: a lower bound of the peak) exceed the memory this
+    process may still use (`course_utils.guard.memory_headroom`).
 
     Raises:
         ValueError: the bound exceeds the memory left, with the largest batch it allows.
@@ -252,9 +234,8 @@ def _run(args, zoo, batch_size: int, device: str, budget: int | None, source: st
 
 
 def main(argv=None) -> int:
-    """Entry point of ``course-profile``; returns the exit status (0: the profile printed, with
-    its card where there is a budget; 1: printed, but ``--out`` could not be written; 2: bad
-    arguments or a model that cannot be profiled, nothing measured)."""
+    """Entry point of ``course-profile``; returns the exit status (0: printed; 1: printed, but
+    ``--out`` could not be written; 2: bad arguments or a model that cannot be profiled)."""
     parser = _parser()
     args = parser.parse_args(argv)
     zoo, default_batch = _zoo(args, parser)
