@@ -183,11 +183,8 @@ def _budget(args, device: str) -> tuple[int | None, str | None]:
 def check_batch_fits(zoo, batch_size: int, device: str, blocks=None) -> None:
     """Refuse, before any step, a micro-batch whose saved tensors alone (one sample's, measured
     at a batch of 1, times ``batch_size``: a lower bound of the peak) exceed the memory this
-    process may still use (`course_utils.guard.memory_headroom`).
-
-    Raises:
-        ValueError: the bound exceeds the memory left, with the largest batch it allows.
-    """
+    process may still use (`course_utils.guard.memory_headroom`): ValueError, with the largest
+    batch it allows."""
     spec = ModelSpec.create(zoo.build, zoo.make_batch, zoo.loss_fn, forward=zoo.forward,
                             blocks=blocks, device=device)
     model, one = spec.fresh("none"), spec.batch(1)

@@ -32,8 +32,7 @@ _NEVER_TOUCH = ("torch",)
 
 
 def _i18n():
-    """The course's `course_utils.i18n`: the package's, else the ``i18n.py`` beside this file
-    loaded by path (run by path before anything is installed), else None (a copy alone)."""
+    """The package's `course_utils.i18n`, else the ``i18n.py`` beside this file, else None."""
     if __package__:
         from . import i18n  # lazy: the package's own, when this file is imported as a module
         return i18n
@@ -97,11 +96,8 @@ def _wheel_requirements(wheel: Path) -> list[str]:
 
 def requirements(source: str | os.PathLike) -> list[str]:
     """The runtime requirements of the course at ``source``: ``[project] dependencies`` of a
-    folder's ``pyproject.toml``, a wheel's ``Requires-Dist`` without an ``extra`` marker.
-
-    Raises:
-        ValueError: a folder without ``pyproject.toml``, or a file that is not a wheel.
-    """
+    folder's ``pyproject.toml``, a wheel's ``Requires-Dist`` without an ``extra`` marker;
+    ValueError for a folder without ``pyproject.toml`` or a file that is not a wheel."""
     path = Path(source)
     if path.suffix == ".whl":
         return _wheel_requirements(path)
@@ -153,13 +149,12 @@ def install_missing(source: str | os.PathLike, run: Callable = _pip,
     """Install the course at ``source`` (a folder with ``pyproject.toml``, or a wheel) into this
     Python without touching what is there: ``pip install --no-deps`` of it (editable for a
     folder, which this kernel imports from ``sys.path`` anyway if that fails), then one ``pip
-    install`` of the requirements that do not import here, with torch pinned to the installed
-    build. ``run(args)`` runs pip (tests pass a fake); ``say`` prints each step.
+    install`` of the requirements that do not import here, torch pinned to the installed build.
+    ``run(args)`` runs pip (tests pass a fake); ``say`` prints each step.
 
     Raises:
-        RuntimeError: torch is not installed (install the build for this machine first), pip
-            failed to install the wheel or a missing requirement.
-        ValueError: ``source`` is neither a copy of the course nor a wheel (`requirements`).
+        RuntimeError: torch is not installed, or pip failed to install the wheel or a requirement.
+        ValueError: ``source`` is neither a copy of the course nor a wheel.
     """
     report = SetupReport()
     if not _importable("torch"):
@@ -190,9 +185,7 @@ def install_missing(source: str | os.PathLike, run: Callable = _pip,
         name = _name(spec)
         if _importable(name):
             report.kept[name] = _version(name)
-        elif name.lower() in _NEVER_TOUCH:
-            continue
-        else:
+        elif name.lower() not in _NEVER_TOUCH:
             missing.append(spec)
     if report.kept:
         say(tr("already installed, left as they are: {packages}",

@@ -10,6 +10,7 @@ the kernel killed instead of raising an error; kernel docs ``admin-guide/cgroup-
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from .terms import GiB, MiB, cuda_index
 __all__ = ["CGROUP_ROOT", "MEMINFO", "CgroupMemory", "MemoryRefused", "available_memory_bytes",
            "cgroup_memory", "check_feasible", "cuda_memory_cap", "memory_headroom"]
 
-#: Where Linux mounts the cgroup file system (v2: unified; v1: one folder per controller).
+#: Where Linux mounts the cgroup file system.
 CGROUP_ROOT = "/sys/fs/cgroup"
 #: Linux's memory counters, ``MemAvailable`` among them.
 MEMINFO = "/proc/meminfo"
@@ -37,8 +38,7 @@ PROC_CGROUP = "/proc/self/cgroup"
 #: A run is refused when its estimated peak exceeds this fraction of the memory free now.
 _MEMORY_FRACTION = 0.8
 
-#: A cgroup v1 limit at or above this means "no limit": an unlimited cgroup reports
-#: PAGE_COUNTER_MAX pages in bytes (9223372036854771712 with 4 KiB pages).
+#: A cgroup v1 limit at or above this means "no limit" (PAGE_COUNTER_MAX pages in bytes).
 _NO_LIMIT = 2**60
 
 # Step FLOPs above which emulated fp16 on a CPU is refused: 1e9 already take seconds (smoke: ~1e8).
@@ -113,13 +113,8 @@ def _own_paths(proc_cgroup: str) -> dict:
 
 def _folders(base: Path, own: str | None) -> list[Path]:
     """``base/own`` and each of its parents up to ``base`` (a limit anywhere above applies)."""
-    folders = [base]
-    if own and own.strip("/"):
-        p = base
-        for part in own.strip("/").split("/"):
-            p = p / part
-            folders.append(p)
-    return folders[::-1]
+    parts = own.strip("/").split("/") if own and own.strip("/") else []
+    return [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
 
 
 def cgroup_memory(root: str | os.PathLike | None = None,
@@ -197,7 +192,6 @@ def available_memory_bytes(hw: HardwareInfo) -> int | None:
 
 
 def _size(n: int) -> str:
-    """Bytes in GiB (two decimals) from 1 GiB up, else in MiB."""
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
 
 
@@ -209,13 +203,8 @@ def _memory_problem(config: RunConfig, hw: HardwareInfo) -> str | None:
     peak = estimate(config).peak_allocated
     if peak <= limit:
         return None
-    lo, hi = 0, config.batch_size
-    while hi - lo > 1:  # the estimated peak grows with the batch: bisect
-        mid = (lo + hi) // 2
-        if estimate(config.replace(batch_size=mid)).peak_allocated <= limit:
-            lo = mid
-        else:
-            hi = mid
+    lo = bisect.bisect_left(range(1, config.batch_size), True, key=lambda b: estimate(
+        config.replace(batch_size=b)).peak_allocated > limit)  # the peak grows with the batch
     fix = (tr("batch {batch} fits by the estimate", batch=lo) if lo else
            tr("even batch 1 does not fit: shorten the sequence, use fewer layers, or checkpoint "
               "('full')"))

@@ -67,7 +67,7 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base: nn.Linear, rank: int = 8, alpha: float = 16.0):
         super().__init__()
-        self.base = base.requires_grad_(False)
+        self.base = base.requires_grad_(False)       # frozen: no gradient, no optimizer state
         device = base.weight.device
         self.lora_a = nn.Parameter(torch.empty(rank, base.in_features, device=device))
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=device))
@@ -82,11 +82,11 @@ def add_lora(model, rank=8, alpha=16.0, targets=("qkv", "proj", "fc1", "fc2"),
              base_dtype=torch.bfloat16):
     """Freeze ``model`` in ``base_dtype`` and give each Linear named in ``targets`` an fp32
     adapter of rank ``rank``; returns the model (changed in place)."""
-    model.requires_grad_(False).to(base_dtype)
+    model.requires_grad_(False).to(base_dtype)       # the whole base: frozen, 2 bytes/param
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if name in targets and isinstance(child, nn.Linear):
-                setattr(module, name, LoRALinear(child, rank, alpha))
+                setattr(module, name, LoRALinear(child, rank, alpha))   # fp32 adapters
     return model
 
 
@@ -106,11 +106,7 @@ def _check_targets(targets) -> tuple:
 
 def adapter_count(config: RunConfig, rank: int = 8, targets=TARGETS) -> int:
     """Adapter parameters of ``config``'s model: ``r (in + out)`` per targeted Linear per block
-    (``16 r d`` per block with all four).
-
-    Raises:
-        ValueError: a rank below 1 or an unknown target.
-    """
+    (``16 r d`` per block with all four); ValueError for a rank below 1 or an unknown target."""
     check_positive_int("rank", rank)
     shapes = _linear_shapes(config.d_model)
     return config.n_layers * sum(rank * sum(shapes[t]) for t in _check_targets(targets))
@@ -120,11 +116,8 @@ def setup(config: RunConfig, rank: int = 8, alpha: float = 16.0, targets=TARGETS
           lr: float = 1e-3, adapt=None):
     """A `course_utils.training.TrainState` of ``config``'s model with `add_lora` applied (or
     ``adapt``, a function of the same signature): AdamW over the adapters only, no GradScaler.
-
-    Raises:
-        ValueError: a precision other than ``bf16``, a rank below 1, an unknown target, or a
-            device this machine lacks.
-    """
+    ValueError for a precision other than ``bf16``, a rank below 1, an unknown target, or a
+    device this machine lacks."""
     if config.precision != "bf16":
         raise ValueError(tr("a LoRA model here has a bf16 base and runs under bf16 autocast: pass "
                             "config.replace(precision='bf16'), not {precision!r}.",
@@ -152,11 +145,8 @@ def estimate(config: RunConfig, rank: int = 8, targets=TARGETS,
              base_bytes_per_param: float = 2.0) -> LoraEstimate:
     """Bytes of one LoRA training step of ``config`` with per-block checkpointing (module
     docstring). ``base_bytes_per_param``: the frozen blocks' Linear weights (2: bf16; QLoRA:
-    ``NF4_BITS / 8``); the rest of the base stays bf16.
-
-    Raises:
-        ValueError: a policy other than ``full``, a rank below 1, an unknown target.
-    """
+    ``NF4_BITS / 8``); the rest of the base stays bf16. ValueError for a policy other than
+    ``full``, a rank below 1, an unknown target."""
     if config.checkpoint != "full":
         raise ValueError(tr("lora.estimate models per-block checkpointing (checkpoint='full'), "
                             "the LoRA route of lesson 03; got {policy!r}.",
@@ -201,22 +191,17 @@ def estimate(config: RunConfig, rank: int = 8, targets=TARGETS,
 def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_batch: int = 1,
            accum: int = 16, seq_len: int | None = None) -> pd.DataFrame:
     """Fine-tuning ``model`` (a key of `course_utils.memory_model.SCALE_MODELS`) on one GPU of
-    ``gpu_bytes``: four routes estimated side by side, micro-batches of ``micro_batch``
-    accumulated ``accum`` times, per-block checkpointing:
-
-    1. full fine-tune, bf16 autocast (`memory_model.estimate`);
-    2. LoRA: frozen bf16 base, rank-``rank`` fp32 adapters on every block's four Linears (`estimate`);
-    3. next step, QLoRA: the blocks' Linears stored in NF4 (`NF4_BITS`);
-    4. next step, 8-bit AdamW on the full fine-tune: `ADAM8_BYTES` per parameter and no
-       temporary of every parameter in its step (bitsandbytes' ``Optimizer8bit.step`` updates
-       one parameter at a time in place, where PyTorch's ``foreach`` AdamW holds ``4 N`` bytes);
-       its peak is the largest moment of `memory_model.peak_parts` with those two changes.
+    ``gpu_bytes``, micro-batches of ``micro_batch`` accumulated ``accum`` times, per-block
+    checkpointing: four routes estimated side by side, full fine-tune (bf16 autocast), LoRA
+    (`estimate`), QLoRA (`NF4_BITS`), and 8-bit AdamW: `ADAM8_BYTES` per parameter and no
+    temporary of every parameter in its step (bitsandbytes' ``Optimizer8bit.step`` updates one
+    parameter at a time in place, where PyTorch's ``foreach`` AdamW holds ``4 N`` bytes).
 
     Returns:
         One row per route: ``route``, ``trains`` (parameters trained), ``weights``,
         ``gradients``, ``optimizer``, ``activations`` (saved + logits + one recomputed block),
-        ``peak`` (GiB), ``fits`` (peak <= ``gpu_bytes``), ``peak_bytes``, ``peak at`` (the
-        moment of the peak) and ``at peak: <part>`` (GiB, for each of `memory_model.PEAK_PARTS`).
+        ``peak`` (GiB), ``fits``, ``peak_bytes``, ``peak at`` (the moment of the peak) and
+        ``at peak: <part>`` (GiB, for each of `memory_model.PEAK_PARTS`).
 
     Raises:
         ValueError: an unknown model, a rank, micro-batch or accumulation below 1.

@@ -54,17 +54,11 @@ HF_SIZES = {"smoke": dict(n_layers=2, d_model=64, n_heads=2, seq_len=32),
 def hf_causal_lm(model_type: str = "gpt2", *, n_layers: int = 2, d_model: int = 64,
                  n_heads: int = 2, seq_len: int = 32, vocab_size: int = 256,
                  dropout: float | None = None, **config_overrides) -> ZooModel:
-    """A Hugging Face causal LM with random weights from its configuration class
-    (``AutoConfig.for_model(model_type)``: nothing downloaded); batches of the course's text,
-    ``labels=input_ids``.
-
-    Args:
-        model_type: ``gpt2``, ``llama``, ``mistral``...
-        n_layers, d_model, n_heads, seq_len, vocab_size: set through the configuration's
-            standard names; a Llama-style MLP gets ``intermediate_size = 4 d`` and as many
-            key/value heads as heads.
-        dropout: every dropout probability the configuration has (default: its own).
-        config_overrides: any other configuration field.
+    """A Hugging Face causal LM (``model_type``: ``gpt2``, ``llama``...) with random weights
+    from its configuration class (``AutoConfig.for_model``: nothing downloaded), the dimensions
+    set through the configuration's standard names (a Llama-style MLP: ``intermediate_size =
+    4 d``, as many key/value heads as heads), ``dropout`` on every dropout probability it has;
+    batches of the course's text, ``labels=input_ids``.
 
     Raises:
         ImportError: transformers is not installed (with the command to install it).

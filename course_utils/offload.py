@@ -86,11 +86,8 @@ def offloaded_bytes(model: nn.Module, reset: bool = False) -> tuple[int, int]:
 
 def transfer_time_estimate(bytes_to_host: int, gbps: float = PCIE_GBPS) -> float:
     """Seconds to move ``bytes_to_host`` to the host and back at ``gbps`` GB/s (10^9 bytes/s)
-    per direction, not overlapped with compute: ``2 x bytes / (gbps x 1e9)``. An estimate.
-
-    Raises:
-        ValueError: negative bytes or a non-positive bandwidth.
-    """
+    per direction, not overlapped with compute: ``2 x bytes / (gbps x 1e9)``. An estimate;
+    ValueError for negative bytes or a non-positive bandwidth."""
     if bytes_to_host < 0 or not gbps > 0:
         raise ValueError(tr("bytes must be >= 0 and gbps > 0, got {bytes!r}, {gbps!r}.",
                             bytes=bytes_to_host, gbps=gbps))

@@ -49,8 +49,7 @@ from .terms import (
 __all__ = ["POLICIES", "GRADIENT_ROUNDING", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
            "wrap_blocks", "hf_method", "parse_model_policy", "block_of", "default_loss", "call_model",
-           "to_device",
-           "profile", "measure_config", "static_bytes"]
+           "to_device", "profile", "measure_config", "static_bytes"]
 
 #: The policies `profile` takes (K: an integer from 1 to the number of blocks).
 POLICIES = ("none", "full", "every-K", "selective", "offload", "offload+checkpoint", "hf")
@@ -61,8 +60,7 @@ class NoRepeatedBlocks(ValueError):
 
 
 class ModelDoesNotFit(ValueError):
-    """Parameters, gradients and optimizer state alone exceed the memory available, before any
-    activation: no policy or batch can help."""
+    """Parameters, gradients and optimizer state alone exceed the memory available."""
 
 
 def _n_params(module: nn.Module) -> int:
@@ -70,13 +68,9 @@ def _n_params(module: nn.Module) -> int:
 
 
 def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    out = []
-    for name, m in model.named_modules():
-        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
-            kinds = {type(c) for c in m}
-            if len(kinds) == 1 and _n_params(m) > 0:
-                out.append((name, m))
-    return out
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2
+            and len({type(c) for c in m}) == 1 and _n_params(m) > 0]
 
 
 def find_blocks(model: nn.Module, blocks: str | nn.Module | None = None) -> tuple[str, nn.Module]:
@@ -159,11 +153,8 @@ class CheckpointedBlock(nn.Module):
 
 
 def parse_model_policy(policy: str, n_blocks: int) -> tuple[str, int | None]:
-    """``(mode, K)`` of a policy of `POLICIES` for a model of ``n_blocks`` blocks.
-
-    Raises:
-        ValueError: an unknown policy, or K outside 1..n_blocks; the message lists `POLICIES`.
-    """
+    """``(mode, K)`` of a policy of `POLICIES` for a model of ``n_blocks`` blocks; ValueError
+    (listing `POLICIES`) for an unknown policy or K outside 1..n_blocks."""
     p = policy.strip().lower() if isinstance(policy, str) else None
     if p in ("none", "full", "selective", "offload", "offload+checkpoint", "hf"):
         return p, None
@@ -195,12 +186,9 @@ def _enable_hf(model: nn.Module) -> None:
 def wrap_blocks(model: nn.Module, policy: str, blocks: str | nn.Module | None = None) -> nn.Module:
     """Apply ``policy`` (one of `POLICIES`) to ``model``'s repeated blocks, in place; return it.
 
-    Each block is replaced by its wrapper; parameters stay the same objects (an optimizer made
-    before still works). ``hf`` calls the model's own method instead (`hf_method`).
-
-    Raises:
-        NoRepeatedBlocks: see `find_blocks`.
-        ValueError: an unknown policy, ``hf`` without the method, or blocks wrapped already.
+    Parameters stay the same objects (an optimizer made before still works); ``hf`` calls the
+    model's own method (`hf_method`). Raises `NoRepeatedBlocks` (see `find_blocks`), or
+    ValueError for an unknown policy, ``hf`` without the method, or blocks wrapped already.
     """
     path, container = find_blocks(model, blocks)
     mode, k = parse_model_policy(policy, len(container))
@@ -232,11 +220,7 @@ def call_model(model: nn.Module, batch):
 
 def default_loss(output, batch) -> torch.Tensor:
     """The loss in ``output``: ``output.loss`` (Hugging Face), the second element of a
-    ``(logits, loss)`` tuple (the course's GPT), or ``output`` itself if it is a tensor.
-
-    Raises:
-        ValueError: no loss found (pass ``loss_fn``).
-    """
+    ``(logits, loss)`` tuple (the course's GPT), or ``output`` if a tensor; ValueError if none."""
     loss = getattr(output, "loss", None)
     if loss is None and isinstance(output, (tuple, list)) and len(output) >= 2 \
             and isinstance(output[1], torch.Tensor):
@@ -294,8 +278,7 @@ def to_device(batch, device):
 
 
 def _built_on(device: str, build: Callable[[], nn.Module]) -> nn.Module:
-    """``build()`` under ``torch.device(device)``: on ``meta`` it costs no memory, on a GPU it is
-    initialised there; a factory that cannot build there is built as it is."""
+    """``build()`` under ``torch.device(device)`` (``meta``: no memory), else as it is."""
     try:
         with torch.device(device):
             return build()
@@ -305,15 +288,9 @@ def _built_on(device: str, build: Callable[[], nn.Module]) -> nn.Module:
 
 @dataclass(frozen=True)
 class ProfileConfig(PrecisionOnDevice):
-    """What one row of a profile ran; it stands where `Measurement` has a `RunConfig`.
-
-    Attributes:
-        model: the model's name.
-        precision: ``fp32``, ``bf16`` or ``fp16``; ``checkpoint``: one of `POLICIES`.
-        unit: ``tokens`` (integer ``(batch, seq)`` input) or ``samples``; ``items_per_sample``:
-            tokens per sample, or 1.
-        seed: set before each model is built and each batch is made.
-    """
+    """What one row of a profile ran, where `Measurement` has a `RunConfig`: ``checkpoint`` is
+    one of `POLICIES`; ``unit`` ``tokens`` (integer ``(batch, seq)`` input, ``items_per_sample``
+    tokens each) or ``samples``; ``seed`` is set before each model is built and batch made."""
 
     model: str
     precision: str = "fp32"
@@ -350,8 +327,7 @@ GRADIENT_ROUNDING = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}
 
 @dataclass
 class ProfileMeasurement(Measurement):
-    """A `Measurement` of any model (``config`` a `ProfileConfig`; ``tokens_per_s`` counts
-    ``config.unit``).
+    """A `Measurement` of any model (``config`` a `ProfileConfig`; ``tokens_per_s`` counts its unit).
 
     Attributes:
         peak_forward_backward, peak_optimizer: peak bytes allocated in that phase (parameters
@@ -360,8 +336,7 @@ class ProfileMeasurement(Measurement):
             ``weight_bytes_to_host``: the weights among them.
         grad_max_diff: largest absolute first-step gradient difference from ``none`` in the same
             precision (None: not compared); ``grad_scale``: that ``none`` step's largest gradient.
-        saved_modules: saved bytes by module (DataFrame ``module``, ``module_type``, ``bucket``,
-            ``nbytes``, ``shape``, ``dtype``).
+        saved_modules: DataFrame of the meter's saved tensors (``module``, ``nbytes``...).
     """
 
     peak_forward_backward: int | None = None
@@ -390,10 +365,8 @@ class ProfileMeasurement(Measurement):
 def static_bytes(model: nn.Module) -> int:
     """Bytes alive before any activation: each trainable parameter's storage x 4 (weight,
     gradient, AdamW's two moments), each frozen one's x 1."""
-    total = 0
-    for p in model.parameters():
-        total += p.numel() * p.element_size() * (4 if p.requires_grad else 1)
-    return total
+    return sum(p.numel() * p.element_size() * (4 if p.requires_grad else 1)
+               for p in model.parameters())
 
 
 @dataclass
@@ -413,13 +386,7 @@ class ModelSpec:
     @classmethod
     def create(cls, model, make_batch, loss_fn=None, *, forward=None, blocks=None, device=None,
                seed: int = 0, name: str | None = None) -> "ModelSpec":
-        """Check the arguments (see `profile`) and return a spec.
-
-        Raises:
-            TypeError: ``model`` is neither a module nor a callable returning one;
-                ``make_batch`` not callable.
-            NoRepeatedBlocks: see `find_blocks`.
-        """
+        """Check the arguments and return a spec; raises as `profile` does."""
         device = device or default_device()
         require_device(device)
         if not callable(make_batch):
@@ -569,10 +536,9 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
                    reference_grads: list | None = None, keep_state: bool = False):
     """Build, warm up (one step) and measure the memory of one configuration.
 
-    Returns:
-        ``(measurement, state, grads)``: a `ProfileMeasurement` (one step's time only if the
-        precision is emulated; an out-of-memory error caught as ``oom=True``), the training state
-        (None unless ``keep_state``), the first step's gradients (fp32 copies, unscaled).
+    Returns ``(measurement, state, grads)``: a `ProfileMeasurement` (one step's time only if the
+    precision is emulated; out of memory caught as ``oom=True``), the training state (None
+    unless ``keep_state``), the first step's gradients (fp32 copies, unscaled).
     """
     hw = hw or detect(cfg.device)
     m = ProfileMeasurement(config=cfg, device_name=hw.name, emulated=is_emulated(hw, cfg.precision))
@@ -611,9 +577,7 @@ class Profile:
     """What `profile` measured on one model.
 
     Attributes:
-        blocks: the path of its repeated blocks (`find_blocks`); ``block_type``, ``n_blocks``.
-        static_bytes: parameters + gradients + AdamW state (bytes, `static_bytes`).
-        unit: ``tokens`` or ``samples`` (what ``tokens_per_s`` counts).
+        blocks: the path of its repeated blocks (`find_blocks`).
         measurements: one `ProfileMeasurement` per (precision, policy), in the order run.
         size: the size profile in force (``smoke`` makes every time verdict inconclusive).
     """
@@ -645,8 +609,7 @@ class Profile:
             return self.measurements[0]
 
     def ratio(self, m: ProfileMeasurement):
-        """`course_utils.step_timing.TimeRatio` of ``m``'s step time to ``none`` in its precision
-        (per round of the alternation)."""
+        """`course_utils.step_timing.TimeRatio` of ``m``'s step time to its reference's."""
         ref = self.reference(m)
         return time_ratio(m.step_times_s, ref.step_times_s, size=self.size,
                           emulated=m.emulated or ref.emulated)
@@ -705,10 +668,9 @@ class Profile:
         return f"{cell} ({lo:.2f}-{hi:.2f}x)"
 
     def table(self) -> pd.DataFrame:
-        """One row per configuration: `Measurement.as_row`'s fields (bytes, seconds), then
-        ``time_ratio`` / ``time_ratio_low`` / ``time_ratio_high`` / ``time_verdict`` against
-        ``none`` of the same precision, ``paired_step_time_s`` (`step_s`), ``peak_ratio`` and
-        ``saved_ratio`` against it."""
+        """One row per configuration: `Measurement.as_row`'s fields, then ``time_ratio`` (with
+        ``_low``, ``_high``, ``time_verdict``), ``paired_step_time_s`` (`step_s`), ``peak_ratio``
+        and ``saved_ratio``, each against ``none`` of the same precision."""
         rows = []
         for m in self.measurements:
             row = m.as_row()
@@ -766,9 +728,7 @@ class Profile:
 
 def _measure_all(prof: Profile, spec: ModelSpec, configs: list, *, lr: float, hw,
                  keep_states: bool, progress: bool) -> dict:
-    """Measure the memory of every configuration (``none`` first in each precision: the others'
-    gradients are compared with its) into ``prof``; return ``{row index: state}`` of the rows
-    to time (empty unless ``keep_states``; emulated rows are timed by their one step)."""
+    """Measure every configuration's memory into ``prof``; ``{row index: state}`` of those to time."""
     states, reference = {}, {}
     for i, cfg in enumerate(tqdm(configs, desc=tr("memory"), disable=not progress, leave=False)):
         m, st, grads = measure_config(spec, cfg, lr=lr, hw=hw,
@@ -800,19 +760,17 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
         loss_fn: ``loss_fn(output, batch)`` -> a scalar tensor (default `default_loss`).
         precisions: any of ``fp32``, ``bf16``, ``fp16`` (autocast; fp16 with GradScaler).
         policies: any of `POLICIES` (``none``, the reference, is added first if missing).
-        device: default: this machine's accelerator.
-        blocks: a dotted path or the container (default: `find_blocks`).
-        forward: ``forward(model, batch)`` -> output (default `call_model`).
+        blocks: a dotted path or the container (default: `find_blocks`); ``forward(model,
+            batch)`` -> output (default `call_model`).
         budget_s: seconds of alternated timing (default: the size profile's); ``steps``: exactly
             this many rounds instead. ``timed=False`` measures memory only.
         budget_bytes: a model whose parameters + gradients + AdamW state exceed it (or the
             memory free now) is refused before any step.
 
-    Returns:
-        A `Profile` (``profile.summary()`` is the readable table).
+    Returns a `Profile` (``profile.summary()`` is the readable table).
 
     Raises:
-        NoRepeatedBlocks: no repeated blocks found (or ``blocks`` names none).
+        NoRepeatedBlocks: see `find_blocks`.
         ModelDoesNotFit: the model does not fit before the first step.
         ValueError: an unknown precision or policy, a batch without a batch dimension, a loss
             that is not a scalar, ``hf`` on a non-HF model.

@@ -8,6 +8,7 @@ peaks. `race` times the configurations at their largest batches in alternation
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 from dataclasses import dataclass, field
@@ -31,14 +32,8 @@ __all__ = ["BatchSearch", "Probe", "Race", "largest_batch", "memory_budget", "ra
 
 @dataclass(frozen=True)
 class Probe:
-    """One measured batch size of a `largest_batch` search.
-
-    Attributes:
-        peak_allocated: measured peak allocated bytes of one step (None after out of memory).
-        estimated_peak: `memory_model.estimate`'s peak for the same configuration (bytes).
-        fits: the step ran and its measured peak is at most the budget.
-        step_time_s: median step time (seconds), None if not timed.
-    """
+    """One measured batch size of a `largest_batch` search: measured and estimated peak bytes
+    (``peak_allocated`` None after out of memory), whether it fits, the median step time (s)."""
 
     batch_size: int
     peak_allocated: int | None
@@ -51,18 +46,10 @@ class Probe:
 
 @dataclass
 class BatchSearch:
-    """The result of `largest_batch` for one configuration.
-
-    Attributes:
-        config: the configuration searched (its ``batch_size`` is the one it started from).
-        batch_size: the largest micro-batch that fits (0 if not even 1 fits), ``measurement``
-            its `Measurement` (None if nothing fits).
-        probes: every measured batch, in the order measured.
-        method: how "fits" was decided on this device, in words.
-        estimated: ``[(batch, estimated peak bytes), ...]`` for batches 1 .. the largest probed
-            plus one.
-        first_too_big: ``batch_size + 1``, measured not to fit (None when ``max_batch`` fits).
-    """
+    """The result of `largest_batch` for one configuration: ``batch_size``, the largest that
+    fits (0: none), and its ``measurement``; every probe in order; ``method``, how "fits" was
+    decided here, in words; ``estimated``, ``[(batch, estimated peak bytes)...]`` from 1 to the
+    largest probed + 1; ``first_too_big`` (None when ``max_batch`` fits)."""
 
     config: RunConfig
     budget_bytes: int
@@ -96,13 +83,8 @@ class BatchSearch:
 
 
 def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
-    """A memory budget in bytes: ``fraction`` of the GPU memory free right now
-    (`course_utils.stand_in.free_bytes`).
-
-    Raises:
-        ValueError: ``fraction`` outside (0, 1], or ``device`` is not an available CUDA device
-            (a CPU has no device memory to budget: apply a budget to a measured peak instead).
-    """
+    """A memory budget in bytes: ``fraction`` of the GPU memory free now (`stand_in.free_bytes`);
+    ValueError for ``fraction`` outside (0, 1] or a ``device`` that is not an available GPU."""
     if not 0 < fraction <= 1:
         raise ValueError(tr("fraction must be in (0, 1], got {fraction!r}.", fraction=fraction))
     if device_kind(device) != "cuda" or not torch.cuda.is_available():
@@ -113,20 +95,9 @@ def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
 
 
 def _predict_largest(config: RunConfig, budget: int, max_batch: int) -> int:
-    """Largest b in 1..max_batch with estimate(b).peak <= budget (0 if none), by bisection:
-    the estimated peak never decreases with the batch."""
-    def fits(b):
-        return estimate(config.replace(batch_size=b)).peak_allocated <= budget
-    if not fits(1):
-        return 0
-    lo, hi = 1, max_batch + 1  # fits(lo) is True; hi is past the range
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """Largest b in 1..max_batch with estimate(b).peak <= budget (0 if none); the peak grows with b."""
+    return bisect.bisect_left(range(1, max_batch + 1), True, key=lambda b: estimate(
+        config.replace(batch_size=b)).peak_allocated > budget)
 
 
 def _estimated_slope(config: RunConfig) -> float:
@@ -164,9 +135,8 @@ class _Search:
             self.hi = b
 
     def slope(self) -> float:
-        """Bytes per sequence: the secant of the two measured peaks nearest the budget, or the
-        estimate's slope where that is under half of it (the peak still in the flat optimizer
-        step)."""
+        """Bytes per sequence: the secant of the two measured peaks nearest the budget, unless
+        under half the estimate's (the peak still in the flat optimizer step)."""
         pts = [(p.batch_size, p.peak_allocated) for p in self.probes.values()
                if p.peak_allocated is not None]
         near = sorted(pts, key=lambda q: abs(q[1] - self.budget))[:2]
@@ -222,14 +192,8 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
 
     Args:
         config: the configuration (its ``batch_size`` is ignored; accumulation is kept).
-        budget_bytes: memory budget in bytes (> 0).
-        max_batch: the largest batch tried (>= 1).
-        steps: timed steps per measurement (>= 0; 0 measures memory only).
-        warmup: optimizer steps before measuring (>= 1: AdamW's state must exist).
-        guided_probes: estimate-guided measurements before doubling/bisection (>= 1).
-
-    Returns:
-        A `BatchSearch`; ``batch_size`` 0 if even a batch of 1 does not fit.
+        steps: timed steps per measurement (0: memory only); ``warmup``: optimizer steps before
+            (>= 1: AdamW's state must exist).
 
     Raises:
         ValueError: a non-positive budget, ``max_batch``, ``warmup`` or ``guided_probes``, a
@@ -262,14 +226,9 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
 
 @dataclass
 class Race:
-    """`race`'s result: the configurations at their largest batches, timed in alternation.
-
-    Attributes:
-        table: `course_utils.experiments.compare`'s table (plain rows first), with a
-            ``time_per_token_s`` column (seconds per token, median).
-        plain, checkpointed: the configuration of each kind with the most tokens/s.
-        per_token: seconds per token of ``checkpointed`` / ``plain``, paired round by round.
-    """
+    """`race`'s result: ``table``, `course_utils.experiments.compare`'s (plain rows first) with
+    ``time_per_token_s`` (median seconds); ``plain`` and ``checkpointed``, the configuration of
+    each kind with the most tokens/s; ``per_token``, their ratio of seconds per token."""
 
     table: pd.DataFrame
     plain: RunConfig
@@ -312,8 +271,8 @@ def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int 
     token, round by round (C20, C7).
 
     Raises:
-        ValueError: no fitting plain configuration or no fitting checkpointed one (each
-            search's ``batch_size`` is 0), or the budgets differ.
+        ValueError: no fitting plain or no fitting checkpointed configuration, or the budgets
+            differ.
     """
     fitting = [s for s in searches if s.measurement is not None and s.batch_size > 0]
     plain = [s for s in fitting if s.config.checkpoint == "none"]

@@ -39,11 +39,8 @@ STAND_INS = {"t4": StandIn("t4", "Tesla T4", (7, 5), int(14.75 * GiB))}
 
 
 def active() -> StandIn | None:
-    """The card named by ``$COURSE_STAND_IN``, or None when it is unset or empty.
-
-    Raises:
-        ValueError: a value that names no card, with the ones there are.
-    """
+    """The card named by ``$COURSE_STAND_IN``, or None when it is unset or empty; ValueError
+    (listing the cards) for a value that names none."""
     key = os.environ.get(STAND_IN_ENV, "").strip().lower()
     if not key:
         return None
