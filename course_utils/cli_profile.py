@@ -2,7 +2,6 @@
 
 Examples::
 
-    course-profile --hf-config gpt2 --n-layer 6 --seq-len 512 --budget 14GiB
     course-profile mypkg.models:make_model --batch-fn mypkg.data:batch --budget 8GiB
     course-profile --hf-config gpt2 --n-layer 6 --for t4 --out results/   # on a laptop
 
@@ -78,55 +77,50 @@ def _parser() -> argparse.ArgumentParser:
                        "checkpoint policy (step time, peak memory, saved tensors), extrapolate its "
                        "peak to any batch, and print which recipe fits a memory budget, and why."))
     src = p.add_argument_group(tr("the model (one of)"))
-    src.add_argument("model", nargs="?", type=_callable, default=None,
+    src.add_argument("model", nargs="?", type=_callable,
                      help=tr("module:function returning an nn.Module (needs --batch-fn)"))
-    src.add_argument("--hf-config", metavar="MODEL_TYPE", default=None,
+    src.add_argument("--hf-config", metavar="MODEL_TYPE",
                      help=tr("a transformers model type built from its configuration class, "
                              "random weights, nothing downloaded: gpt2, llama, mistral..."))
     src.add_argument("--course-gpt", action="store_true", help=tr("the course's own GPT"))
-    src.add_argument("--cnn", action="store_true",
-                     help=tr("a small residual CNN (no transformer)"))
+    src.add_argument("--cnn", action="store_true", help=tr("a small residual CNN (no transformer)"))
     shape = p.add_argument_group(tr("dimensions (--hf-config; --course-gpt takes --size)"))
     for flag, default, what in (("--n-layer", None, tr("blocks")), ("--d-model", None, tr("width")),
                                 ("--n-head", None, tr("attention heads")),
                                 ("--seq-len", None, tr("tokens per sequence")),
                                 ("--vocab-size", 256, tr("vocabulary (256: bytes)"))):
         shape.add_argument(flag, type=positive_int, default=default, help=what)
-    shape.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
-                       help=tr("size profile for defaults (default: $COURSE_SIZE or the "
-                               "hardware's)"))
+    shape.add_argument("--size", choices=list(SIZE_PROFILES),
+                       help=tr("size profile for defaults (default: $COURSE_SIZE or the hardware's)"))
     fn = p.add_argument_group(tr("your own model"))
-    fn.add_argument("--batch-fn", type=_callable, default=None,
+    fn.add_argument("--batch-fn", type=_callable,
                     help=tr("module:function, f(batch_size) -> batch (tensor, tuple or dict)"))
-    fn.add_argument("--loss-fn", type=_callable, default=None,
-                    help=tr("module:function, f(output, batch) -> scalar loss"))
-    fn.add_argument("--forward-fn", type=_callable, default=None,
-                    help=tr("module:function, f(model, batch) -> output"))
-    fn.add_argument("--blocks", default=None,
-                    help=tr("dotted path of the repeated blocks (default: found automatically)"))
+    fn.add_argument("--loss-fn", type=_callable, help=tr("module:function, f(output, batch) -> scalar loss"))
+    fn.add_argument("--forward-fn", type=_callable, help=tr("module:function, f(model, batch) -> output"))
+    fn.add_argument("--blocks", help=tr("dotted path of the repeated blocks (default: found automatically)"))
     run = p.add_argument_group(tr("what to measure"))
     budget = run.add_mutually_exclusive_group()
-    budget.add_argument("--budget", type=parse_bytes, default=None,
+    budget.add_argument("--budget", type=parse_bytes,
                         help=tr("memory budget, e.g. 14GiB (default on a GPU: 90%% of its free "
                                 "memory; on a CPU without --for: the profile, no card)"))
-    budget.add_argument("--for", dest="for_gpu", choices=list(GPUS), default=None,
+    budget.add_argument("--for", dest="for_gpu", choices=list(GPUS),
                         help=tr("plan for this GPU: its memory, as CUDA reports it, is the budget "
                                 "(measured here; for a laptop planning a rented GPU)"))
-    run.add_argument("--target-batch", type=positive_int, default=None,
+    run.add_argument("--target-batch", type=positive_int,
                      help=tr("effective batch wanted (micro-batch x accumulation steps)"))
-    run.add_argument("--batch-size", type=positive_int, default=None,
+    run.add_argument("--batch-size", type=positive_int,
                      help=tr("micro-batch that is timed (default: the size profile's)"))
     add_precisions_and_policies(
         run, precisions_help=tr("comma-separated (default: fp32 and this machine's recipe)"),
         policies_default=["none", "full", "selective", "offload"],
         policies_help=tr("comma-separated: none, full, every-K, selective, offload, "
                          "offload+checkpoint, hf (default: none,full,selective,offload)"))
-    run.add_argument("--device", default=None, help=tr("cpu, cuda, cuda:N, mps (default: best)"))
-    run.add_argument("--time-budget", type=positive_seconds, default=None,
+    run.add_argument("--device", help=tr("cpu, cuda, cuda:N, mps (default: best)"))
+    run.add_argument("--time-budget", type=positive_seconds,
                      help=tr("seconds of alternated timing (default: the size profile's)"))
     run.add_argument("--no-check", action="store_true",
                      help=tr("skip the real step that checks the predicted peak"))
-    run.add_argument("--out", default=None,  # a string: a trailing / says "a folder"
+    run.add_argument("--out",  # a string: a trailing / says "a folder"
                      help=tr("write the card and tables as JSON: a file, or a folder (an existing "
                              "one, or a new one ending in /) for course-profile-<model>.json"))
     return p

@@ -150,12 +150,9 @@ def install_missing(source: str | os.PathLike, run: Callable = _pip,
     Python without touching what is there: ``pip install --no-deps`` of it (editable for a
     folder, which this kernel imports from ``sys.path`` anyway if that fails), then one ``pip
     install`` of the requirements that do not import here, torch pinned to the installed build.
-    ``run(args)`` runs pip (tests pass a fake); ``say`` prints each step.
-
-    Raises:
-        RuntimeError: torch is not installed, or pip failed to install the wheel or a requirement.
-        ValueError: ``source`` is neither a copy of the course nor a wheel.
-    """
+    ``run(args)`` runs pip (tests pass a fake); ``say`` prints each step. RuntimeError if torch
+    is not installed or pip fails on the wheel or a requirement; ValueError if ``source`` is
+    neither a copy of the course nor a wheel."""
     report = SetupReport()
     if not _importable("torch"):
         raise RuntimeError(tr("torch is not installed in this Python. Install the build for your "

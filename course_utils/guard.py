@@ -120,13 +120,11 @@ def _folders(base: Path, own: str | None) -> list[Path]:
 def cgroup_memory(root: str | os.PathLike | None = None,
                   proc_cgroup: str | None = None) -> CgroupMemory | None:
     """The tightest memory limit of this process's cgroups (the one with the least headroom),
-    or None (not Linux, no memory controller, no limit).
-
-    Reads cgroup v2 (``memory.max``, ``memory.current``, ``memory.stat``'s ``inactive_file``)
-    and v1 (``memory.limit_in_bytes``, ``memory.usage_in_bytes``, ``total_inactive_file``) in
-    the process's own cgroup and each above it; ``max`` or a v1 limit of 2^60 or more is none.
-    ``root`` (default `CGROUP_ROOT`) and ``proc_cgroup`` (default ``/proc/self/cgroup``;
-    missing: the root cgroup) are where to read; tests pass fakes.
+    or None (not Linux, no memory controller, no limit). Reads cgroup v2 (``memory.max``,
+    ``memory.current``, ``memory.stat``'s ``inactive_file``) and v1 (``memory.limit_in_bytes``,
+    ``memory.usage_in_bytes``, ``total_inactive_file``) in the process's own cgroup and each
+    above it; ``max`` or a v1 limit of 2^60 or more is none. ``root`` (default `CGROUP_ROOT`) and
+    ``proc_cgroup`` (default ``/proc/self/cgroup``; missing: the root cgroup): tests pass fakes.
     """
     base = Path(root if root is not None else CGROUP_ROOT)
     own = _own_paths(proc_cgroup if proc_cgroup is not None else PROC_CGROUP)
@@ -162,11 +160,10 @@ def _free_ram(meminfo: str) -> int | None:
 def memory_headroom(hw: HardwareInfo, *, cgroup_root: str | os.PathLike | None = None,
                     meminfo: str | None = None) -> tuple[int | None, str]:
     """Bytes this process may still allocate on ``hw``'s device now (None on MPS), and the words
-    that follow them in a sentence, e.g. ``(1610612736, "of RAM free now")``.
-
-    CUDA: ``torch.cuda.mem_get_info``'s free bytes. CPU: the smaller of the free RAM
-    (``MemAvailable``; physical memory without ``/proc/meminfo``) and the cgroup's headroom
-    (`cgroup_memory`). ``cgroup_root``, ``meminfo``: where to read (tests pass fake files).
+    that follow them in a sentence, e.g. ``(1610612736, "of RAM free now")``. CUDA:
+    ``torch.cuda.mem_get_info``'s free bytes. CPU: the smaller of the free RAM (``MemAvailable``;
+    physical memory without ``/proc/meminfo``) and the cgroup's headroom (`cgroup_memory`).
+    ``cgroup_root``, ``meminfo``: where to read (tests pass fake files).
     """
     if hw.device == "cuda":
         try:
@@ -218,14 +215,10 @@ def check_feasible(config: RunConfig, hw: HardwareInfo | None = None,
                    force: bool = False) -> list[str]:
     """Refuse configurations that would be wrong or take minutes; return notes (strings) for
     the learner, e.g. that bf16 is emulated here. ``hw``: default detected; ``force``: run
-    anyway (the refusals become notes).
-
-    Raises:
-        ValueError: the device is missing; emulated fp16 on a CPU above a tiny size; bf16 on a
-            GPU that only emulates it (e.g. a T4).
-        MemoryRefused: (a ValueError) the estimated peak exceeds 80% of `memory_headroom`, with
-            the estimate and the largest batch that fits.
-    """
+    anyway (the refusals become notes). Raises ValueError for a missing device, emulated fp16 on
+    a CPU above a tiny size, bf16 on a GPU that only emulates it (a T4); `MemoryRefused` (a
+    ValueError) when the estimated peak exceeds 80% of `memory_headroom`, with the estimate and
+    the largest batch that fits."""
     hw = hw or detect(config.device)
     problems, notes = [], []
     if is_emulated(hw, config.precision):

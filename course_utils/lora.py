@@ -2,22 +2,18 @@ r"""LoRA on a frozen low-precision base (lesson 03): the adapter the lesson writ
 
 LoRA (Hu et al. 2021, arXiv 2106.09685) freezes the weights ``W`` and trains ``y = x W^T +
 (x A^T B^T) * alpha / r`` beside each targeted Linear, ``A`` (r x in), ``B`` (out x r) = 0 at the
-start. Here the base is bf16 and frozen, the adapters fp32 with AdamW, and the step is the
-course's `course_utils.training.train_step` under bf16 autocast. `setup` builds its `TrainState`,
-`estimate` its bytes in closed form, `routes` four ways to fine-tune one model on one GPU.
-
-**Bytes of a LoRA step** (``N`` base parameters, ``n`` adapter parameters, ``r (in + out)`` per
-targeted Linear; ``B`` micro-batch, ``T`` tokens, ``d`` width, ``V`` vocabulary, ``L`` blocks):
+start; here on a frozen bf16 base, fp32 adapters with AdamW, the course's `train_step` under bf16
+autocast. **Bytes of a LoRA step** (`estimate`; ``N`` base and ``n`` adapter parameters, ``B``
+micro-batch, ``T`` tokens, ``d`` width, ``V`` vocabulary, ``L`` blocks):
 
 * parameters ``b N + 4 n`` (``b`` = 2 for bf16, `NF4_BITS` / 8 for QLoRA's blocks' Linears);
   gradients ``4 n``; AdamW ``8 n`` + 4 bytes per adapter tensor (its step counter);
-* saved with per-block checkpointing: each block's bf16 input, ``2 L B T d`` (the frozen
-  embeddings need no backward, so no token ids are saved);
-* logits bucket, per token: the final LayerNorm's input and statistics (``2 d + 4`` on a CPU,
-  fp32 ``4 d + 8`` under CUDA autocast), the fp32 log-softmax ``4 V``, the targets ``8``; + 4;
-* peak: parameters + AdamW state + the larger of the start of backward (saved tensors + bf16
-  logits and two fp32 ``B T V`` gradient buffers + one block recomputed,
-  `course_utils.memory_model.block_bytes_per_token` in bf16 + the adapter gradients when
+* saved with per-block checkpointing: each block's bf16 input, ``2 L B T d``; logits bucket per
+  token: the final LayerNorm's input and statistics (``2 d + 4`` on a CPU, ``4 d + 8`` under
+  CUDA autocast), the fp32 log-softmax ``4 V``, the targets ``8``; + 4;
+* peak: parameters + AdamW state + the larger of the start of backward (saved + bf16 logits,
+  two fp32 ``B T V`` gradient buffers, one block recomputed at
+  `course_utils.memory_model.block_bytes_per_token` in bf16, the adapter gradients when
   micro-batches accumulate) and the optimizer step (adapter gradients + one fp32 temporary the
   size of the largest adapter tensor).
 """

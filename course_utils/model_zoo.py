@@ -58,12 +58,8 @@ def hf_causal_lm(model_type: str = "gpt2", *, n_layers: int = 2, d_model: int = 
     from its configuration class (``AutoConfig.for_model``: nothing downloaded), the dimensions
     set through the configuration's standard names (a Llama-style MLP: ``intermediate_size =
     4 d``, as many key/value heads as heads), ``dropout`` on every dropout probability it has;
-    batches of the course's text, ``labels=input_ids``.
-
-    Raises:
-        ImportError: transformers is not installed (with the command to install it).
-        ValueError: an unknown model type (transformers' message).
-    """
+    batches of the course's text. ImportError (with the command to install transformers), or
+    transformers' ValueError for an unknown model type."""
     transformers = require_transformers()
     kw = dict(num_hidden_layers=n_layers, hidden_size=d_model, num_attention_heads=n_heads,
               max_position_embeddings=seq_len, vocab_size=vocab_size, bos_token_id=0,

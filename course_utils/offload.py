@@ -29,13 +29,9 @@ PCIE_GBPS = 25.0
 class CountingSaveOnCpu(save_on_cpu):
     """``torch.autograd.graph.save_on_cpu`` that also counts what it moves: one copy per saved
     tensor, so views of one storage count once each, and the weights matmuls save
-    (``weight.t()``) count too.
-
-    Args:
-        pin_memory: copy into page-locked host memory (only where CUDA is available).
-        counter: ``[bytes, of which parameter bytes]``, added to as each tensor is packed
-            (``numel x element_size``); a view of one of ``parameters`` counts as a weight.
-    """
+    (``weight.t()``) count too. ``counter``: ``[bytes, of which parameter bytes]``, added to as
+    each tensor is packed (``numel x element_size``); a view of one of ``parameters`` counts as a
+    weight. ``pin_memory`` applies only where CUDA is available."""
 
     def __init__(self, pin_memory: bool = False, counter: list | None = None, parameters=()):
         super().__init__(pin_memory=pin_memory and torch.cuda.is_available())

@@ -76,14 +76,10 @@ def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def find_blocks(model: nn.Module, blocks: str | nn.Module | None = None) -> tuple[str, nn.Module]:
     """The repeated blocks of ``model``: ``(path, container)``, path ``""`` for ``model`` itself.
 
-    Args:
-        blocks: ``None`` to find them: of the ``nn.ModuleList`` and ``nn.Sequential`` with at
-            least 2 same-class children and parameters, the one with the most parameters (then
-            children). Or a dotted path as in ``model.named_modules()``, or the container itself.
-
-    Raises:
-        NoRepeatedBlocks: none found (the message lists the containers), or ``blocks`` names none.
-        TypeError: ``model`` is not an ``nn.Module``.
+    ``blocks``: a dotted path as in ``model.named_modules()``, the container itself, or None to
+    find it: of the ``nn.ModuleList`` and ``nn.Sequential`` with at least 2 same-class children
+    and parameters, the one with the most parameters (then children). Raises `NoRepeatedBlocks`
+    (none found, or ``blocks`` names none) or TypeError (``model`` is not an ``nn.Module``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(tr("profile needs a torch.nn.Module (or a function returning one), got "
@@ -327,17 +323,13 @@ GRADIENT_ROUNDING = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}
 
 @dataclass
 class ProfileMeasurement(Measurement):
-    """A `Measurement` of any model (``config`` a `ProfileConfig`; ``tokens_per_s`` counts its unit).
-
-    Attributes:
-        peak_forward_backward, peak_optimizer: peak bytes allocated in that phase (parameters
-            and optimizer state included, as ``peak_allocated``).
-        bytes_to_host: bytes the ``offload`` policies copied to the host in the forward;
-            ``weight_bytes_to_host``: the weights among them.
-        grad_max_diff: largest absolute first-step gradient difference from ``none`` in the same
-            precision (None: not compared); ``grad_scale``: that ``none`` step's largest gradient.
-        saved_modules: DataFrame of the meter's saved tensors (``module``, ``nbytes``...).
-    """
+    """A `Measurement` of any model (``config`` a `ProfileConfig`; ``tokens_per_s`` counts its unit)
+    with ``peak_forward_backward`` and ``peak_optimizer`` (peak bytes allocated in that phase,
+    parameters and optimizer state included), ``bytes_to_host`` (copied by the ``offload``
+    policies in the forward; ``weight_bytes_to_host``: the weights among them), ``grad_max_diff``
+    (largest absolute first-step gradient difference from ``none`` in the same precision; None:
+    not compared) beside ``grad_scale`` (that ``none`` step's largest gradient), and
+    ``saved_modules`` (a DataFrame of the meter's saved tensors)."""
 
     peak_forward_backward: int | None = None
     peak_optimizer: int | None = None
@@ -767,14 +759,10 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
         budget_bytes: a model whose parameters + gradients + AdamW state exceed it (or the
             memory free now) is refused before any step.
 
-    Returns a `Profile` (``profile.summary()`` is the readable table).
-
-    Raises:
-        NoRepeatedBlocks: see `find_blocks`.
-        ModelDoesNotFit: the model does not fit before the first step.
-        ValueError: an unknown precision or policy, a batch without a batch dimension, a loss
-            that is not a scalar, ``hf`` on a non-HF model.
-        TypeError: ``model`` or ``make_batch`` of the wrong kind.
+    Returns a `Profile` (``profile.summary()`` is the readable table). Raises `NoRepeatedBlocks`
+    (see `find_blocks`), `ModelDoesNotFit` (before the first step), ValueError (an unknown
+    precision or policy, a batch without a batch dimension, a loss that is not a scalar, ``hf``
+    on a non-HF model) or TypeError (``model`` or ``make_batch`` of the wrong kind).
     """
     check_positive_int("batch_size", batch_size)
     spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,

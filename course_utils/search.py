@@ -190,15 +190,11 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
     peak is at most the budget; on CUDA the allocator is limited to the budget during the
     search (`course_utils.guard.cuda_memory_cap`).
 
-    Args:
-        config: the configuration (its ``batch_size`` is ignored; accumulation is kept).
-        steps: timed steps per measurement (0: memory only); ``warmup``: optimizer steps before
-            (>= 1: AdamW's state must exist).
-
-    Raises:
-        ValueError: a non-positive budget, ``max_batch``, ``warmup`` or ``guided_probes``, a
-            negative ``steps``; a device without a peak-memory counter (MPS); a configuration
-            `measure` refuses.
+    ``config.batch_size`` is ignored (accumulation is kept); ``steps``: timed steps per
+    measurement (0: memory only); ``warmup``: optimizer steps before (>= 1: AdamW's state must
+    exist). ValueError for a non-positive budget, ``max_batch``, ``warmup`` or ``guided_probes``,
+    a negative ``steps``, a device without a peak-memory counter (MPS), or a configuration
+    `measure` refuses.
     """
     for name, v in (("budget_bytes", budget_bytes), ("max_batch", max_batch),
                     ("warmup", warmup), ("guided_probes", guided_probes)):
