@@ -1,15 +1,11 @@
-"""``course-profile``: profile your own model and print a recommendation card.
-
-Examples::
+"""``course-profile``: profile your own model and print a recommendation card, e.g.::
 
     course-profile mypkg.models:make_model --batch-fn mypkg.data:batch --budget 8GiB
     course-profile --hf-config gpt2 --n-layer 6 --for t4 --out results/   # on a laptop
 
-It runs `course_utils.card.profile_and_recommend` (``module:function`` arguments as
-`course_utils.profiling.profile` takes them). The budget: ``--budget``; ``--for GPU``, the memory
-CUDA reports on that GPU (`GPUS`; no check step); or, on a GPU, 90% of its free memory. Without
-any, on a machine without GPU memory, the profile is printed without a card. ``--out`` writes the
-card, the profile's table and the extrapolations as JSON, after the results are printed.
+It runs `course_utils.card.profile_and_recommend`. The budget: ``--budget``; ``--for GPU``, the
+memory CUDA reports on that GPU (`GPUS`; no check step); on a GPU, 90% of its free memory; else
+no card, the profile alone. ``--out`` writes the card and tables as JSON after printing them.
 """
 from __future__ import annotations
 
@@ -142,10 +138,9 @@ def _zoo(args, parser):
     if args.cnn:
         return model_zoo.small_cnn(), 8
     dims = dict(model_zoo.HF_SIZES.get(size, model_zoo.HF_SIZES["cpu"]))
-    for key, val in (("n_layers", args.n_layer), ("d_model", args.d_model),
-                     ("n_heads", args.n_head), ("seq_len", args.seq_len)):
-        if val is not None:
-            dims[key] = val
+    dims.update({key: val for key, val in (("n_layers", args.n_layer), ("d_model", args.d_model),
+                                           ("n_heads", args.n_head), ("seq_len", args.seq_len))
+                 if val is not None})
     if dims["d_model"] % dims["n_heads"]:
         parser.error(tr("--d-model {d_model} must be divisible by --n-head {n_heads}",
                         d_model=dims["d_model"], n_heads=dims["n_heads"]))

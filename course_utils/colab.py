@@ -1,11 +1,8 @@
-"""The learner's side of the setup cell that starts every notebook (the cell is written by
-``tools/colab_cells.py``): once it has found a copy of the course, it runs `install_missing` on
-it and calls `finish_setup`.
-
-It runs before any requirement is installed, from a file run by path (``runpy.run_path``, or
-``exec`` of its text read out of a wheel), so it imports only the standard library at module
-level. `install_missing` never installs or upgrades torch (Colab's build matches its GPU) nor an
-ipywidgets that imports (Colab's 7.x front end needs its own).
+"""The learner's side of the setup cell that starts every notebook (written by
+``tools/colab_cells.py``): `install_missing` on the copy of the course it found, then
+`finish_setup`. The cell runs this file by path before any requirement is installed, so it
+imports only the standard library at module level; it never installs or upgrades torch
+(Colab's build matches its GPU) nor anything that already imports.
 """
 from __future__ import annotations
 

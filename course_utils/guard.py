@@ -1,12 +1,11 @@
-"""The run guard: refuse a run that would be wrong, take minutes, or not fit in memory, before
-it starts. `check_feasible(config)` is asked by every entry point that runs a `RunConfig`.
+"""The run guard: `check_feasible(config)`, asked by every entry point that runs a `RunConfig`,
+refuses a run that would be wrong, take minutes, or not fit in memory, before it starts.
 
 A run is refused when its estimated peak (`course_utils.memory_model.estimate`) exceeds 80% of
-the memory this process may still use (`memory_headroom`): on CUDA the free GPU memory; on a CPU
-the smaller of the free RAM (``MemAvailable``, kernel docs ``filesystems/proc.rst``) and what
-the process's cgroup still allows (`cgroup_memory`: a container's limit, where crossing it gets
-the kernel killed instead of raising an error; kernel docs ``admin-guide/cgroup-v2.rst`` and
-``admin-guide/cgroup-v1/memory.rst``); on MPS nothing (no free-memory figure).
+`memory_headroom`: on CUDA the free GPU memory; on a CPU the smaller of the free RAM
+(``MemAvailable``, kernel docs ``filesystems/proc.rst``) and the cgroup's headroom, since a
+container's limit gets the kernel killed instead of raising an error (`cgroup_memory`; kernel
+docs ``admin-guide/cgroup-v2.rst`` and ``admin-guide/cgroup-v1/memory.rst``).
 """
 from __future__ import annotations
 
@@ -255,10 +254,9 @@ def check_feasible(config: RunConfig, hw: HardwareInfo | None = None,
 
 @contextlib.contextmanager
 def cuda_memory_cap(device: str | torch.device, budget_bytes: int):
-    """Within the block, this process's CUDA caching allocator on ``device`` may hold at most
-    ``budget_bytes`` (``torch.cuda.set_per_process_memory_fraction``): a step that needs more
-    raises ``torch.OutOfMemoryError``. Afterwards the cap is lifted and the cache emptied.
-    Yields the device's total memory in bytes."""
+    """Within the block, ``device``'s caching allocator may hold at most ``budget_bytes``
+    (``torch.cuda.set_per_process_memory_fraction``), then the cache is emptied; yields the
+    device's total memory (bytes)."""
     index = cuda_index(device)
     total = torch.cuda.get_device_properties(index).total_memory
     cap = stand_in.cap_bytes(index)

@@ -193,11 +193,10 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
     temporary of every parameter in its step (bitsandbytes' ``Optimizer8bit.step`` updates one
     parameter at a time in place, where PyTorch's ``foreach`` AdamW holds ``4 N`` bytes).
 
-    Returns:
-        One row per route: ``route``, ``trains`` (parameters trained), ``weights``,
-        ``gradients``, ``optimizer``, ``activations`` (saved + logits + one recomputed block),
-        ``peak`` (GiB), ``fits``, ``peak_bytes``, ``peak at`` (the moment of the peak) and
-        ``at peak: <part>`` (GiB, for each of `memory_model.PEAK_PARTS`).
+    Returns one row per route: ``route``, ``trains`` (parameters trained), ``weights``,
+    ``gradients``, ``optimizer``, ``activations`` (saved + logits + one recomputed block), ``peak``
+    (GiB), ``fits``, ``peak_bytes``, ``peak at`` (the moment of the peak) and ``at peak: <part>``
+    (GiB, for each of `memory_model.PEAK_PARTS`).
 
     Raises:
         ValueError: an unknown model, a rank, micro-batch or accumulation below 1.

@@ -69,9 +69,8 @@ def hf_causal_lm(model_type: str = "gpt2", *, n_layers: int = 2, d_model: int = 
     if hasattr(probe, "intermediate_size"):
         kw.update(intermediate_size=4 * d_model, num_key_value_heads=n_heads)
     if dropout is not None:
-        for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout"):
-            if hasattr(probe, k):
-                kw[k] = dropout
+        kw.update({k: dropout for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout",
+                                        "hidden_dropout") if hasattr(probe, k)})
     kw.update(config_overrides)
     config = cls(**kw)
     config._attn_implementation = "sdpa"

@@ -1,11 +1,8 @@
-"""Activation offloading, the third tool beside checkpointing and lower precision: the tensors
-autograd saves moved to CPU memory by ``torch.autograd.graph.save_on_cpu`` (PyTorch docs, "Hooks
-for saved tensors"; torchtune's ``OffloadActivations`` builds on the same hooks).
-
-`OffloadedBlock` runs one block under it, checkpointed (then only the block's input moves) or
-not: the policies ``offload+checkpoint`` and ``offload`` of `course_utils.profiling.profile`. On
-CUDA the copies go to the host in forward and back in backward; on a CPU nothing moves, but the
-bytes that would are counted all the same, and `transfer_time_estimate` estimates their seconds.
+"""Activation offloading: the tensors autograd saves moved to CPU memory by
+``torch.autograd.graph.save_on_cpu`` (PyTorch docs, "Hooks for saved tensors"), one block at a
+time (`OffloadedBlock`: the policies ``offload`` and ``offload+checkpoint`` of
+`course_utils.profiling.profile`). On a CPU nothing moves, but the bytes that would are counted
+all the same, and `transfer_time_estimate` estimates their seconds.
 """
 from __future__ import annotations
 

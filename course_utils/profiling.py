@@ -133,10 +133,8 @@ def _describe(model: nn.Module) -> str:
 
 
 class CheckpointedBlock(nn.Module):
-    """One block under ``checkpoint(block, *args, use_reentrant=False, **kwargs)``: keyword
-    arguments pass through (Hugging Face decoder layers need them). ``context_fn`` is
-    ``checkpoint``'s (selective checkpointing passes a `course_utils.checkpointing.SelectiveContexts`).
-    """
+    """One block under non-reentrant ``checkpoint``, keyword arguments passed through (Hugging Face
+    decoder layers need them); ``context_fn``: a `course_utils.checkpointing.SelectiveContexts`."""
 
     def __init__(self, block: nn.Module, context_fn=noop_context_fn):
         super().__init__()
@@ -163,9 +161,8 @@ def parse_model_policy(policy: str, n_blocks: int) -> tuple[str, int | None]:
 
 def hf_method(model) -> str | None:
     """The method policy ``hf`` calls on ``model`` (an instance or a class), or None:
-    ``activation_checkpointing_enable`` where it exists (transformers 5.24, which keeps
-    ``gradient_checkpointing_enable`` as a deprecated alias), else ``gradient_checkpointing_enable``
-    (older releases). Either gets ``use_reentrant=False``, whatever a version's default."""
+    ``activation_checkpointing_enable`` (transformers 5.24), else ``gradient_checkpointing_enable``
+    (older releases; a deprecated alias in 5.24); either with ``use_reentrant=False``."""
     return next((name for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable")
                  if hasattr(model, name)), None)
 
@@ -181,11 +178,9 @@ def _enable_hf(model: nn.Module) -> None:
 
 def wrap_blocks(model: nn.Module, policy: str, blocks: str | nn.Module | None = None) -> nn.Module:
     """Apply ``policy`` (one of `POLICIES`) to ``model``'s repeated blocks, in place; return it.
-
-    Parameters stay the same objects (an optimizer made before still works); ``hf`` calls the
-    model's own method (`hf_method`). Raises `NoRepeatedBlocks` (see `find_blocks`), or
-    ValueError for an unknown policy, ``hf`` without the method, or blocks wrapped already.
-    """
+    Parameters stay the same objects; ``hf`` calls the model's own method (`hf_method`). Raises
+    `NoRepeatedBlocks` (see `find_blocks`), or ValueError for an unknown policy, ``hf`` without
+    the method, or blocks wrapped already."""
     path, container = find_blocks(model, blocks)
     mode, k = parse_model_policy(policy, len(container))
     if any(isinstance(b, (CheckpointedBlock, OffloadedBlock)) for b in container):
@@ -526,12 +521,10 @@ def _fits_or_raise(spec: ModelSpec, budget_bytes: int | None, hw) -> None:
 
 def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=None,
                    reference_grads: list | None = None, keep_state: bool = False):
-    """Build, warm up (one step) and measure the memory of one configuration.
-
-    Returns ``(measurement, state, grads)``: a `ProfileMeasurement` (one step's time only if the
-    precision is emulated; out of memory caught as ``oom=True``), the training state (None
-    unless ``keep_state``), the first step's gradients (fp32 copies, unscaled).
-    """
+    """Build, warm up (one step) and measure the memory of one configuration: ``(measurement,
+    state, grads)``, a `ProfileMeasurement` (one step's time only if the precision is emulated;
+    out of memory caught as ``oom=True``), the training state (None unless ``keep_state``), the
+    first step's gradients (fp32 copies, unscaled)."""
     hw = hw or detect(cfg.device)
     m = ProfileMeasurement(config=cfg, device_name=hw.name, emulated=is_emulated(hw, cfg.precision))
     grads: list = []
@@ -566,13 +559,8 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
 
 @dataclass
 class Profile:
-    """What `profile` measured on one model.
-
-    Attributes:
-        blocks: the path of its repeated blocks (`find_blocks`).
-        measurements: one `ProfileMeasurement` per (precision, policy), in the order run.
-        size: the size profile in force (``smoke`` makes every time verdict inconclusive).
-    """
+    """What `profile` measured on one model: ``blocks`` is the path of its repeated blocks,
+    ``measurements`` one per (precision, policy) in the order run, ``size`` the size profile."""
 
     name: str
     blocks: str
@@ -609,8 +597,7 @@ class Profile:
     def step_s(self, m: ProfileMeasurement) -> float | None:
         """``m``'s step time as the tables print it (seconds): the reference's median times
         ``m``'s per-round ratio (`ratio`), so that a row's milliseconds, ratio and throughput
-        agree; two rows' own medians can come from rounds taken at different loads. The
-        reference, or a row not timed in its rounds, keeps its own median."""
+        agree (`course_utils.experiments.paired_step_s`)."""
         ref = self.reference(m)
         if m is ref:
             return m.step_time_s
@@ -679,10 +666,9 @@ class Profile:
         return pd.DataFrame(rows)
 
     def summary(self, detail: bool = False) -> pd.DataFrame:
-        """The readable table, one row per configuration in words (`experiments.plain_label`):
-        ``step ms`` (`step_s`), ``time vs none`` (`time_text`), throughput, ``peak MiB``,
-        ``saved MiB``, and ``to host MiB`` where a row moved bytes to the host. ``detail=True``
-        adds each row's own median, ``saved x`` and ``max |grad diff|``."""
+        """The readable table, a row per configuration in words: ``step ms`` (`step_s`), ``time vs
+        none`` (`time_text`), throughput, ``peak MiB``, ``saved MiB``, ``to host MiB`` if any;
+        ``detail=True`` adds each row's own median, ``saved x`` and ``max |grad diff|``."""
         df = self.table()
 
         def mib(col):

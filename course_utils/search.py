@@ -1,10 +1,6 @@
-"""The largest micro-batch of a configuration that fits a memory budget, found with few
-measurements, and the race of the configurations at their largest batches (lesson 03, C20).
-
-`largest_batch` lets the analytic estimate (`course_utils.memory_model.estimate`) predict the
-answer, measures it (`course_utils.measure.measure`) and steers the next guess from the measured
-peaks. `race` times the configurations at their largest batches in alternation
-(`course_utils.experiments.compare`) and compares their time per token round by round.
+"""The largest micro-batch of a configuration that fits a memory budget (`largest_batch`: the
+analytic estimate predicts it, measurements steer it) and the race of the configurations at
+their largest batches, timed in alternation, per token (`race`; lesson 03, C20).
 """
 from __future__ import annotations
 
@@ -188,13 +184,11 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
     ``guided_probes`` guesses it doubles and bisects, so it always ends (typically two to four
     measurements). A batch fits when its step raises no out-of-memory error and its measured
     peak is at most the budget; on CUDA the allocator is limited to the budget during the
-    search (`course_utils.guard.cuda_memory_cap`).
-
-    ``config.batch_size`` is ignored (accumulation is kept); ``steps``: timed steps per
-    measurement (0: memory only); ``warmup``: optimizer steps before (>= 1: AdamW's state must
-    exist). ValueError for a non-positive budget, ``max_batch``, ``warmup`` or ``guided_probes``,
-    a negative ``steps``, a device without a peak-memory counter (MPS), or a configuration
-    `measure` refuses.
+    search (`course_utils.guard.cuda_memory_cap`). ``config.batch_size`` is ignored
+    (accumulation is kept); ``steps``: timed steps per measurement (0: memory only); ``warmup``:
+    optimizer steps before (>= 1: AdamW's state must exist). ValueError for a non-positive
+    budget, ``max_batch``, ``warmup`` or ``guided_probes``, a negative ``steps``, a device
+    without a peak-memory counter (MPS), or a configuration `measure` refuses.
     """
     for name, v in (("budget_bytes", budget_bytes), ("max_batch", max_batch),
                     ("warmup", warmup), ("guided_probes", guided_probes)):
@@ -264,12 +258,8 @@ def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int 
          progress: bool = True, step_fn=None) -> Race:
     """Time every configuration of ``searches`` at its largest batch, in alternation, and
     compare the checkpointed one with the most tokens/s with the plain one with the most, per
-    token, round by round (C20, C7).
-
-    Raises:
-        ValueError: no fitting plain or no fitting checkpointed configuration, or the budgets
-            differ.
-    """
+    token, round by round (C20, C7). ValueError without a fitting plain and a fitting
+    checkpointed configuration, or for searches under different budgets."""
     fitting = [s for s in searches if s.measurement is not None and s.batch_size > 0]
     plain = [s for s in fitting if s.config.checkpoint == "none"]
     ckpt = [s for s in fitting if s.config.checkpoint != "none"]
@@ -289,12 +279,8 @@ def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int 
     ms = df.attrs["measurements"]
     df["time_per_token_s"] = [None if m.step_time_s is None else
                               m.step_time_s / m.config.tokens_per_step for m in ms]
-
-    def best(rows):
-        return max(rows, key=lambda i: ms[i].tokens_per_s or 0.0)
-    i_plain = best(range(len(plain)))
-    i_ckpt = best(range(len(plain), len(order)))
-    a, b = ms[i_ckpt], ms[i_plain]
+    b, a = (ms[max(rows, key=lambda i: ms[i].tokens_per_s or 0.0)]  # the fastest of each kind
+            for rows in (range(len(plain)), range(len(plain), len(order))))
     per_token = time_ratio([t / a.config.tokens_per_step for t in a.step_times_s],
                            [t / b.config.tokens_per_step for t in b.step_times_s],
                            size=df.attrs.get("size", ""), emulated=a.emulated or b.emulated)

@@ -1,12 +1,8 @@
 """A bigger GPU standing in for a smaller one: ``COURSE_STAND_IN=t4`` makes the course plan on any
-CUDA GPU as on a Colab T4, so that the T4's code paths run wherever a GPU is lent.
-
-The stand-in takes the T4's compute capability (7.5: fp16 + GradScaler, bf16 emulated, no FP8 or
-TF32), its size profile and its memory, enforced by the caching allocator
-(``torch.cuda.set_per_process_memory_fraction``); not its speed nor its attention kernels (every
-header says so: `describe`). The T4's figures: NVIDIA's T4 datasheet (compute capability 7.5);
-the memory CUDA reports on one, 14.75 GiB (``deviceMemorySize`` in a Tesla T4's TensorFlow log,
-NVIDIA/DALI issue 1813).
+CUDA GPU as on a Colab T4: its compute capability (7.5, NVIDIA's T4 datasheet), size profile and
+memory, enforced by the caching allocator (``torch.cuda.set_per_process_memory_fraction``); not
+its speed nor its kernels (`describe` says so). The memory CUDA reports on a T4, 14.75 GiB:
+``deviceMemorySize`` in a Tesla T4's TensorFlow log, NVIDIA/DALI issue 1813.
 """
 from __future__ import annotations
 
