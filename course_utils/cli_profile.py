@@ -1,30 +1,11 @@
-"""``course-profile``: profile your own model and print a recommendation card.
+"""``course-profile``: profile your own model and print a recommendation card, e.g.::
 
-Examples::
-
-    course-profile --hf-config gpt2 --n-layer 6 --seq-len 512 --budget 14GiB
-    course-profile --hf-config llama --n-layer 4 --d-model 256 --budget 2GiB --target-batch 64
     course-profile mypkg.models:make_model --batch-fn mypkg.data:batch --budget 8GiB
-    course-profile --course-gpt --size smoke --budget 16MiB --out card.json
     course-profile --hf-config gpt2 --n-layer 6 --for t4 --out results/   # on a laptop
 
-A model given as ``module:function`` is a function of no arguments returning an ``nn.Module``;
-``--batch-fn module:function`` makes a batch (``f(batch_size)``), ``--loss-fn`` takes
-``(output, batch)`` and returns a scalar, ``--forward-fn`` takes ``(model, batch)``
-(`course_utils.profiling.profile` documents the defaults). It runs
-`course_utils.card.profile_and_recommend`: the profile (every precision x policy, timed in
-alternation), the extrapolated peak per policy, the card, and one real step that checks it.
-
-The budget: ``--budget``; or ``--for t4|a100-40gb|a100-80gb|h100``, the memory CUDA reports on
-that GPU (`GPUS`: a learner on a laptop plans for the GPU they will rent; the check step, which
-would run on this machine, is skipped); or, on a GPU, 90% of its free memory. On a machine
-without GPU memory and with neither option, the profile is printed without a card, with the
-options that give one: never an exit without a result.
-
-``--out`` writes the card (null without one), the profile's table and the extrapolations as
-JSON, into a file, or into a folder as ``course-profile-<model>.json``. Every argument and the
-``--out`` path are checked before anything runs; the results are printed before the file is
-written, so a file that cannot be written loses nothing.
+It runs `course_utils.card.profile_and_recommend`. The budget: ``--budget``; ``--for GPU``, the
+memory CUDA reports on that GPU (`GPUS`; no check step); on a GPU, 90% of its free memory; else
+no card, the profile alone. ``--out`` writes the card and tables as JSON after printing them.
 """
 from __future__ import annotations
 
@@ -54,9 +35,8 @@ from .terms import GiB, default_device
 
 __all__ = ["main", "GPUS"]
 
-#: The GPUs ``--for`` plans for: (name as CUDA reports it, bytes CUDA reports as the card's
-#: memory, where that figure comes from). What a learner's torch can use is this, not the
-#: marketing figure (an "80 GB" card reports about 79.2 GiB).
+#: The GPUs ``--for`` plans for: (name as CUDA reports it, bytes CUDA reports as its memory, not
+#: the marketing figure: an "80 GB" card reports about 79.2 GiB; where that figure comes from).
 GPUS = {
     "t4": (stand_in.STAND_INS["t4"].name, stand_in.STAND_INS["t4"].memory_bytes,
            "course_utils.stand_in: deviceMemorySize 14.75GiB on a Tesla T4, NVIDIA/DALI issue 1813"),
@@ -93,55 +73,50 @@ def _parser() -> argparse.ArgumentParser:
                        "checkpoint policy (step time, peak memory, saved tensors), extrapolate its "
                        "peak to any batch, and print which recipe fits a memory budget, and why."))
     src = p.add_argument_group(tr("the model (one of)"))
-    src.add_argument("model", nargs="?", type=_callable, default=None,
+    src.add_argument("model", nargs="?", type=_callable,
                      help=tr("module:function returning an nn.Module (needs --batch-fn)"))
-    src.add_argument("--hf-config", metavar="MODEL_TYPE", default=None,
+    src.add_argument("--hf-config", metavar="MODEL_TYPE",
                      help=tr("a transformers model type built from its configuration class, "
                              "random weights, nothing downloaded: gpt2, llama, mistral..."))
     src.add_argument("--course-gpt", action="store_true", help=tr("the course's own GPT"))
-    src.add_argument("--cnn", action="store_true",
-                     help=tr("a small residual CNN (no transformer)"))
+    src.add_argument("--cnn", action="store_true", help=tr("a small residual CNN (no transformer)"))
     shape = p.add_argument_group(tr("dimensions (--hf-config; --course-gpt takes --size)"))
     for flag, default, what in (("--n-layer", None, tr("blocks")), ("--d-model", None, tr("width")),
                                 ("--n-head", None, tr("attention heads")),
                                 ("--seq-len", None, tr("tokens per sequence")),
                                 ("--vocab-size", 256, tr("vocabulary (256: bytes)"))):
         shape.add_argument(flag, type=positive_int, default=default, help=what)
-    shape.add_argument("--size", choices=list(SIZE_PROFILES), default=None,
-                       help=tr("size profile for defaults (default: $COURSE_SIZE or the "
-                               "hardware's)"))
+    shape.add_argument("--size", choices=list(SIZE_PROFILES),
+                       help=tr("size profile for defaults (default: $COURSE_SIZE or the hardware's)"))
     fn = p.add_argument_group(tr("your own model"))
-    fn.add_argument("--batch-fn", type=_callable, default=None,
+    fn.add_argument("--batch-fn", type=_callable,
                     help=tr("module:function, f(batch_size) -> batch (tensor, tuple or dict)"))
-    fn.add_argument("--loss-fn", type=_callable, default=None,
-                    help=tr("module:function, f(output, batch) -> scalar loss"))
-    fn.add_argument("--forward-fn", type=_callable, default=None,
-                    help=tr("module:function, f(model, batch) -> output"))
-    fn.add_argument("--blocks", default=None,
-                    help=tr("dotted path of the repeated blocks (default: found automatically)"))
+    fn.add_argument("--loss-fn", type=_callable, help=tr("module:function, f(output, batch) -> scalar loss"))
+    fn.add_argument("--forward-fn", type=_callable, help=tr("module:function, f(model, batch) -> output"))
+    fn.add_argument("--blocks", help=tr("dotted path of the repeated blocks (default: found automatically)"))
     run = p.add_argument_group(tr("what to measure"))
     budget = run.add_mutually_exclusive_group()
-    budget.add_argument("--budget", type=parse_bytes, default=None,
+    budget.add_argument("--budget", type=parse_bytes,
                         help=tr("memory budget, e.g. 14GiB (default on a GPU: 90%% of its free "
                                 "memory; on a CPU without --for: the profile, no card)"))
-    budget.add_argument("--for", dest="for_gpu", choices=list(GPUS), default=None,
+    budget.add_argument("--for", dest="for_gpu", choices=list(GPUS),
                         help=tr("plan for this GPU: its memory, as CUDA reports it, is the budget "
                                 "(measured here; for a laptop planning a rented GPU)"))
-    run.add_argument("--target-batch", type=positive_int, default=None,
+    run.add_argument("--target-batch", type=positive_int,
                      help=tr("effective batch wanted (micro-batch x accumulation steps)"))
-    run.add_argument("--batch-size", type=positive_int, default=None,
+    run.add_argument("--batch-size", type=positive_int,
                      help=tr("micro-batch that is timed (default: the size profile's)"))
     add_precisions_and_policies(
         run, precisions_help=tr("comma-separated (default: fp32 and this machine's recipe)"),
         policies_default=["none", "full", "selective", "offload"],
         policies_help=tr("comma-separated: none, full, every-K, selective, offload, "
                          "offload+checkpoint, hf (default: none,full,selective,offload)"))
-    run.add_argument("--device", default=None, help=tr("cpu, cuda, cuda:N, mps (default: best)"))
-    run.add_argument("--time-budget", type=positive_seconds, default=None,
+    run.add_argument("--device", help=tr("cpu, cuda, cuda:N, mps (default: best)"))
+    run.add_argument("--time-budget", type=positive_seconds,
                      help=tr("seconds of alternated timing (default: the size profile's)"))
     run.add_argument("--no-check", action="store_true",
                      help=tr("skip the real step that checks the predicted peak"))
-    run.add_argument("--out", default=None,  # a string: a trailing / says "a folder"
+    run.add_argument("--out",  # a string: a trailing / says "a folder"
                      help=tr("write the card and tables as JSON: a file, or a folder (an existing "
                              "one, or a new one ending in /) for course-profile-<model>.json"))
     return p
@@ -163,10 +138,9 @@ def _zoo(args, parser):
     if args.cnn:
         return model_zoo.small_cnn(), 8
     dims = dict(model_zoo.HF_SIZES.get(size, model_zoo.HF_SIZES["cpu"]))
-    for key, val in (("n_layers", args.n_layer), ("d_model", args.d_model),
-                     ("n_heads", args.n_head), ("seq_len", args.seq_len)):
-        if val is not None:
-            dims[key] = val
+    dims.update({key: val for key, val in (("n_layers", args.n_layer), ("d_model", args.d_model),
+                                           ("n_heads", args.n_head), ("seq_len", args.seq_len))
+                 if val is not None})
     if dims["d_model"] % dims["n_heads"]:
         parser.error(tr("--d-model {d_model} must be divisible by --n-head {n_heads}",
                         d_model=dims["d_model"], n_heads=dims["n_heads"]))
@@ -182,8 +156,7 @@ def _zoo(args, parser):
 
 
 def _budget(args, device: str) -> tuple[int | None, str | None]:
-    """The memory budget (bytes) and the words that say where it comes from; ``(None, None)``
-    on a device without GPU memory when neither --budget nor --for is given."""
+    """The memory budget (bytes) and where it comes from in words (None: the default)."""
     if args.budget is not None:
         return args.budget, None
     if args.for_gpu is not None:
@@ -197,15 +170,10 @@ def _budget(args, device: str) -> tuple[int | None, str | None]:
 
 
 def check_batch_fits(zoo, batch_size: int, device: str, blocks=None) -> None:
-    """Refuse, before any step, a micro-batch whose saved tensors alone exceed the memory this
-    process may still use (`course_utils.guard.memory_headroom`): the bytes one sample saves for
-    backward (the course's meter, one forward at a batch of 1) times ``batch_size`` is a lower
-    bound of the step's peak, so no batch that could fit is refused. Without it, a mistyped
-    ``--batch-size 1000000000`` ran until the system killed it.
-
-    Raises:
-        ValueError: the bound exceeds the memory left, with the largest batch it allows.
-    """
+    """Refuse, before any step, a micro-batch whose saved tensors alone (one sample's, measured
+    at a batch of 1, times ``batch_size``: a lower bound of the peak) exceed the memory this
+    process may still use (`course_utils.guard.memory_headroom`): ValueError, with the largest
+    batch it allows."""
     spec = ModelSpec.create(zoo.build, zoo.make_batch, zoo.loss_fn, forward=zoo.forward,
                             blocks=blocks, device=device)
     model, one = spec.fresh("none"), spec.batch(1)
@@ -252,9 +220,8 @@ def _run(args, zoo, batch_size: int, device: str, budget: int | None, source: st
 
 
 def main(argv=None) -> int:
-    """Entry point of ``course-profile``; returns the exit status (0: the profile printed, with
-    its card where there is a budget; 1: printed, but ``--out`` could not be written; 2: bad
-    arguments or a model that cannot be profiled, nothing measured)."""
+    """Entry point of ``course-profile``; returns the exit status (0: printed; 1: printed, but
+    ``--out`` could not be written; 2: bad arguments or a model that cannot be profiled)."""
     parser = _parser()
     args = parser.parse_args(argv)
     zoo, default_batch = _zoo(args, parser)

@@ -1,22 +1,8 @@
-"""The learner's side of the setup cell that starts every notebook: what it calls at run time.
-
-The setup cell (written into every lesson and solution by ``tools/colab_cells.py``, a maintainer
-tool) finds the course where `course_utils` cannot be imported: a copy next to the notebook, the
-course fetched earlier into the working folder, ``COURSE_SOURCE``, a course zip or a wheel
-uploaded to the working folder, or a ``git clone`` of the repository at the release the notebook
-was generated for. Then it runs this file's `install_missing` on that copy and calls
-`finish_setup`.
-
-This module must run **before any requirement is installed**, from a file the cell runs by path
-(``runpy.run_path``, or ``exec`` of its text read out of a wheel), so it imports only the
-standard library at module level; `describe_setup` imports the course inside the function, once
-the course imports.
-
-`install_missing` never installs or upgrades torch (Colab's build matches its GPU) and never
-touches an ipywidgets that imports (Colab's 7.x front end needs its own): ``pip install
---no-deps`` of the course (editable for a folder, the file for a wheel), then one ``pip
-install`` of only the requirements that do not import here, with torch pinned to the installed
-build.
+"""The learner's side of the setup cell that starts every notebook (written by
+``tools/colab_cells.py``): `install_missing` on the copy of the course it found, then
+`finish_setup`. The cell runs this file by path before any requirement is installed, so it
+imports only the standard library at module level; it never installs or upgrades torch
+(Colab's build matches its GPU) nor anything that already imports.
 """
 from __future__ import annotations
 
@@ -43,11 +29,7 @@ _NEVER_TOUCH = ("torch",)
 
 
 def _i18n():
-    """The course's message catalog module (`course_utils.i18n`), or None where it cannot be
-    found: imported as ``course_utils.colab`` it is the package's; run by path (the setup cell's
-    ``runpy.run_path``, before anything is installed) it is the ``i18n.py`` beside this file,
-    loaded by path (it needs only the standard library); a copy of this file alone (extracted
-    from a wheel) has none, and speaks English."""
+    """The package's `course_utils.i18n`, else the ``i18n.py`` beside this file, else None."""
     if __package__:
         from . import i18n  # lazy: the package's own, when this file is imported as a module
         return i18n
@@ -75,20 +57,19 @@ def tr(text: str, /, **fields) -> str:
 
 
 def read_toml(path: str | os.PathLike) -> dict:
-    """``path`` (a TOML file, e.g. ``pyproject.toml``) as a dict: tomllib (Python >= 3.11),
-    tomli, or, on a Python 3.10 without tomli, `_toml_fallback` (enough for pyproject.toml)."""
+    """``path`` (a TOML file) as a dict: tomllib, tomli, or on a Python 3.10 without tomli
+    `_toml_fallback` (enough for pyproject.toml)."""
     try:
-        import tomllib  # lazy: Python >= 3.11 only; this file runs with the standard library
-    except ModuleNotFoundError:  # Python 3.10
+        import tomllib  # lazy: Python >= 3.11 only
+    except ModuleNotFoundError:
         try:
-            import tomli as tomllib  # lazy: installed on Python 3.10 only, if at all
+            import tomli as tomllib  # lazy: on Python 3.10, if at all
         except ModuleNotFoundError:
             return _toml_fallback(Path(path).read_text(encoding="utf-8"))
     return tomllib.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def _toml_fallback(text: str) -> dict:
-    # Enough of TOML for pyproject.toml on a Python without tomllib: version, urls, dependencies.
     urls = dict(re.findall(r'^(\w+)\s*=\s*"([^"]+)"', text.split("[project.urls]", 1)[-1]
                            .split("\n[", 1)[0], re.M))
     deps = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.M | re.S)
@@ -111,13 +92,9 @@ def _wheel_requirements(wheel: Path) -> list[str]:
 
 
 def requirements(source: str | os.PathLike) -> list[str]:
-    """The runtime requirements of the course at ``source``: ``[project] dependencies`` of
-    ``source/pyproject.toml`` for a folder, the ``Requires-Dist`` entries without an ``extra``
-    marker for a wheel (a ``.whl`` file).
-
-    Raises:
-        ValueError: a folder without ``pyproject.toml``, or a file that is not a wheel.
-    """
+    """The runtime requirements of the course at ``source``: ``[project] dependencies`` of a
+    folder's ``pyproject.toml``, a wheel's ``Requires-Dist`` without an ``extra`` marker;
+    ValueError for a folder without ``pyproject.toml`` or a file that is not a wheel."""
     path = Path(source)
     if path.suffix == ".whl":
         return _wheel_requirements(path)
@@ -166,22 +143,13 @@ def _last_line(r) -> str:
 
 def install_missing(source: str | os.PathLike, run: Callable = _pip,
                     say: Callable = print) -> SetupReport:
-    """Install the course at ``source`` (a folder with ``pyproject.toml``, or a wheel built by
-    ``make wheel``) into this Python without touching what is there.
-
-    A folder: ``pip install --no-deps -e source`` (the ``course-bench``/``course-grade``
-    commands, and the import after a restart; if it fails this kernel still imports the course
-    from the folder, which the setup cell puts on ``sys.path``). A wheel: ``pip install --no-deps
-    source`` (the only way it imports, so a failure raises). Then one ``pip install`` of the
-    requirements that do not import here, with torch pinned to the installed build. torch itself
-    is never installed or upgraded, nor is an ipywidgets that imports (Colab's 7.x front end
-    needs its own). ``run(args)`` runs pip (tests pass a fake); ``say`` prints each step.
-
-    Raises:
-        RuntimeError: torch is not installed (install the build for this machine first), pip
-            failed to install the wheel or a missing requirement.
-        ValueError: ``source`` is neither a copy of the course nor a wheel (`requirements`).
-    """
+    """Install the course at ``source`` (a folder with ``pyproject.toml``, or a wheel) into this
+    Python without touching what is there: ``pip install --no-deps`` of it (editable for a
+    folder, which this kernel imports from ``sys.path`` anyway if that fails), then one ``pip
+    install`` of the requirements that do not import here, torch pinned to the installed build.
+    ``run(args)`` runs pip (tests pass a fake); ``say`` prints each step. RuntimeError if torch
+    is not installed or pip fails on the wheel or a requirement; ValueError if ``source`` is
+    neither a copy of the course nor a wheel."""
     report = SetupReport()
     if not _importable("torch"):
         raise RuntimeError(tr("torch is not installed in this Python. Install the build for your "
@@ -211,9 +179,7 @@ def install_missing(source: str | os.PathLike, run: Callable = _pip,
         name = _name(spec)
         if _importable(name):
             report.kept[name] = _version(name)
-        elif name.lower() in _NEVER_TOUCH:
-            continue
-        else:
+        elif name.lower() not in _NEVER_TOUCH:
             missing.append(spec)
     if report.kept:
         say(tr("already installed, left as they are: {packages}",
@@ -239,11 +205,7 @@ def install_missing(source: str | os.PathLike, run: Callable = _pip,
 
 def describe_setup(hw=None) -> str:
     """One line (two under a stand-in GPU): where `course_utils` comes from, and the hardware
-    ``hw`` (default: this machine's), its recipe and size profile (the facts the lessons plan
-    from).
-
-    The course is imported here, not at the top of the module: the setup cell runs this file
-    before the course's requirements are installed."""
+    ``hw`` (default: this machine's), its recipe and size profile."""
     # lazy: the setup cell runs this file with the standard library alone, before installing
     import torch
 
@@ -272,9 +234,8 @@ def describe_setup(hw=None) -> str:
 
 
 def finish_setup(source: str | os.PathLike | None = None) -> None:
-    """The setup cell's last call, once `course_utils` imports: say where it was found when the
-    cell had to find or fetch it (``source``: the folder put on ``sys.path`` or the wheel
-    installed), then print `describe_setup`."""
+    """The setup cell's last call, once `course_utils` imports: say where it was found
+    (``source``: the folder put on ``sys.path`` or the wheel installed), then `describe_setup`."""
     if source is not None and Path(source).suffix == ".whl":
         print(tr("course_utils imports in this kernel from the wheel {source} (installed: no "
                  "restart needed)", source=source))
@@ -287,11 +248,8 @@ def finish_setup(source: str | os.PathLike | None = None) -> None:
 
 
 def optional_import(module: str, extra: str, purpose: str):
-    """Import an optional package, or say how to install it and return None.
-
-    For a lesson section that needs a package outside the course's runtime, e.g.
-    ``transformers = optional_import("transformers", "hf", "the Hugging Face section")``.
-    """
+    """Import an optional package, or say how to install it and return None, e.g.
+    ``transformers = optional_import("transformers", "hf", "the Hugging Face section")``."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError:

@@ -1,30 +1,15 @@
-"""The run guard: refuse a run that would be wrong, take minutes, or not fit in memory, before
-it starts.
+"""The run guard: `check_feasible(config)`, asked by every entry point that runs a `RunConfig`,
+refuses a run that would be wrong, take minutes, or not fit in memory, before it starts.
 
-`check_feasible(config)` is asked by every entry point that runs a `RunConfig`: `measure`,
-`compare`, `train`, the accuracy arms, the dashboard, ``course-bench`` and the batch search. It
-raises on what it refuses (`MemoryRefused` for memory) and returns notes for the rest.
-
-**Memory.** A run is refused when its estimated peak (`course_utils.memory_model.estimate`)
-exceeds 80% of the memory this process may still use (`memory_headroom`):
-
-* CUDA: the free GPU memory, ``torch.cuda.mem_get_info`` (other processes subtracted).
-* CPU: the smaller of the free RAM (``MemAvailable`` of ``/proc/meminfo``, Linux's estimate of
-  what can be allocated without swapping; kernel docs, ``Documentation/filesystems/proc.rst``)
-  and what the process's cgroup still allows (`cgroup_memory`): a container, a JupyterHub
-  with ``mem_limit`` or a Kubernetes pod has a memory limit below the host's free RAM, and
-  crossing it gets the kernel killed by the OOM killer instead of raising an error. cgroup v2:
-  ``memory.max`` minus ``memory.current``; v1: ``memory.limit_in_bytes`` minus
-  ``memory.usage_in_bytes`` (kernel docs, ``admin-guide/cgroup-v2.rst`` and
-  ``admin-guide/cgroup-v1/memory.rst``); in both the inactive file cache, which the kernel
-  reclaims before it kills anything, counts as free, as ``docker stats`` counts it.
-* MPS: not checked (no free-memory figure).
-
-This module sits above `course_utils.hardware` (machine facts) and
-`course_utils.memory_model` (the estimate), and below everything that runs a configuration.
+A run is refused when its estimated peak (`course_utils.memory_model.estimate`) exceeds 80% of
+`memory_headroom`: on CUDA the free GPU memory; on a CPU the smaller of the free RAM
+(``MemAvailable``, kernel docs ``filesystems/proc.rst``) and the cgroup's headroom, since a
+container's limit gets the kernel killed instead of raising an error (`cgroup_memory`; kernel
+docs ``admin-guide/cgroup-v2.rst`` and ``admin-guide/cgroup-v1/memory.rst``).
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 from dataclasses import dataclass
@@ -42,24 +27,20 @@ from .terms import GiB, MiB, cuda_index
 __all__ = ["CGROUP_ROOT", "MEMINFO", "CgroupMemory", "MemoryRefused", "available_memory_bytes",
            "cgroup_memory", "check_feasible", "cuda_memory_cap", "memory_headroom"]
 
-#: Where Linux mounts the cgroup file system (v2: unified; v1: one folder per controller).
+#: Where Linux mounts the cgroup file system.
 CGROUP_ROOT = "/sys/fs/cgroup"
 #: Linux's memory counters, ``MemAvailable`` among them.
 MEMINFO = "/proc/meminfo"
 #: The process's cgroup membership (``0::/path`` on v2; ``N:memory:/path`` on v1).
 PROC_CGROUP = "/proc/self/cgroup"
 
-#: A run is refused when its estimated peak exceeds this fraction of the memory free now
-#: (RAM on a CPU, where nothing catches an out-of-memory kill; GPU memory on CUDA).
+#: A run is refused when its estimated peak exceeds this fraction of the memory free now.
 _MEMORY_FRACTION = 0.8
 
-#: A cgroup v1 limit at or above this means "no limit": an unlimited cgroup reports
-#: PAGE_COUNTER_MAX pages in bytes (9223372036854771712 with 4 KiB pages).
+#: A cgroup v1 limit at or above this means "no limit" (PAGE_COUNTER_MAX pages in bytes).
 _NO_LIMIT = 2**60
 
-# Step FLOPs above which fp16 on a CPU without fp16 instructions is refused: its matmuls are
-# emulated (`hardware.matmul_probe` measures by how much on the machine at hand), so 1e9 FLOPs
-# already take seconds. The `smoke` size is ~1e8.
+# Step FLOPs above which emulated fp16 on a CPU is refused: 1e9 already take seconds (smoke: ~1e8).
 _CPU_FP16_MAX_FLOPS = 1e9
 
 
@@ -69,15 +50,9 @@ class MemoryRefused(ValueError):
 
 @dataclass(frozen=True)
 class CgroupMemory:
-    """The memory limit of this process's cgroup and what it uses (bytes).
-
-    Attributes:
-        version: 1 or 2 (the cgroup hierarchy read).
-        path: the folder the figures come from.
-        limit: the limit (``memory.max`` / ``memory.limit_in_bytes``).
-        usage: the bytes charged now (``memory.current`` / ``memory.usage_in_bytes``).
-        inactive_file: inactive file cache within ``usage`` (reclaimed before an OOM kill).
-    """
+    """The memory limit of this process's cgroup and what it uses (bytes): ``version`` 1 or 2,
+    ``path`` the folder read, ``inactive_file`` the file cache within ``usage`` that the kernel
+    reclaims before an OOM kill."""
 
     version: int
     path: str
@@ -100,14 +75,8 @@ class CgroupMemory:
 def _read_int(path: Path) -> int | None:
     """The integer in a one-line cgroup file; None if missing, unreadable or ``max``."""
     try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if text == "max":
-        return None
-    try:
-        return int(text)
-    except ValueError:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
         return None
 
 
@@ -143,32 +112,18 @@ def _own_paths(proc_cgroup: str) -> dict:
 
 def _folders(base: Path, own: str | None) -> list[Path]:
     """``base/own`` and each of its parents up to ``base`` (a limit anywhere above applies)."""
-    folders = [base]
-    if own and own.strip("/"):
-        p = base
-        for part in own.strip("/").split("/"):
-            p = p / part
-            folders.append(p)
-    return folders[::-1]
+    parts = own.strip("/").split("/") if own and own.strip("/") else []
+    return [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
 
 
 def cgroup_memory(root: str | os.PathLike | None = None,
                   proc_cgroup: str | None = None) -> CgroupMemory | None:
-    """The tightest memory limit of this process's cgroups, or None where there is none.
-
-    Reads cgroup v2 (``memory.max``, ``memory.current``, ``memory.stat``'s ``inactive_file``)
-    and v1 (``memory/memory.limit_in_bytes``, ``memory.usage_in_bytes``, ``memory.stat``'s
-    ``total_inactive_file``) under ``root``, in the process's own cgroup (from
-    ``proc_cgroup``) and each cgroup above it; ``max`` (v2) or a v1 limit of 2^60 bytes or more
-    means no limit. The one with the least headroom wins.
-
-    Args:
-        root: the cgroup mount (default `CGROUP_ROOT`; tests pass a fake folder).
-        proc_cgroup: the membership file (default ``/proc/self/cgroup``; a missing file means
-            the root cgroup, as inside a container's cgroup namespace).
-
-    Returns:
-        A `CgroupMemory`, or None (not Linux, no memory controller, no limit).
+    """The tightest memory limit of this process's cgroups (the one with the least headroom),
+    or None (not Linux, no memory controller, no limit). Reads cgroup v2 (``memory.max``,
+    ``memory.current``, ``memory.stat``'s ``inactive_file``) and v1 (``memory.limit_in_bytes``,
+    ``memory.usage_in_bytes``, ``total_inactive_file``) in the process's own cgroup and each
+    above it; ``max`` or a v1 limit of 2^60 or more is none. ``root`` (default `CGROUP_ROOT`) and
+    ``proc_cgroup`` (default ``/proc/self/cgroup``; missing: the root cgroup): tests pass fakes.
     """
     base = Path(root if root is not None else CGROUP_ROOT)
     own = _own_paths(proc_cgroup if proc_cgroup is not None else PROC_CGROUP)
@@ -203,21 +158,11 @@ def _free_ram(meminfo: str) -> int | None:
 
 def memory_headroom(hw: HardwareInfo, *, cgroup_root: str | os.PathLike | None = None,
                     meminfo: str | None = None) -> tuple[int | None, str]:
-    """Bytes this process may still allocate on ``hw``'s device now, and what limits it.
-
-    CUDA: ``torch.cuda.mem_get_info``'s free bytes (``"GPU memory free now"``). CPU: the
-    smaller of the free RAM (``MemAvailable``; physical memory where there is no
-    ``/proc/meminfo``) and the cgroup's headroom (`cgroup_memory`). MPS: ``(None, why)``.
-
-    Args:
-        hw: the device's `HardwareInfo`.
-        cgroup_root, meminfo: where to read (defaults `CGROUP_ROOT`, `MEMINFO`; tests pass
-            fake files).
-
-    Returns:
-        ``(bytes or None, words)``: words that follow the bytes in a sentence, e.g.
-        ``(1610612736, "of RAM free now")`` or ``(..., "left under this container's memory
-        limit (cgroup v2: 2.00 GiB, 0.50 GiB in use)")``.
+    """Bytes this process may still allocate on ``hw``'s device now (None on MPS), and the words
+    that follow them in a sentence, e.g. ``(1610612736, "of RAM free now")``. CUDA:
+    ``torch.cuda.mem_get_info``'s free bytes. CPU: the smaller of the free RAM (``MemAvailable``;
+    physical memory without ``/proc/meminfo``) and the cgroup's headroom (`cgroup_memory`).
+    ``cgroup_root``, ``meminfo``: where to read (tests pass fake files).
     """
     if hw.device == "cuda":
         try:
@@ -225,7 +170,7 @@ def memory_headroom(hw: HardwareInfo, *, cgroup_root: str | os.PathLike | None =
             if stand_in.active() is not None:
                 return stand_in.free_bytes(index), tr("free under the stand-in's memory cap now")
             return int(torch.cuda.mem_get_info(index)[0]), tr("of GPU memory free now")
-        except (RuntimeError, AssertionError):  # no usable CUDA runtime
+        except (RuntimeError, AssertionError):
             return None, tr("no usable CUDA runtime")
     if hw.device != "cpu":
         return None, tr("{device} reports no free memory", device=hw.device)
@@ -243,7 +188,6 @@ def available_memory_bytes(hw: HardwareInfo) -> int | None:
 
 
 def _size(n: int) -> str:
-    """Bytes in GiB (two decimals) from 1 GiB up, else in MiB."""
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
 
 
@@ -255,13 +199,8 @@ def _memory_problem(config: RunConfig, hw: HardwareInfo) -> str | None:
     peak = estimate(config).peak_allocated
     if peak <= limit:
         return None
-    lo, hi = 0, config.batch_size
-    while hi - lo > 1:  # the estimated peak grows with the batch: bisect
-        mid = (lo + hi) // 2
-        if estimate(config.replace(batch_size=mid)).peak_allocated <= limit:
-            lo = mid
-        else:
-            hi = mid
+    lo = bisect.bisect_left(range(1, config.batch_size), True, key=lambda b: estimate(
+        config.replace(batch_size=b)).peak_allocated > limit)  # the peak grows with the batch
     fix = (tr("batch {batch} fits by the estimate", batch=lo) if lo else
            tr("even batch 1 does not fit: shorten the sequence, use fewer layers, or checkpoint "
               "('full')"))
@@ -273,26 +212,12 @@ def _memory_problem(config: RunConfig, hw: HardwareInfo) -> str | None:
 
 def check_feasible(config: RunConfig, hw: HardwareInfo | None = None,
                    force: bool = False) -> list[str]:
-    """Refuse configurations that would be wrong or take minutes; return notes for the rest.
-
-    Args:
-        config: the `RunConfig` to run.
-        hw: a `HardwareInfo` for ``config.device`` (default: detected).
-        force: run anyway (the refusals become notes).
-
-    Returns:
-        Notes (strings) to show the learner, e.g. that bf16 is emulated here, or that on MPS
-        the peak is measured on the CPU.
-
-    Raises:
-        ValueError: the device is missing; fp16 on a CPU without fp16 instructions above a tiny
-            size (its matmuls are emulated, `course_utils.hardware.matmul_probe` measures by
-            how much); bf16 on a GPU that only emulates it (e.g. a T4).
-        MemoryRefused: (a ValueError) the estimated peak exceeds 80% of the memory this
-            process may still use (`memory_headroom`: free GPU memory; free RAM or the
-            container's cgroup limit, whichever is smaller), with the estimate and the largest
-            batch that fits.
-    """
+    """Refuse configurations that would be wrong or take minutes; return notes (strings) for
+    the learner, e.g. that bf16 is emulated here. ``hw``: default detected; ``force``: run
+    anyway (the refusals become notes). Raises ValueError for a missing device, emulated fp16 on
+    a CPU above a tiny size, bf16 on a GPU that only emulates it (a T4); `MemoryRefused` (a
+    ValueError) when the estimated peak exceeds 80% of `memory_headroom`, with the estimate and
+    the largest batch that fits."""
     hw = hw or detect(config.device)
     problems, notes = [], []
     if is_emulated(hw, config.precision):
@@ -329,14 +254,9 @@ def check_feasible(config: RunConfig, hw: HardwareInfo | None = None,
 
 @contextlib.contextmanager
 def cuda_memory_cap(device: str | torch.device, budget_bytes: int):
-    """Within the block, this process's CUDA caching allocator on ``device`` (``"cuda"`` or
-    ``"cuda:N"``) may hold at most ``budget_bytes``: a step that needs more raises
-    ``torch.OutOfMemoryError`` as on a smaller GPU (``torch.cuda.set_per_process_memory_fraction``,
-    PyTorch docs). Afterwards the whole device is allowed again and the cache is emptied.
-
-    Yields:
-        The device's total memory in bytes.
-    """
+    """Within the block, ``device``'s caching allocator may hold at most ``budget_bytes``
+    (``torch.cuda.set_per_process_memory_fraction``), then the cache is emptied; yields the
+    device's total memory (bytes)."""
     index = cuda_index(device)
     total = torch.cuda.get_device_properties(index).total_memory
     cap = stand_in.cap_bytes(index)

@@ -1,37 +1,21 @@
-r"""LoRA on a frozen low-precision base: the adapter lesson 03 writes, and its memory arithmetic.
+r"""LoRA on a frozen low-precision base (lesson 03): the adapter the lesson writes, and its bytes.
 
-LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXiv 2106.09685)
-freezes the pretrained weights ``W`` and trains a low-rank update beside each targeted Linear:
-``y = x W^T + (x A^T B^T) * alpha / r`` with ``A`` (r x in) and ``B`` (out x r), ``B = 0`` at
-the start so training starts from the base model. Here the whole base is cast to bf16 and
-frozen (no gradient, no optimizer state: 2 bytes per parameter), the adapters stay fp32 and
-train with AdamW (4 + 4 + 8 = 16 bytes per *adapter* parameter), and the forward runs under
-bf16 autocast with the course's `course_utils.training.train_step`, unchanged.
+LoRA (Hu et al. 2021, arXiv 2106.09685) freezes the weights ``W`` and trains ``y = x W^T +
+(x A^T B^T) * alpha / r`` beside each targeted Linear, ``A`` (r x in), ``B`` (out x r) = 0 at the
+start; here on a frozen bf16 base, fp32 adapters with AdamW, the course's `train_step` under bf16
+autocast. **Bytes of a LoRA step** (`estimate`; ``N`` base and ``n`` adapter parameters, ``B``
+micro-batch, ``T`` tokens, ``d`` width, ``V`` vocabulary, ``L`` blocks):
 
-`LoRALinear` and `add_lora` are the code the lesson shows. `setup` builds a `TrainState` of a
-LoRA model (so `course_utils.measure.memory_step` measures it like any configuration);
-`estimate` gives its bytes in closed form, with the same field names as
-`course_utils.memory_model.MemoryEstimate`; `routes` sets three ways of fine-tuning a model on
-one GPU side by side (full fine-tune, LoRA, and the next steps QLoRA and 8-bit AdamW, estimated).
-
-**Bytes of a LoRA step** (``N`` base parameters, ``n`` adapter parameters: ``r (in + out)`` per
-targeted Linear, ``16 r d`` per block of the course's model when all four Linears are targeted;
-``B`` micro-batch, ``T`` tokens, ``d`` width, ``V`` vocabulary, ``L`` blocks):
-
-* parameters: ``b N + 4 n`` (``b`` = 2 for a bf16 base, 4.127 / 8 for QLoRA's NF4 with double
-  quantisation on the blocks' Linears); gradients ``4 n``; AdamW ``8 n`` + 4 bytes per adapter
-  tensor (its step counter);
-* saved activations with per-block checkpointing: each block's bf16 input, ``2 L B T d``
-  (the residual stream is bf16: the frozen embeddings are; no token ids are saved, because the
-  frozen embeddings need no backward);
-* logits bucket: the final LayerNorm's input and statistics (bf16 on a CPU, ``2 d + 4``; fp32
-  under CUDA autocast, ``4 d + 8``), the fp32 log-softmax ``4 V``, the targets ``8``, per token,
-  + the loss's 4 bytes; the frozen head saves no input;
-* peak: parameters + AdamW state + the larger of (a) start of backward: saved tensors + the
-  bf16 logits and two fp32 ``B T V`` gradient buffers + one block recomputed (taken as
-  `course_utils.memory_model.block_bytes_per_token` in bf16, an upper estimate) + the adapter
-  gradients when micro-batches accumulate, and (b) the optimizer step: adapter gradients + one
-  fp32 temporary the size of the largest adapter tensor.
+* parameters ``b N + 4 n`` (``b`` = 2 for bf16, `NF4_BITS` / 8 for QLoRA's blocks' Linears);
+  gradients ``4 n``; AdamW ``8 n`` + 4 bytes per adapter tensor (its step counter);
+* saved with per-block checkpointing: each block's bf16 input, ``2 L B T d``; logits bucket per
+  token: the final LayerNorm's input and statistics (``2 d + 4`` on a CPU, ``4 d + 8`` under
+  CUDA autocast), the fp32 log-softmax ``4 V``, the targets ``8``; + 4;
+* peak: parameters + AdamW state + the larger of the start of backward (saved + bf16 logits,
+  two fp32 ``B T V`` gradient buffers, one block recomputed at
+  `course_utils.memory_model.block_bytes_per_token` in bf16, the adapter gradients when
+  micro-batches accumulate) and the optimizer step (adapter gradients + one fp32 temporary the
+  size of the largest adapter tensor).
 """
 from __future__ import annotations
 
@@ -59,19 +43,8 @@ from .models import build_model
 from .terms import GiB, check_positive_int
 from .training import DEFAULT_MAX_GRAD_NORM, TrainState, train_step
 
-__all__ = [
-    "routes_table",
-    "ADAM8_BYTES",
-    "NF4_BITS",
-    "TARGETS",
-    "LoRALinear",
-    "LoraEstimate",
-    "adapter_count",
-    "add_lora",
-    "estimate",
-    "routes",
-    "setup",
-]
+__all__ = ["routes_table", "ADAM8_BYTES", "NF4_BITS", "TARGETS", "LoRALinear", "LoraEstimate",
+           "adapter_count", "add_lora", "estimate", "routes", "setup"]
 
 #: The Linears of the course's block that get an adapter (all four, as QLoRA recommends).
 TARGETS = ("qkv", "proj", "fc1", "fc2")
@@ -113,10 +86,6 @@ def add_lora(model, rank=8, alpha=16.0, targets=("qkv", "proj", "fc1", "fc2"),
     return model
 
 
-def _check_rank(rank) -> None:
-    check_positive_int("rank", rank)
-
-
 def _linear_shapes(d: int) -> dict:
     """(in, out) of each Linear of the course's block."""
     return {"qkv": (d, 3 * d), "proj": (d, d), "fc1": (d, 4 * d), "fc2": (4 * d, d)}
@@ -133,36 +102,23 @@ def _check_targets(targets) -> tuple:
 
 def adapter_count(config: RunConfig, rank: int = 8, targets=TARGETS) -> int:
     """Adapter parameters of ``config``'s model: ``r (in + out)`` per targeted Linear per block
-    (``16 r d`` per block with all four).
-
-    Raises:
-        ValueError: a rank below 1 or an unknown target.
-    """
-    _check_rank(rank)
+    (``16 r d`` per block with all four); ValueError for a rank below 1 or an unknown target."""
+    check_positive_int("rank", rank)
     shapes = _linear_shapes(config.d_model)
     return config.n_layers * sum(rank * sum(shapes[t]) for t in _check_targets(targets))
 
 
 def setup(config: RunConfig, rank: int = 8, alpha: float = 16.0, targets=TARGETS,
           lr: float = 1e-3, adapt=None):
-    """A `course_utils.training.TrainState` of ``config``'s model with `add_lora` applied: the
-    base frozen in bf16, fp32 adapters, AdamW over the adapters only, GradScaler disabled
-    (bf16 needs none), the config's checkpoint policy and data stream.
-
-    ``adapt``: the function that adds the adapters (default `add_lora`; a lesson passes the
-    one its cell defines, with the same signature).
-
-    ``config.precision`` must be ``bf16``: the frozen bf16 base runs under bf16 autocast.
-
-    Raises:
-        ValueError: another precision, a rank below 1, an unknown target, or a device this
-            machine lacks.
-    """
+    """A `course_utils.training.TrainState` of ``config``'s model with `add_lora` applied (or
+    ``adapt``, a function of the same signature): AdamW over the adapters only, no GradScaler.
+    ValueError for a precision other than ``bf16``, a rank below 1, an unknown target, or a
+    device this machine lacks."""
     if config.precision != "bf16":
         raise ValueError(tr("a LoRA model here has a bf16 base and runs under bf16 autocast: pass "
                             "config.replace(precision='bf16'), not {precision!r}.",
                             precision=config.precision))
-    _check_rank(rank)
+    check_positive_int("rank", rank)
     targets = _check_targets(targets)
     model = (adapt or add_lora)(build_model(config), rank, alpha, targets)
     adapters = [p for p in model.parameters() if p.requires_grad]
@@ -174,14 +130,8 @@ def setup(config: RunConfig, rank: int = 8, alpha: float = 16.0, targets=TARGETS
 
 @dataclass
 class LoraEstimate(MemoryEstimate):
-    """Estimated bytes of one LoRA training step: `MemoryEstimate`'s fields, where
-    ``parameters`` is the frozen base + fp32 adapters, ``gradients`` and ``optimizer_state`` the
-    adapters' (module docstring), plus:
-
-    Attributes:
-        rank: the adapters' rank ``r``.
-        n_adapter: adapter parameters.
-    """
+    """Estimated bytes of one LoRA step (module docstring): `MemoryEstimate`'s fields, plus the
+    adapters' ``rank`` and ``n_adapter`` (adapter parameters)."""
 
     rank: int
     n_adapter: int
@@ -189,16 +139,10 @@ class LoraEstimate(MemoryEstimate):
 
 def estimate(config: RunConfig, rank: int = 8, targets=TARGETS,
              base_bytes_per_param: float = 2.0) -> LoraEstimate:
-    """Bytes of one LoRA training step of ``config`` (module docstring), for per-block
-    checkpointing (``config.checkpoint == "full"``: the route that makes a large model fit).
-
-    Args:
-        base_bytes_per_param: storage of the frozen blocks' Linear weights (2: bf16; QLoRA's
-            NF4: ``NF4_BITS / 8``); the rest of the base stays bf16.
-
-    Raises:
-        ValueError: a policy other than ``full``, a rank below 1, an unknown target.
-    """
+    """Bytes of one LoRA training step of ``config`` with per-block checkpointing (module
+    docstring). ``base_bytes_per_param``: the frozen blocks' Linear weights (2: bf16; QLoRA:
+    ``NF4_BITS / 8``); the rest of the base stays bf16. ValueError for a policy other than
+    ``full``, a rank below 1, an unknown target."""
     if config.checkpoint != "full":
         raise ValueError(tr("lora.estimate models per-block checkpointing (checkpoint='full'), "
                             "the LoRA route of lesson 03; got {policy!r}.",
@@ -243,31 +187,16 @@ def estimate(config: RunConfig, rank: int = 8, targets=TARGETS,
 def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_batch: int = 1,
            accum: int = 16, seq_len: int | None = None) -> pd.DataFrame:
     """Fine-tuning ``model`` (a key of `course_utils.memory_model.SCALE_MODELS`) on one GPU of
-    ``gpu_bytes``, four routes estimated side by side (nothing here is run):
+    ``gpu_bytes``, micro-batches of ``micro_batch`` accumulated ``accum`` times, per-block
+    checkpointing: four routes estimated side by side, full fine-tune (bf16 autocast), LoRA
+    (`estimate`), QLoRA (`NF4_BITS`), and 8-bit AdamW: `ADAM8_BYTES` per parameter and no
+    temporary of every parameter in its step (bitsandbytes' ``Optimizer8bit.step`` updates one
+    parameter at a time in place, where PyTorch's ``foreach`` AdamW holds ``4 N`` bytes).
 
-    1. full fine-tune, bf16 autocast + per-block checkpointing (`memory_model.estimate`): fp32
-       weights, gradients and AdamW, 16 bytes per parameter;
-    2. LoRA: frozen bf16 base, rank-``rank`` fp32 adapters on the four Linears of every block
-       with AdamW, per-block checkpointing (`estimate`);
-    3. next step, QLoRA: the same with the blocks' Linears stored in NF4 (`NF4_BITS`);
-    4. next step, 8-bit AdamW on the full fine-tune: AdamW's 8 bytes per parameter become
-       `ADAM8_BYTES`, and its step holds no temporary of every parameter: bitsandbytes'
-       ``Optimizer8bit.step`` updates one parameter at a time with an in-place 8-bit kernel,
-       where PyTorch's ``foreach`` AdamW on a GPU holds ``4 N`` bytes of temporaries. Its peak
-       is the full fine-tune's walk through the step (`memory_model.peak_parts`) with those two
-       changes, at whichever moment is then the largest.
-
-    Every route runs micro-batches of ``micro_batch`` sequences and accumulates ``accum`` of
-    them per optimizer step (effective batch ``micro_batch * accum``; accumulation adds only
-    the ``.grad`` buffer, C17).
-
-    Returns:
-        One row per route: ``route``, ``trains`` (parameters trained), ``weights``,
-        ``gradients``, ``optimizer``, ``activations`` (saved + logits + one recomputed block),
-        ``peak`` (GiB = 2^30 bytes), ``fits`` (peak <= ``gpu_bytes``), ``peak_bytes``,
-        ``peak at`` (the moment of the step where the estimated peak falls) and, for each part of
-        `course_utils.memory_model.PEAK_PARTS`, ``at peak: <part>`` (GiB alive at that moment;
-        they sum to ``peak``).
+    Returns one row per route: ``route``, ``trains`` (parameters trained), ``weights``,
+    ``gradients``, ``optimizer``, ``activations`` (saved + logits + one recomputed block), ``peak``
+    (GiB), ``fits``, ``peak_bytes``, ``peak at`` (the moment of the peak) and ``at peak: <part>``
+    (GiB, for each of `memory_model.PEAK_PARTS`).
 
     Raises:
         ValueError: an unknown model, a rank, micro-batch or accumulation below 1.
@@ -311,9 +240,8 @@ def routes(model: str = "7B", gpu_bytes: int = 24 * GiB, rank: int = 16, micro_b
 
 
 def routes_table(routes: pd.DataFrame) -> pd.DataFrame:
-    """`routes`' result as a readable table: one row per route (the index), ``trains``,
-    ``weights GiB``, ``gradients GiB``, ``optimizer GiB``, ``peak GiB`` (one decimal, as the
-    lesson's sentences print GiB: estimates of a 7B model need no more) and ``fits``."""
+    """`routes`' result as a readable table indexed by route: ``trains``, ``weights GiB``,
+    ``gradients GiB``, ``optimizer GiB``, ``peak GiB`` (one decimal) and ``fits``."""
     out = routes.set_index("route")[["trains"]].copy()
     for col in ("weights", "gradients", "optimizer", "peak"):
         out[f"{col} GiB"] = [round(float(v), 1) for v in routes[col]]

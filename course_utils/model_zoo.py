@@ -1,16 +1,6 @@
-"""Models for lesson 05 and ``course-profile``: built from code or configuration, never downloaded.
-
-Each function returns a `ZooModel`: a factory of a fresh model, ``make_batch(batch_size)``, and
-(where the default does not apply) a ``loss_fn`` and ``forward`` for
-`course_utils.profiling.profile`.
-
-* `hf_causal_lm`: a Hugging Face causal LM with random weights from a configuration class that
-  ships with ``transformers`` (``AutoConfig.for_model(model_type, ...)``: no download), e.g. a
-  small GPT-2 or a Llama-style model (RMSNorm, rotary embeddings, SwiGLU). Batches are byte-level
-  text of the course's corpus (`course_utils.data.get_batch`), ``labels=input_ids``.
-* `small_cnn`: a plain residual CNN (no transformer) on random 32 x 32 images, 10 classes.
-* `course_gpt`: the course's own GPT (`course_utils.models.GPT`) at a size profile.
-"""
+"""Models for lesson 05 and ``course-profile``, built from code or configuration, never downloaded:
+a Hugging Face causal LM with random weights (`hf_causal_lm`), a residual CNN (`small_cnn`), the
+course's GPT (`course_gpt`). Each is a `ZooModel` that `course_utils.profiling.profile` takes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +22,7 @@ __all__ = ["ZooModel", "HF_SIZES", "hf_causal_lm", "ResBlock", "SmallCNN", "smal
 @dataclass
 class ZooModel:
     """A model to profile: ``build()`` -> a fresh ``nn.Module``; ``make_batch(n)`` -> a batch;
-    ``loss_fn`` / ``forward`` for `profile` (None: its defaults); ``describe``: one line."""
+    ``loss_fn`` / ``forward`` for `profile` (None: its defaults)."""
 
     name: str
     build: Callable[[], nn.Module]
@@ -64,24 +54,12 @@ HF_SIZES = {"smoke": dict(n_layers=2, d_model=64, n_heads=2, seq_len=32),
 def hf_causal_lm(model_type: str = "gpt2", *, n_layers: int = 2, d_model: int = 64,
                  n_heads: int = 2, seq_len: int = 32, vocab_size: int = 256,
                  dropout: float | None = None, **config_overrides) -> ZooModel:
-    """A Hugging Face causal LM with random weights, from its configuration class.
-
-    Args:
-        model_type: a ``transformers`` model type (``gpt2``, ``llama``, ``mistral``...), as
-            ``AutoConfig.for_model`` takes it (the configuration class's defaults; nothing is
-            downloaded).
-        n_layers, d_model, n_heads, seq_len, vocab_size: set through the configuration's
-            standard names (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
-            ``max_position_embeddings``, ``vocab_size``); a Llama-style MLP gets
-            ``intermediate_size = 4 d`` and as many key/value heads as heads.
-        dropout: GPT-2's dropout probabilities (``resid_pdrop``, ``embd_pdrop``,
-            ``attn_pdrop``) if given (default: the configuration's).
-        config_overrides: any other configuration field.
-
-    Raises:
-        ImportError: transformers is not installed (with the command to install it).
-        ValueError: an unknown model type (transformers' message).
-    """
+    """A Hugging Face causal LM (``model_type``: ``gpt2``, ``llama``...) with random weights
+    from its configuration class (``AutoConfig.for_model``: nothing downloaded), the dimensions
+    set through the configuration's standard names (a Llama-style MLP: ``intermediate_size =
+    4 d``, as many key/value heads as heads), ``dropout`` on every dropout probability it has;
+    batches of the course's text. ImportError (with the command to install transformers), or
+    transformers' ValueError for an unknown model type."""
     transformers = require_transformers()
     kw = dict(num_hidden_layers=n_layers, hidden_size=d_model, num_attention_heads=n_heads,
               max_position_embeddings=seq_len, vocab_size=vocab_size, bos_token_id=0,
@@ -91,9 +69,8 @@ def hf_causal_lm(model_type: str = "gpt2", *, n_layers: int = 2, d_model: int = 
     if hasattr(probe, "intermediate_size"):
         kw.update(intermediate_size=4 * d_model, num_key_value_heads=n_heads)
     if dropout is not None:
-        for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout"):
-            if hasattr(probe, k):
-                kw[k] = dropout
+        kw.update({k: dropout for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout",
+                                        "hidden_dropout") if hasattr(probe, k)})
     kw.update(config_overrides)
     config = cls(**kw)
     config._attn_implementation = "sdpa"

@@ -1,60 +1,14 @@
-"""The course's measurements applied to *your* model: `profile(model, make_batch, ...)`.
+"""The course's measurements applied to *your* model (lesson 05, ``course-profile``): `profile`.
 
-Everything else in the course measures its own byte-level GPT through a `RunConfig`. This module
-takes any ``nn.Module`` (a Hugging Face model, a CNN, your own) and a function that makes a batch,
-and measures what lessons 01-03 measure, in the same record type: one
-`course_utils.measure.Measurement` (a `ProfileMeasurement`) per precision and checkpoint policy,
-with step time and its noise band, peak allocated memory, and saved tensors by module.
+Any ``nn.Module`` and a function that makes a batch are measured as lessons 01-03 measure the
+course's GPT, one `ProfileMeasurement` per precision and checkpoint policy: step time timed in
+alternation with its noise band, peak allocated memory, saved tensors by module, and the first
+step's gradients against ``none``. A policy reaches the model through its repeated blocks
+(`find_blocks`), each replaced in place by a wrapper (`wrap_blocks`; the policies: `POLICIES`).
+How each number is taken: docs/method.md.
 
-How a policy reaches your model: its **repeated blocks** are found (`find_blocks`: the
-``nn.ModuleList`` or ``nn.Sequential`` of same-class modules holding the most parameters, or the
-one you name) and each block is replaced, in place, by a wrapper (`wrap_blocks`):
-
-=========================  ==============================================================
-``none``                   the blocks run plain.
-``full``                   every block checkpointed (`CheckpointedBlock`: non-reentrant
-                           ``torch.utils.checkpoint.checkpoint``; keyword arguments pass
-                           through, as Hugging Face decoder layers need).
-``every-K``                blocks 0, K, 2K, ... checkpointed, the others plain.
-``selective``              every block checkpointed with the course's save list
-                           (`course_utils.checkpointing.save_matmuls_and_attention`): matmul
-                           and attention outputs kept, pointwise ops recomputed.
-``offload``                every block's saved tensors moved to CPU memory
-                           (`course_utils.offload.OffloadedBlock`, ``save_on_cpu``).
-``offload+checkpoint``     every block checkpointed, its input moved to CPU memory.
-``hf``                     a Hugging Face model's own checkpointing, to compare with
-                           ``full``: the method `hf_method` names
-                           (``activation_checkpointing_enable()`` in transformers 5.24,
-                           ``gradient_checkpointing_enable()`` in older releases).
-=========================  ==============================================================
-
-How each number is taken (as `course_utils.measure.measure` takes them for the course's GPT):
-
-* **saved tensors**: `course_utils.saved_tensors.SavedTensorMeter` around the forward and loss of
-  one step, by module (deduplicated by storage, parameters excluded, autocast's weight copies in
-  their own bucket); tensors that ``offload`` moved to the host are not on the device and are
-  counted in ``bytes_to_host`` instead.
-* **peak allocated**: parameters + optimizer state + the peak above the step's start
-  (`course_utils.memory_timeline.memory_timeline`: CUDA allocator history or the CPU profiler), split
-  into the forward+backward phase and the optimizer phase (`ProfileMeasurement`).
-* **step time**: every configuration timed step by step in alternation
-  (`course_utils.step_timing.interleaved`); ratios to ``none`` in the same precision by round
-  (`course_utils.step_timing.time_ratio`), so a difference inside the noise is called so.
-* **gradients**: the first step's gradients of every configuration are compared with those of
-  ``none`` in the same precision (``grad_max_diff``, next to the largest gradient,
-  ``grad_scale``): a policy must not change them beyond rounding (bit for bit where the kernels
-  are deterministic, as on a CPU). A difference above `GRADIENT_ROUNDING` of the largest
-  gradient is a change (`ProfileMeasurement.gradients_changed`): the sentences say so and the
-  card never recommends that policy. Seen on an H100 with Hugging Face's GPT-2 (dropout 0.1):
-  ``selective`` changed the gradients by 0.034 where ``full`` and ``offload`` were bit for bit
-  equal (``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.json``): the save list keeps the
-  fused attention kernel's output, whose dropout draws are then not replayed in recomputation,
-  so the dropout after it draws other masks (on a CPU that attention with dropout runs as
-  separate ops, which are replayed, and the gradients matched).
-
-Over 400 lines because `profile` is one pipeline over any model, with its own record types:
-find the blocks, wrap them per policy, build the training state, measure its memory step, time
-the configurations and tabulate them; each part uses the record types of the others.
+Over 400 lines because `profile` is one pipeline over any model with its own record types: find
+the blocks, wrap them, build the training state, measure its memory, time and tabulate.
 """
 from __future__ import annotations
 
@@ -95,15 +49,10 @@ from .terms import (
 __all__ = ["POLICIES", "GRADIENT_ROUNDING", "NoRepeatedBlocks", "ModelDoesNotFit", "ProfileConfig",
            "ProfileMeasurement", "Profile", "ModelSpec", "find_blocks", "CheckpointedBlock",
            "wrap_blocks", "hf_method", "parse_model_policy", "block_of", "default_loss", "call_model",
-           "to_device",
-           "profile", "measure_config", "static_bytes"]
+           "to_device", "profile", "measure_config", "static_bytes"]
 
 #: The policies `profile` takes (K: an integer from 1 to the number of blocks).
 POLICIES = ("none", "full", "every-K", "selective", "offload", "offload+checkpoint", "hf")
-
-#: Bytes per parameter alive before any activation: fp32 weight, fp32 gradient and AdamW's two
-#: fp32 moments (PyTorch ``torch.optim.AdamW``; claim C9 of the course).
-STATIC_BYTES_PER_PARAMETER = 16
 
 
 class NoRepeatedBlocks(ValueError):
@@ -111,44 +60,26 @@ class NoRepeatedBlocks(ValueError):
 
 
 class ModelDoesNotFit(ValueError):
-    """Parameters, gradients and optimizer state alone exceed the memory available, before any
-    activation: no policy or batch can help."""
+    """Parameters, gradients and optimizer state alone exceed the memory available."""
 
-
-# --- finding and wrapping the repeated blocks ------------------------------------------------
 
 def _n_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
 def _candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    out = []
-    for name, m in model.named_modules():
-        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
-            kinds = {type(c) for c in m}
-            if len(kinds) == 1 and _n_params(m) > 0:
-                out.append((name, m))
-    return out
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2
+            and len({type(c) for c in m}) == 1 and _n_params(m) > 0]
 
 
 def find_blocks(model: nn.Module, blocks: str | nn.Module | None = None) -> tuple[str, nn.Module]:
-    """The repeated blocks of ``model``: ``(path, container)``.
+    """The repeated blocks of ``model``: ``(path, container)``, path ``""`` for ``model`` itself.
 
-    Args:
-        model: any ``nn.Module``.
-        blocks: ``None`` to find them: among the ``nn.ModuleList`` and ``nn.Sequential``
-            containers of ``model`` with at least 2 children, all of one class, and parameters,
-            the one with the most parameters (then the most children). Or a dotted path
-            (``"model.layers"``, as in ``model.named_modules()``), or the container itself.
-
-    Returns:
-        ``path`` (``""`` for ``model`` itself) and the container (an ``nn.ModuleList`` or
-        ``nn.Sequential``).
-
-    Raises:
-        NoRepeatedBlocks: none found, with the containers that exist and why they do not
-            qualify; or ``blocks`` names no such container.
-        TypeError: ``model`` is not an ``nn.Module``.
+    ``blocks``: a dotted path as in ``model.named_modules()``, the container itself, or None to
+    find it: of the ``nn.ModuleList`` and ``nn.Sequential`` with at least 2 same-class children
+    and parameters, the one with the most parameters (then children). Raises `NoRepeatedBlocks`
+    (none found, or ``blocks`` names none) or TypeError (``model`` is not an ``nn.Module``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(tr("profile needs a torch.nn.Module (or a function returning one), got "
@@ -202,14 +133,8 @@ def _describe(model: nn.Module) -> str:
 
 
 class CheckpointedBlock(nn.Module):
-    """One block, checkpointed: ``checkpoint(block, *args, use_reentrant=False, **kwargs)``.
-
-    Only the block's inputs stay saved; backward runs its forward again. Positional and
-    keyword arguments pass through (Hugging Face decoder layers take ``attention_mask``,
-    ``position_embeddings``...). ``context_fn`` is ``checkpoint``'s (selective checkpointing
-    passes one: a `course_utils.checkpointing.SelectiveContexts`, so that the course's meter counts
-    what it keeps).
-    """
+    """One block under non-reentrant ``checkpoint``, keyword arguments passed through (Hugging Face
+    decoder layers need them); ``context_fn``: a `course_utils.checkpointing.SelectiveContexts`."""
 
     def __init__(self, block: nn.Module, context_fn=noop_context_fn):
         super().__init__()
@@ -222,11 +147,8 @@ class CheckpointedBlock(nn.Module):
 
 
 def parse_model_policy(policy: str, n_blocks: int) -> tuple[str, int | None]:
-    """``(mode, K)`` of a policy of `POLICIES` for a model of ``n_blocks`` blocks.
-
-    Raises:
-        ValueError: an unknown policy, or K outside 1..n_blocks; the message lists `POLICIES`.
-    """
+    """``(mode, K)`` of a policy of `POLICIES` for a model of ``n_blocks`` blocks; ValueError
+    (listing `POLICIES`) for an unknown policy or K outside 1..n_blocks."""
     p = policy.strip().lower() if isinstance(policy, str) else None
     if p in ("none", "full", "selective", "offload", "offload+checkpoint", "hf"):
         return p, None
@@ -237,54 +159,28 @@ def parse_model_policy(policy: str, n_blocks: int) -> tuple[str, int | None]:
                         n_blocks=n_blocks, policies=", ".join(POLICIES)))
 
 
-def _selective_block(block: nn.Module) -> CheckpointedBlock:
-    # SelectiveContexts lets the course's meter read SAC's cache (out of the hooks' sight)
-    return CheckpointedBlock(block, SelectiveContexts(save_matmuls_and_attention))
-
-
 def hf_method(model) -> str | None:
-    """The name of the method policy ``hf`` calls on ``model`` (an instance or a class), or None
-    without one: ``activation_checkpointing_enable`` where it exists, else
-    ``gradient_checkpointing_enable``.
-
-    What the sources say: transformers 5.24's ``PreTrainedModel`` has
-    ``activation_checkpointing_enable(activation_checkpointing_kwargs=None, every_n_layers=1,
-    offload=False)`` (``every_n_layers``: checkpoint every n-th decoder layer; ``offload``: keep
-    what the checkpoints save in pinned host memory, ``save_on_cpu``) and keeps
-    ``gradient_checkpointing_enable(gradient_checkpointing_kwargs=None, **kwargs)`` as a
-    deprecated alias "removed in v6" (a FutureWarning). Older releases have only
-    ``gradient_checkpointing_enable`` (transformers 5.17, the GPU image lesson 05 ran on in
-    November 2026, is one). The course passes ``{"use_reentrant": False}`` to either,
-    so the default of a version does not matter."""
+    """The method policy ``hf`` calls on ``model`` (an instance or a class), or None:
+    ``activation_checkpointing_enable`` (transformers 5.24), else ``gradient_checkpointing_enable``
+    (older releases; a deprecated alias in 5.24); either with ``use_reentrant=False``."""
     return next((name for name in ("activation_checkpointing_enable", "gradient_checkpointing_enable")
                  if hasattr(model, name)), None)
 
 
 def _enable_hf(model: nn.Module) -> None:
     name = hf_method(model)
-    if name == "activation_checkpointing_enable":  # transformers 5.24 (see hf_method)
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False})
-    elif name == "gradient_checkpointing_enable":  # older releases
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
+    if name is None:
         raise ValueError(tr("policy 'hf' calls a Hugging Face model's "
                             "gradient_checkpointing_enable(), and {model} has none: use 'full' "
                             "instead.", model=type(model).__name__))
+    getattr(model, name)(**{name.replace("enable", "kwargs"): {"use_reentrant": False}})
 
 
 def wrap_blocks(model: nn.Module, policy: str, blocks: str | nn.Module | None = None) -> nn.Module:
     """Apply ``policy`` (one of `POLICIES`) to ``model``'s repeated blocks, in place; return it.
-
-    Each block ``container[i]`` is replaced by its wrapper (`CheckpointedBlock`,
-    `course_utils.offload.OffloadedBlock`); parameters stay the same objects (an optimizer made
-    before still works), under longer names. ``hf`` calls the model's own method instead.
-
-    Raises:
-        NoRepeatedBlocks: see `find_blocks`.
-        ValueError: an unknown policy, ``hf`` on a model without the method, or blocks that are
-            wrapped already.
-    """
+    Parameters stay the same objects; ``hf`` calls the model's own method (`hf_method`). Raises
+    `NoRepeatedBlocks` (see `find_blocks`), or ValueError for an unknown policy, ``hf`` without
+    the method, or blocks wrapped already."""
     path, container = find_blocks(model, blocks)
     mode, k = parse_model_policy(policy, len(container))
     if any(isinstance(b, (CheckpointedBlock, OffloadedBlock)) for b in container):
@@ -297,13 +193,11 @@ def wrap_blocks(model: nn.Module, policy: str, blocks: str | nn.Module | None = 
         if mode == "full" or (mode == "every-k" and i % k == 0):
             container[i] = CheckpointedBlock(block)
         elif mode == "selective":
-            container[i] = _selective_block(block)
+            container[i] = CheckpointedBlock(block, SelectiveContexts(save_matmuls_and_attention))
         elif mode in ("offload", "offload+checkpoint"):
             container[i] = OffloadedBlock(block, checkpointed=mode == "offload+checkpoint")
     return model
 
-
-# --- batches, losses, the step ----------------------------------------------------------------
 
 def call_model(model: nn.Module, batch):
     """The default forward: ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple or
@@ -317,11 +211,7 @@ def call_model(model: nn.Module, batch):
 
 def default_loss(output, batch) -> torch.Tensor:
     """The loss in ``output``: ``output.loss`` (Hugging Face), the second element of a
-    ``(logits, loss)`` tuple (the course's GPT), or ``output`` itself if it is a tensor.
-
-    Raises:
-        ValueError: no loss found (pass ``loss_fn``).
-    """
+    ``(logits, loss)`` tuple (the course's GPT), or ``output`` if a tensor; ValueError if none."""
     loss = getattr(output, "loss", None)
     if loss is None and isinstance(output, (tuple, list)) and len(output) >= 2 \
             and isinstance(output[1], torch.Tensor):
@@ -350,20 +240,12 @@ def _check_loss(loss) -> torch.Tensor:
     return loss
 
 
-def _tensors(batch) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
+def _batch_info(batch) -> tuple[int, str, int]:
+    """``(batch size, unit, items per sample)``: ``tokens`` for integer ``(batch, seq)`` ids."""
     if isinstance(batch, dict):
         batch = list(batch.values())
-    if isinstance(batch, (tuple, list)):
-        return [t for t in batch if isinstance(t, torch.Tensor)]
-    return []
-
-
-def _batch_info(batch) -> tuple[int, str, int]:
-    """``(batch size, unit, items per sample)``: unit ``tokens`` when the first tensor is an
-    integer ``(batch, seq, ...)`` tensor (token ids), else ``samples``."""
-    ts = _tensors(batch)
+    ts = [t for t in (batch if isinstance(batch, (tuple, list)) else [batch])
+          if isinstance(t, torch.Tensor)]
     if not ts or ts[0].dim() == 0:
         raise ValueError(tr("make_batch must return a tensor, a tuple/list or a dict of tensors "
                             "whose first dimension is the batch."))
@@ -387,11 +269,7 @@ def to_device(batch, device):
 
 
 def _built_on(device: str, build: Callable[[], nn.Module]) -> nn.Module:
-    """``build()`` with the tensors it creates placed on ``device`` (a ``torch.device`` context):
-    on ``meta`` a model costs no memory and no initialisation; on a GPU it is initialised there,
-    not on the CPU first (building lesson 05's models on a 2-thread CPU took most of its time on
-    an H200). A factory that cannot build there (one that reads its tensors' values) is built as
-    it is."""
+    """``build()`` under ``torch.device(device)`` (``meta``: no memory), else as it is."""
     try:
         with torch.device(device):
             return build()
@@ -399,25 +277,11 @@ def _built_on(device: str, build: Callable[[], nn.Module]) -> nn.Module:
         return build()
 
 
-# --- records -----------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class ProfileConfig(PrecisionOnDevice):
-    """What one row of a profile ran: a model, a precision, a policy, a micro-batch.
-
-    It stands where `Measurement` has a `RunConfig`, with the same names where they exist.
-
-    Attributes:
-        model: the model's name (its class name unless given).
-        precision: ``fp32``, ``bf16`` or ``fp16`` (autocast; fp16 with GradScaler).
-        checkpoint: the policy (one of `POLICIES`).
-        batch_size: samples per micro-batch.
-        device: ``cpu``, ``cuda``, ``cuda:N``, ``mps``.
-        unit: ``tokens`` (a language model: integer ``(batch, seq)`` input) or ``samples``.
-        items_per_sample: tokens per sample (sequence length), or 1.
-        grad_accum_steps: micro-batches per optimizer step (the profile runs 1).
-        seed: the seed set before each model is built and each batch is made.
-    """
+    """What one row of a profile ran, where `Measurement` has a `RunConfig`: ``checkpoint`` is
+    one of `POLICIES`; ``unit`` ``tokens`` (integer ``(batch, seq)`` input, ``items_per_sample``
+    tokens each) or ``samples``; ``seed`` is set before each model is built and batch made."""
 
     model: str
     precision: str = "fp32"
@@ -454,22 +318,13 @@ GRADIENT_ROUNDING = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}
 
 @dataclass
 class ProfileMeasurement(Measurement):
-    """A `Measurement` of any model (``config`` is a `ProfileConfig`; ``tokens_per_s`` counts
-    ``config.unit``), with what a profile adds.
-
-    Attributes:
-        peak_forward_backward: peak bytes allocated during forward + backward (parameters and
-            optimizer state included, as ``peak_allocated``).
-        peak_optimizer: the same during the optimizer step.
-        bytes_to_host: bytes the ``offload`` policies copied to host memory in the forward
-            (backward copies them back); 0 for other policies. ``weight_bytes_to_host``: the
-            part of them that are weights saved by matmuls (``save_on_cpu`` copies those too).
-        grad_max_diff: largest absolute difference between this configuration's first-step
-            gradients and those of ``none`` in the same precision (None where not compared);
-            ``grad_scale``: the largest absolute gradient of that ``none`` step, to read it by.
-        saved_modules: saved bytes by module (DataFrame ``module``, ``module_type``,
-            ``nbytes``, ``bucket``), from the meter.
-    """
+    """A `Measurement` of any model (``config`` a `ProfileConfig`; ``tokens_per_s`` counts its unit)
+    with ``peak_forward_backward`` and ``peak_optimizer`` (peak bytes allocated in that phase,
+    parameters and optimizer state included), ``bytes_to_host`` (copied by the ``offload``
+    policies in the forward; ``weight_bytes_to_host``: the weights among them), ``grad_max_diff``
+    (largest absolute first-step gradient difference from ``none`` in the same precision; None:
+    not compared) beside ``grad_scale`` (that ``none`` step's largest gradient), and
+    ``saved_modules`` (a DataFrame of the meter's saved tensors)."""
 
     peak_forward_backward: int | None = None
     peak_optimizer: int | None = None
@@ -481,9 +336,9 @@ class ProfileMeasurement(Measurement):
 
     @property
     def gradients_changed(self) -> bool:
-        """True when this configuration's first-step gradients differ from ``none``'s by more
-        than rounding: ``grad_max_diff > GRADIENT_ROUNDING[precision] x grad_scale`` (a
-        gradient missing on one side counts as changed)."""
+        """True when the first-step gradients differ from ``none``'s by more than
+        ``GRADIENT_ROUNDING[precision] x grad_scale``; ``selective`` did on an H100 with GPT-2's
+        dropout (results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.json)."""
         if self.grad_max_diff is None or not self.grad_scale:
             return False
         return self.grad_max_diff > GRADIENT_ROUNDING.get(self.config.precision, 1e-2) * self.grad_scale
@@ -495,21 +350,15 @@ class ProfileMeasurement(Measurement):
 
 
 def static_bytes(model: nn.Module) -> int:
-    """Bytes alive before any activation: parameters, their gradients and AdamW's state:
-    ``16 x`` the trainable parameters (+ 4 bytes per frozen one), fp32 parameters assumed as
-    stored (`STATIC_BYTES_PER_PARAMETER`)."""
-    total = 0
-    for p in model.parameters():
-        total += p.numel() * p.element_size() * (4 if p.requires_grad else 1)
-    return total
+    """Bytes alive before any activation: each trainable parameter's storage x 4 (weight,
+    gradient, AdamW's two moments), each frozen one's x 1."""
+    return sum(p.numel() * p.element_size() * (4 if p.requires_grad else 1)
+               for p in model.parameters())
 
 
 @dataclass
 class ModelSpec:
-    """A model to profile: how to build a fresh copy, make a batch, run it and take its loss.
-
-    Built by `profile` from its arguments; `course_utils.extrapolate` reuses it.
-    """
+    """A model to profile: how to build a fresh copy, make a batch, run it and take its loss."""
 
     build: Callable[[], nn.Module]
     make_batch: Callable[[int], Any]
@@ -524,13 +373,7 @@ class ModelSpec:
     @classmethod
     def create(cls, model, make_batch, loss_fn=None, *, forward=None, blocks=None, device=None,
                seed: int = 0, name: str | None = None) -> "ModelSpec":
-        """Check the arguments (see `profile`) and return a spec.
-
-        Raises:
-            TypeError: ``model`` is neither a module nor a callable returning one;
-                ``make_batch`` not callable.
-            NoRepeatedBlocks: see `find_blocks`.
-        """
+        """Check the arguments and return a spec; raises as `profile` does."""
         device = device or default_device()
         require_device(device)
         if not callable(make_batch):
@@ -561,13 +404,11 @@ class ModelSpec:
         return to_device(self.make_batch(batch_size), self.device)
 
     def skeleton(self) -> nn.Module:
-        """The model to read, not to run: its blocks, parameter counts and bytes. The module
-        given, or the factory's model built on the ``meta`` device (`_built_on`)."""
+        """The model to read, not to run: the module given, or the factory's on ``meta``."""
         return self.template if self.template is not None else _built_on("meta", self.build)
 
     def fresh(self, policy: str) -> nn.Module:
-        """A fresh copy of the model with ``policy`` applied, on the device, in train mode (a
-        factory's model is built on the device: `_built_on`)."""
+        """A fresh copy of the model with ``policy`` applied, on the device, in train mode."""
         model = self.build() if self.template is not None else _built_on(self.device, self.build)
         wrap_blocks(model, policy, self.blocks)
         return model.to(self.device).train()
@@ -617,8 +458,7 @@ def _setup(spec: ModelSpec, cfg: ProfileConfig, lr: float) -> _State:
 
 
 def _memory(state: _State) -> dict:
-    """One step of ``state`` with the meter on its forward and memory events on: the memory
-    fields of a `ProfileMeasurement`, and the step's seconds (``step_s``)."""
+    """One metered step of ``state``: the memory fields of a `ProfileMeasurement`, and ``step_s``."""
     cfg = state.config
     params = storage_bytes(state.module.parameters())
     opt = storage_bytes(v for st in state.optimizer.state.values() for v in st.values()
@@ -681,15 +521,10 @@ def _fits_or_raise(spec: ModelSpec, budget_bytes: int | None, hw) -> None:
 
 def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=None,
                    reference_grads: list | None = None, keep_state: bool = False):
-    """Build, warm up (one step) and measure the memory of one configuration.
-
-    Returns:
-        ``(measurement, state, grads)``: a `ProfileMeasurement` (memory fields, one step's
-        time in ``step_times_s`` only if the precision is emulated), the training state (None
-        unless ``keep_state``), and the first step's gradients (fp32 copies, unscaled).
-        An out-of-memory error is caught: ``oom=True``, ``error`` says what to try
-        (`course_utils.measure.out_of_memory_message`).
-    """
+    """Build, warm up (one step) and measure the memory of one configuration: ``(measurement,
+    state, grads)``, a `ProfileMeasurement` (one step's time only if the precision is emulated;
+    out of memory caught as ``oom=True``), the training state (None unless ``keep_state``), the
+    first step's gradients (fp32 copies, unscaled)."""
     hw = hw or detect(cfg.device)
     m = ProfileMeasurement(config=cfg, device_name=hw.name, emulated=is_emulated(hw, cfg.precision))
     grads: list = []
@@ -724,18 +559,8 @@ def measure_config(spec: ModelSpec, cfg: ProfileConfig, *, lr: float = 1e-3, hw=
 
 @dataclass
 class Profile:
-    """What `profile` measured on one model.
-
-    Attributes:
-        name: the model's name.
-        blocks: the path of its repeated blocks (`find_blocks`), ``block_type`` their class,
-            ``n_blocks`` how many.
-        n_parameters: parameters (elements).
-        static_bytes: parameters + gradients + AdamW state (bytes, `static_bytes`).
-        unit: ``tokens`` or ``samples`` (what ``tokens_per_s`` counts).
-        measurements: one `ProfileMeasurement` per (precision, policy), in the order run.
-        size: the size profile in force (``smoke`` makes every time verdict inconclusive).
-    """
+    """What `profile` measured on one model: ``blocks`` is the path of its repeated blocks,
+    ``measurements`` one per (precision, policy) in the order run, ``size`` the size profile."""
 
     name: str
     blocks: str
@@ -748,11 +573,7 @@ class Profile:
     size: str = ""
 
     def get(self, precision: str, policy: str) -> ProfileMeasurement:
-        """The measurement of ``precision`` and ``policy``.
-
-        Raises:
-            KeyError: not measured (the message lists what was).
-        """
+        """The measurement of ``precision`` and ``policy``; KeyError (listing them) if none."""
         for m in self.measurements:
             if m.config.precision == precision and m.config.checkpoint == policy:
                 return m
@@ -768,33 +589,22 @@ class Profile:
             return self.measurements[0]
 
     def ratio(self, m: ProfileMeasurement):
-        """`course_utils.step_timing.TimeRatio` of ``m``'s step time to ``none`` in its precision
-        (per round of the alternation)."""
+        """`course_utils.step_timing.TimeRatio` of ``m``'s step time to its reference's."""
         ref = self.reference(m)
         return time_ratio(m.step_times_s, ref.step_times_s, size=self.size,
                           emulated=m.emulated or ref.emulated)
 
     def step_s(self, m: ProfileMeasurement) -> float | None:
-        """``m``'s step time as the tables print it (seconds): the reference's median step
-        times ``m``'s ratio to it (`ratio`, the median of the per-round ratios), so that the
-        milliseconds, the ratio and the throughput of a row agree.
-
-        Each row's own median can come from a different round: under a load that changes during
-        the timing (a shared machine), the ratio of two medians then compares steps taken at
-        different loads, while the per-round ratio compares steps taken seconds apart. On a
-        2-core machine beside other jobs, lesson 05 printed 1934 ms against 931 ms (2.08x) next
-        to a per-round ratio of 1.22x. (The noise band reaches the ratio of the two medians,
-        `course_utils.step_timing.time_ratio`.) A row that is the reference, or that was not timed in
-        the same rounds as it, keeps its own median."""
+        """``m``'s step time as the tables print it (seconds): the reference's median times
+        ``m``'s per-round ratio (`ratio`), so that a row's milliseconds, ratio and throughput
+        agree (`course_utils.experiments.paired_step_s`)."""
         ref = self.reference(m)
         if m is ref:
             return m.step_time_s
         return paired_step_s(m.step_time_s, ref.step_time_s, self.ratio(m))
 
     def gradients_text(self) -> str:
-        """The first step's gradients of every configuration against ``none`` in its precision,
-        in one sentence: bit for bit equal, or equal to within the largest difference (next to
-        the largest gradient)."""
+        """One sentence on the first step's gradients against ``none`` in each precision."""
         diffs = [m for m in self.measurements if m.grad_max_diff is not None]
         if not diffs:
             return tr("gradients: not compared")
@@ -825,23 +635,21 @@ class Profile:
 
     def time_text(self, m: ProfileMeasurement) -> str:
         """``m``'s time against its reference as a table cell: `course_utils.experiments.time_cell`
-        (a ratio only outside the noise, a speed-up as ``"1.43x faster"``) and its noise band in
-        the same direction: ``"1.31x slower (1.24-1.38x)"``, ``"within noise (0.95-1.07x)"``."""
+        and its noise band, ``"1.31x slower (1.24-1.38x)"``, ``"within noise (0.95-1.07x)"``."""
         ref = self.reference(m)
         if m is ref:
             return tr("1.00x (reference, emulated)") if m.emulated else tr("1.00x (reference)")
         r = self.ratio(m)
         cell = time_cell(r.ratio, r.verdict)
         if r.low is None or r.ratio is None or r.verdict not in ("faster", "slower", "within noise"):
-            return cell  # a band beside "too small to time" or "too few rounds" says nothing
+            return cell
         lo, hi = printed_band(r.ratio, r.low, r.high) if r.verdict == "faster" else (r.low, r.high)
         return f"{cell} ({lo:.2f}-{hi:.2f}x)"
 
     def table(self) -> pd.DataFrame:
-        """One row per configuration: `Measurement.as_row`'s fields (bytes, seconds), then
-        ``time_ratio`` / ``time_ratio_low`` / ``time_ratio_high`` / ``time_verdict`` against
-        ``none`` of the same precision, ``paired_step_time_s`` (`step_s`), ``peak_ratio`` and
-        ``saved_ratio`` against it."""
+        """One row per configuration: `Measurement.as_row`'s fields, then ``time_ratio`` (with
+        ``_low``, ``_high``, ``time_verdict``), ``paired_step_time_s`` (`step_s`), ``peak_ratio``
+        and ``saved_ratio``, each against ``none`` of the same precision."""
         rows = []
         for m in self.measurements:
             row = m.as_row()
@@ -858,13 +666,9 @@ class Profile:
         return pd.DataFrame(rows)
 
     def summary(self, detail: bool = False) -> pd.DataFrame:
-        """The readable table, one row per configuration labelled in words
-        (`course_utils.experiments.plain_label`): ``step ms`` (`step_s`), ``time vs none``
-        (`time_text`: a ratio only outside the noise, with its noise band), throughput (three
-        significant figures), ``peak MiB`` and ``saved MiB``, and ``to host MiB`` where a row
-        moved bytes to the host. ``detail=True`` adds each row's own median step time, the
-        saved bytes as a share of ``none``'s and the gradients' largest difference from
-        ``none``'s."""
+        """The readable table, a row per configuration in words: ``step ms`` (`step_s`), ``time vs
+        none`` (`time_text`), throughput, ``peak MiB``, ``saved MiB``, ``to host MiB`` if any;
+        ``detail=True`` adds each row's own median, ``saved x`` and ``max |grad diff|``."""
         df = self.table()
 
         def mib(col):
@@ -888,9 +692,8 @@ class Profile:
         return out.set_index("config")
 
     def saved_by_block(self, precision: str, policy: str) -> pd.DataFrame:
-        """Saved tensors of one configuration grouped by where they were saved: each block
-        (``block 0``...) and ``outside the blocks`` (the index, named ``saved at``); one column,
-        ``MiB``."""
+        """Saved MiB of one configuration by where they were saved: ``block 0``... and
+        ``outside the blocks`` (the index, ``saved at``)."""
         m = self.get(precision, policy)
         df = m.saved_modules
 
@@ -903,11 +706,7 @@ class Profile:
 
 def _measure_all(prof: Profile, spec: ModelSpec, configs: list, *, lr: float, hw,
                  keep_states: bool, progress: bool) -> dict:
-    """Measure the memory of every configuration in turn (`measure_config`), ``none`` first in
-    each precision so that the others' gradients are compared with its; append the
-    measurements to ``prof``. Returns ``{index in prof.measurements: training state}`` of the
-    rows to time (none when ``keep_states`` is False; emulated rows are timed by their one
-    step)."""
+    """Measure every configuration's memory into ``prof``; ``{row index: state}`` of those to time."""
     states, reference = {}, {}
     for i, cfg in enumerate(tqdm(configs, desc=tr("memory"), disable=not progress, leave=False)):
         m, st, grads = measure_config(spec, cfg, lr=lr, hw=hw,
@@ -932,38 +731,24 @@ def profile(model, make_batch: Callable[[int], Any], loss_fn: Callable | None = 
     """Measure any model in each precision and checkpoint policy, as the course measures its GPT.
 
     Args:
-        model: an ``nn.Module`` (each configuration trains a deep copy, so all start from the same
-            weights) or a function of no arguments returning one (called after
-            ``torch.manual_seed(seed)``).
-        make_batch: ``make_batch(batch_size)`` -> a batch: a tensor, a tuple/list or a dict of
-            tensors whose first dimension is the batch (moved to ``device``). Integer
-            ``(batch, seq)`` first tensors count as tokens, anything else as samples.
-        loss_fn: ``loss_fn(output, batch)`` -> a scalar tensor (default `default_loss`: HF's
-            ``output.loss``, the course GPT's ``(logits, loss)``).
-        batch_size: samples per micro-batch.
+        model: an ``nn.Module`` (each configuration trains a deep copy) or a function of no
+            arguments returning one (called after ``torch.manual_seed(seed)``).
+        make_batch: ``make_batch(batch_size)`` -> a tensor, tuple/list or dict of tensors whose
+            first dimension is the batch; integer ``(batch, seq)`` first tensors count as tokens.
+        loss_fn: ``loss_fn(output, batch)`` -> a scalar tensor (default `default_loss`).
         precisions: any of ``fp32``, ``bf16``, ``fp16`` (autocast; fp16 with GradScaler).
-        policies: any of `POLICIES` (``none`` is added first if missing: the reference).
-        device: default: this machine's accelerator (`course_utils.config.default_device`).
-        blocks: the repeated blocks (a dotted path or the container); default: `find_blocks`.
-        forward: ``forward(model, batch)`` -> output (default `call_model`).
-        budget_s: seconds of alternated timing (default `course_utils.step_timing.default_budget_s`
-            of the size profile); ``steps``: exactly this many rounds instead.
-        timed: False measures memory only.
-        budget_bytes: the memory budget; a model whose parameters + gradients + AdamW state
-            exceed it (or the memory free now) is refused before any step.
-        lr: AdamW's learning rate. seed: seeds the models and batches.
-        name: the model's name in the records (default: its class name).
-        progress: show tqdm bars.
+        policies: any of `POLICIES` (``none``, the reference, is added first if missing).
+        blocks: a dotted path or the container (default: `find_blocks`); ``forward(model,
+            batch)`` -> output (default `call_model`).
+        budget_s: seconds of alternated timing (default: the size profile's); ``steps``: exactly
+            this many rounds instead. ``timed=False`` measures memory only.
+        budget_bytes: a model whose parameters + gradients + AdamW state exceed it (or the
+            memory free now) is refused before any step.
 
-    Returns:
-        A `Profile` (``profile.summary()`` is the readable table).
-
-    Raises:
-        NoRepeatedBlocks: no repeated blocks found (or ``blocks`` names none).
-        ModelDoesNotFit: the model does not fit before the first step.
-        ValueError: an unknown precision or policy, a batch without a batch dimension, a loss
-            that is not a scalar (raised by the first step), ``hf`` on a non-HF model.
-        TypeError: ``model`` or ``make_batch`` of the wrong kind.
+    Returns a `Profile` (``profile.summary()`` is the readable table). Raises `NoRepeatedBlocks`
+    (see `find_blocks`), `ModelDoesNotFit` (before the first step), ValueError (an unknown
+    precision or policy, a batch without a batch dimension, a loss that is not a scalar, ``hf``
+    on a non-HF model) or TypeError (``model`` or ``make_batch`` of the wrong kind).
     """
     check_positive_int("batch_size", batch_size)
     spec = ModelSpec.create(model, make_batch, loss_fn, forward=forward, blocks=blocks,

@@ -1,20 +1,10 @@
-"""The largest micro-batch of a configuration that fits a memory budget, found with few
-measurements, and the race of the configurations at their largest batches (lesson 03, C20).
-
-`largest_batch` lets the analytic estimate (`course_utils.memory_model.estimate`) predict the
-answer, measures it (`course_utils.measure.measure`), and steers the next guess from the measured
-peaks. On a CUDA GPU the budget is also enforced by the allocator
-(``torch.cuda.set_per_process_memory_fraction``): a batch that needs more raises an
-out-of-memory error, which `measure` catches, and counts as "does not fit". On a CPU nothing runs
-out of memory at these sizes, so the budget is applied to the measured peak (the profiler's).
-
-`race` then times the configurations at their largest batches in alternation
-(`course_utils.experiments.compare`) and compares their time *per token* round by round
-(`course_utils.step_timing.time_ratio`): whether checkpointing's larger batch outweighs its recompute
-is decided outside the noise or not at all.
+"""The largest micro-batch of a configuration that fits a memory budget (`largest_batch`: the
+analytic estimate predicts it, measurements steer it) and the race of the configurations at
+their largest batches, timed in alternation, per token (`race`; lesson 03, C20).
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 from dataclasses import dataclass, field
@@ -35,20 +25,11 @@ from .training import train_step
 
 __all__ = ["BatchSearch", "Probe", "Race", "largest_batch", "memory_budget", "race"]
 
+
 @dataclass(frozen=True)
 class Probe:
-    """One measured batch size of a `largest_batch` search.
-
-    Attributes:
-        batch_size: micro-batch (sequences).
-        peak_allocated: measured peak allocated bytes of one training step (None after an
-            out-of-memory error).
-        estimated_peak: `memory_model.estimate`'s peak for the same configuration (bytes).
-        fits: the step ran and its measured peak is at most the budget.
-        oom: the step ran out of device memory (CUDA).
-        step_time_s: median step time (seconds) of the timed steps, None if not timed.
-        tokens_per_s: tokens per optimizer step / step time.
-    """
+    """One measured batch size of a `largest_batch` search: measured and estimated peak bytes
+    (``peak_allocated`` None after out of memory), whether it fits, the median step time (s)."""
 
     batch_size: int
     peak_allocated: int | None
@@ -61,20 +42,10 @@ class Probe:
 
 @dataclass
 class BatchSearch:
-    """The result of `largest_batch` for one configuration.
-
-    Attributes:
-        config: the configuration searched (its ``batch_size`` is the one it started from).
-        budget_bytes: the memory budget (bytes).
-        batch_size: the largest micro-batch that fits (0 if not even 1 fits).
-        measurement: the `Measurement` at ``batch_size`` (None if nothing fits).
-        probes: every measured batch, in the order measured.
-        method: how "fits" was decided on this device, in words.
-        estimated: ``[(batch, estimated peak bytes), ...]`` for batches 1 .. the largest probed
-            plus one (`memory_model.estimate`; for charts).
-        first_too_big: the smallest measured batch that does not fit, ``batch_size + 1``
-            (None when ``max_batch`` fits).
-    """
+    """The result of `largest_batch` for one configuration: ``batch_size``, the largest that
+    fits (0: none), and its ``measurement``; every probe in order; ``method``, how "fits" was
+    decided here, in words; ``estimated``, ``[(batch, estimated peak bytes)...]`` from 1 to the
+    largest probed + 1; ``first_too_big`` (None when ``max_batch`` fits)."""
 
     config: RunConfig
     budget_bytes: int
@@ -96,11 +67,8 @@ class BatchSearch:
         return self.config.label
 
     def as_row(self) -> dict:
-        """A readable flat dict for a table: ``config`` (in words), ``largest batch``,
-        ``tokens/step``, ``peak MiB`` (its measured peak, three significant figures),
-        ``first batch too big`` (`first_too_big`, None when none was measured) and
-        ``measurements`` (batches the search measured). Step times are not shown: `race` times
-        the configurations in alternation."""
+        """A flat dict for a table: ``config`` (in words), ``largest batch``, ``tokens/step``,
+        ``peak MiB`` (three significant figures), ``first batch too big``, ``measurements``."""
         m = self.measurement
         return {"config": plain_label(self.label), "largest batch": self.batch_size,
                 "tokens/step": self.batch_size * self.config.seq_len * self.config.grad_accum_steps,
@@ -111,16 +79,8 @@ class BatchSearch:
 
 
 def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
-    """A memory budget in bytes: ``fraction`` of the GPU memory free right now.
-
-    Reads ``torch.cuda.mem_get_info`` (free bytes as the driver sees them: other processes and
-    this process's CUDA context are already subtracted); under a stand-in
-    (`course_utils.stand_in`), at most its memory less what this process has reserved.
-
-    Raises:
-        ValueError: ``fraction`` outside (0, 1], or ``device`` is not an available CUDA device
-            (a CPU has no device memory to budget: apply a budget to a measured peak instead).
-    """
+    """A memory budget in bytes: ``fraction`` of the GPU memory free now (`stand_in.free_bytes`);
+    ValueError for ``fraction`` outside (0, 1] or a ``device`` that is not an available GPU."""
     if not 0 < fraction <= 1:
         raise ValueError(tr("fraction must be in (0, 1], got {fraction!r}.", fraction=fraction))
     if device_kind(device) != "cuda" or not torch.cuda.is_available():
@@ -131,22 +91,9 @@ def memory_budget(fraction: float = 0.5, device: str = "cuda") -> int:
 
 
 def _predict_largest(config: RunConfig, budget: int, max_batch: int) -> int:
-    """Largest b in 1..max_batch with estimate(b).peak <= budget (0 if none).
-
-    The estimated peak never decreases with the batch (every activation term is proportional
-    to it), so a bisection over b is exact."""
-    def fits(b):
-        return estimate(config.replace(batch_size=b)).peak_allocated <= budget
-    if not fits(1):
-        return 0
-    lo, hi = 1, max_batch + 1  # fits(lo) is True; hi is past the range
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """Largest b in 1..max_batch with estimate(b).peak <= budget (0 if none); the peak grows with b."""
+    return bisect.bisect_left(range(1, max_batch + 1), True, key=lambda b: estimate(
+        config.replace(batch_size=b)).peak_allocated > budget)
 
 
 def _estimated_slope(config: RunConfig) -> float:
@@ -172,7 +119,7 @@ class _Search:
         cfg = self.config.replace(batch_size=b)
         try:
             m = measure(cfg, steps=self.steps or None, warmup=self.warmup, timed=self.steps > 0)
-        except MemoryRefused as refused:  # its estimate exceeds the memory free here
+        except MemoryRefused as refused:
             m = Measurement(config=cfg, oom=True, error=str(refused))
         fits = (not m.oom) and m.peak_allocated is not None and m.peak_allocated <= self.budget
         self.probes[b] = Probe(b, m.peak_allocated, estimate(cfg).peak_allocated, fits, m.oom,
@@ -185,8 +132,7 @@ class _Search:
 
     def slope(self) -> float:
         """Bytes per sequence: the secant of the two measured peaks nearest the budget, unless
-        it is under half the estimate's slope (then the peak still sits in the optimizer step,
-        flat in the batch, and the estimate's slope keeps the next guess from overshooting)."""
+        under half the estimate's (the peak still in the flat optimizer step)."""
         pts = [(p.batch_size, p.peak_allocated) for p in self.probes.values()
                if p.peak_allocated is not None]
         near = sorted(pts, key=lambda q: abs(q[1] - self.budget))[:2]
@@ -232,37 +178,17 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
                   warmup: int = 1, guided_probes: int = 4) -> BatchSearch:
     """The largest micro-batch of ``config`` whose measured step fits in ``budget_bytes``.
 
-    Search (few measurements): the analytic estimate predicts the largest batch and that batch
-    is measured with `course_utils.measure.measure`. Peak memory grows about linearly with the
-    batch, so each next guess is a secant step from the two measured peaks nearest the budget
-    (the estimate's bytes per sequence where the measured peak is still flat). The search stops
-    when a fitting batch ``b`` and a non-fitting ``b + 1`` are both measured (or
-    ``b == max_batch``). After ``guided_probes`` guided measurements
-    it falls back to doubling (while no failing batch is known) and bisection, so it always
-    ends. It typically takes two to four measurements.
-
-    "Fits" means: no out-of-memory error and a measured peak allocated at most the budget.
-    On CUDA the allocator is limited to the budget during the search
-    (``torch.cuda.set_per_process_memory_fraction``, restored afterwards), so a batch that
-    needs more raises and is caught by `measure`. On a CPU the budget is applied to the
-    measured peak (parameters + optimizer state + the profiler's peak over one step).
-
-    Args:
-        config: the configuration (its ``batch_size`` is ignored; accumulation is kept).
-        budget_bytes: memory budget in bytes (> 0).
-        max_batch: the largest batch tried (>= 1).
-        steps: timed steps per measurement (>= 0; 0 measures memory only, the fewest steps:
-            `race` times the answers in alternation).
-        warmup: optimizer steps before measuring (>= 1: AdamW's state must exist).
-        guided_probes: estimate-guided measurements before doubling/bisection (>= 1).
-
-    Returns:
-        A `BatchSearch`; ``batch_size`` 0 if even a batch of 1 does not fit.
-
-    Raises:
-        ValueError: a non-positive budget, ``max_batch``, ``warmup`` or ``guided_probes``, a
-            negative ``steps``; a device without a peak-memory counter (MPS); a configuration
-            `measure` refuses.
+    The estimate predicts the largest batch, which is measured (`course_utils.measure.measure`);
+    each next guess is a secant step from the two measured peaks nearest the budget, until a
+    fitting ``b`` and a non-fitting ``b + 1`` are measured (or ``b == max_batch``). After
+    ``guided_probes`` guesses it doubles and bisects, so it always ends (typically two to four
+    measurements). A batch fits when its step raises no out-of-memory error and its measured
+    peak is at most the budget; on CUDA the allocator is limited to the budget during the
+    search (`course_utils.guard.cuda_memory_cap`). ``config.batch_size`` is ignored
+    (accumulation is kept); ``steps``: timed steps per measurement (0: memory only); ``warmup``:
+    optimizer steps before (>= 1: AdamW's state must exist). ValueError for a non-positive
+    budget, ``max_batch``, ``warmup`` or ``guided_probes``, a negative ``steps``, a device
+    without a peak-memory counter (MPS), or a configuration `measure` refuses.
     """
     for name, v in (("budget_bytes", budget_bytes), ("max_batch", max_batch),
                     ("warmup", warmup), ("guided_probes", guided_probes)):
@@ -290,17 +216,9 @@ def largest_batch(config: RunConfig, budget_bytes: int, max_batch: int = 1024, s
 
 @dataclass
 class Race:
-    """`race`'s result: the configurations at their largest batches, timed in alternation.
-
-    Attributes:
-        table: `course_utils.experiments.compare`'s table of them (one row each, the plain
-            ones first), with a ``time_per_token_s`` column (seconds per token, median).
-        plain: the plain configuration (no checkpointing) with the most tokens/s.
-        checkpointed: the checkpointed configuration with the most tokens/s.
-        per_token: seconds per token of ``checkpointed`` / ``plain``, paired round by round
-            (< 1 and outside the noise: checkpointing's larger batch paid for its recompute).
-        budget_bytes: the budget the batches were searched under.
-    """
+    """`race`'s result: ``table``, `course_utils.experiments.compare`'s (plain rows first) with
+    ``time_per_token_s`` (median seconds); ``plain`` and ``checkpointed``, the configuration of
+    each kind with the most tokens/s; ``per_token``, their ratio of seconds per token."""
 
     table: pd.DataFrame
     plain: RunConfig
@@ -309,8 +227,7 @@ class Race:
     budget_bytes: int
 
     def describe(self) -> str:
-        """One sentence from the numbers: who won, at which batches, and how sure, the
-        configurations named in words (`course_utils.experiments.plain_label`)."""
+        """One sentence from the numbers: who won, at which batches, and how sure."""
         p, c = self.plain, self.checkpointed
         return tr("{checkpointed} at micro-batch {checkpointed_batch} against {plain} at "
                   "micro-batch {plain_batch}, both under {budget:,.1f} MiB: {described}",
@@ -320,8 +237,7 @@ class Race:
                   described=self.per_token.describe(tr("time per token")))
 
     def reading(self) -> str:
-        """What the race says about checkpointing's larger batch, from the per-token verdict:
-        it repaid the recompute (faster), did not (slower), or the race cannot tell."""
+        """Whether checkpointing's larger batch repaid its recompute, from the per-token verdict."""
         v = self.per_token.verdict
         c, p = self.checkpointed.batch_size, self.plain.batch_size
         if c <= p:
@@ -341,16 +257,9 @@ class Race:
 def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int | None = None,
          progress: bool = True, step_fn=None) -> Race:
     """Time every configuration of ``searches`` at its largest batch, in alternation, and
-    compare the best checkpointed one with the best plain one per token (C20, C7).
-
-    The plain configurations (checkpoint ``none``) come first in the comparison. "Best" is the
-    most tokens/s (median) in the alternation. The per-token ratio pairs the two rows' steps
-    round by round, each step time divided by its tokens per step.
-
-    Raises:
-        ValueError: no fitting plain configuration or no fitting checkpointed one (each
-            search's ``batch_size`` is 0), or the budgets differ.
-    """
+    compare the checkpointed one with the most tokens/s with the plain one with the most, per
+    token, round by round (C20, C7). ValueError without a fitting plain and a fitting
+    checkpointed configuration, or for searches under different budgets."""
     fitting = [s for s in searches if s.measurement is not None and s.batch_size > 0]
     plain = [s for s in fitting if s.config.checkpoint == "none"]
     ckpt = [s for s in fitting if s.config.checkpoint != "none"]
@@ -370,12 +279,8 @@ def race(searches: list[BatchSearch], budget_s: float | None = None, steps: int 
     ms = df.attrs["measurements"]
     df["time_per_token_s"] = [None if m.step_time_s is None else
                               m.step_time_s / m.config.tokens_per_step for m in ms]
-
-    def best(rows):
-        return max(rows, key=lambda i: ms[i].tokens_per_s or 0.0)
-    i_plain = best(range(len(plain)))
-    i_ckpt = best(range(len(plain), len(order)))
-    a, b = ms[i_ckpt], ms[i_plain]
+    b, a = (ms[max(rows, key=lambda i: ms[i].tokens_per_s or 0.0)]  # the fastest of each kind
+            for rows in (range(len(plain)), range(len(plain), len(order))))
     per_token = time_ratio([t / a.config.tokens_per_step for t in a.step_times_s],
                            [t / b.config.tokens_per_step for t in b.step_times_s],
                            size=df.attrs.get("size", ""), emulated=a.emulated or b.emulated)

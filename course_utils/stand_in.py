@@ -1,16 +1,8 @@
 """A bigger GPU standing in for a smaller one: ``COURSE_STAND_IN=t4`` makes the course plan on any
-CUDA GPU as on a Colab T4, so that the T4's code paths run wherever a GPU is lent.
-
-What the stand-in takes from the T4: its compute capability (7.5), hence the fp16 + GradScaler
-recipe, bf16 refused as emulated, no FP8 and no TF32; the ``t4`` size profile; and its memory,
-enforced by the caching allocator (``torch.cuda.set_per_process_memory_fraction``, PyTorch docs),
-so that a step that would not fit a T4 raises ``torch.OutOfMemoryError`` here too. What it cannot
-take: the T4's speed and its attention kernels (flash attention needs compute capability 8.0 and
-still runs on the bigger GPU). Every header that plans from it says so (`describe`).
-
-Source of the T4's figures: NVIDIA's T4 datasheet (16 GB GDDR6, compute capability 7.5); the
-memory CUDA reports on one, 14.75 GiB (``deviceMemorySize: 14.75GiB`` in TensorFlow's device log of
-a Tesla T4, NVIDIA/DALI issue 1813), is what a Colab learner's torch sees.
+CUDA GPU as on a Colab T4: its compute capability (7.5, NVIDIA's T4 datasheet), size profile and
+memory, enforced by the caching allocator (``torch.cuda.set_per_process_memory_fraction``); not
+its speed nor its kernels (`describe` says so). The memory CUDA reports on a T4, 14.75 GiB:
+``deviceMemorySize`` in a Tesla T4's TensorFlow log, NVIDIA/DALI issue 1813.
 """
 from __future__ import annotations
 
@@ -30,14 +22,8 @@ STAND_IN_ENV = "COURSE_STAND_IN"
 
 @dataclass(frozen=True)
 class StandIn:
-    """The card a bigger GPU stands in for.
-
-    Attributes:
-        key: the value of ``$COURSE_STAND_IN`` (``"t4"``), also the size profile it plans with.
-        name: the card's name as CUDA reports it (``"Tesla T4"``).
-        compute_capability: (major, minor).
-        memory_bytes: the memory CUDA reports on the card (bytes), the cap applied here.
-    """
+    """The card a bigger GPU stands in for: ``key`` is the value of ``$COURSE_STAND_IN`` and the
+    size profile; ``name`` as CUDA reports it; ``memory_bytes`` as CUDA reports it, the cap."""
 
     key: str
     name: str
@@ -49,11 +35,8 @@ STAND_INS = {"t4": StandIn("t4", "Tesla T4", (7, 5), int(14.75 * GiB))}
 
 
 def active() -> StandIn | None:
-    """The card named by ``$COURSE_STAND_IN``, or None when it is unset or empty.
-
-    Raises:
-        ValueError: a value that names no card, with the ones there are.
-    """
+    """The card named by ``$COURSE_STAND_IN``, or None when it is unset or empty; ValueError
+    (listing the cards) for a value that names none."""
     key = os.environ.get(STAND_IN_ENV, "").strip().lower()
     if not key:
         return None
@@ -83,8 +66,7 @@ def cap_bytes(index: int) -> int | None:
 
 def memory_text(index: int) -> str:
     """The memory of CUDA device ``index`` as the course plans with it, in words: its total
-    (``"139.8 GiB"``), or under a stand-in the card's (``"the 14.75 GiB of the Tesla T4 this
-    GPU stands in for"``), never the real GPU's beside a stand-in's sizes."""
+    (``"139.8 GiB"``), or under a stand-in the card's (``"the 14.75 GiB of the Tesla T4..."``)."""
     card, cap = active(), cap_bytes(index)
     if card is None or cap is None:
         return f"{torch.cuda.get_device_properties(index).total_memory / GiB:.1f} GiB"
@@ -94,8 +76,7 @@ def memory_text(index: int) -> str:
 
 def apply_memory_cap(index: int) -> None:
     """Limit CUDA device ``index``'s caching allocator to the stand-in's memory (no-op without a
-    stand-in). Called by `course_utils.hardware.detect` and after every temporary cap
-    (`course_utils.guard.cuda_memory_cap`) so that the cap is always in force."""
+    stand-in)."""
     cap = cap_bytes(index)
     if cap is not None:
         total = torch.cuda.get_device_properties(index).total_memory
@@ -104,9 +85,8 @@ def apply_memory_cap(index: int) -> None:
 
 def free_bytes(index: int) -> int:
     """Bytes this process may still have the allocator reserve on CUDA device ``index``: the
-    driver's free memory (``torch.cuda.mem_get_info``, other processes subtracted), and under a
-    stand-in at most its memory less what this process has reserved (the cap counts reserved
-    bytes, not allocated ones: a cached block the allocator holds is not free to a new one)."""
+    driver's free memory, and under a stand-in at most its memory less what this process has
+    reserved (the cap counts reserved bytes, not allocated ones)."""
     free = int(torch.cuda.mem_get_info(index)[0])
     cap = cap_bytes(index)
     if cap is None:
