@@ -1,22 +1,16 @@
-"""Number formats: what fp32, fp16, bf16 and the two FP8 formats can represent, read from
-``torch.finfo`` (nothing typed in); the bit layout of a value in each; and what a format does to
-a set of values (a gradient, say): the log2 histogram, and the fraction flushed to zero, kept as
-subnormal or overflowed, with or without a loss scale.
+"""Number formats (lessons 01 and 04): what fp32, fp16, bf16 and the two FP8 formats can
+represent, read from ``torch.finfo``; the bit layout of a value; what storing a set of values (a
+gradient, say) in a format does, with or without a loss scale; and the scaled formats of FP8
+training, emulated in plain torch (`RECIPES`, `fake_quantize`).
 
-IEEE 754 binary formats (and bf16, FP8): a value is ``(-1)^s x 2^(e - bias) x 1.m`` (normal) or
-``(-1)^s x 2^(1 - bias) x 0.m`` (subnormal). With ``p`` mantissa (fraction) bits, machine epsilon is
-``2^-p`` and the smallest subnormal is ``smallest_normal x 2^-p`` (IEEE 754-2019 section 3.3;
-Micikevicius et al. 2022, "FP8 Formats for Deep Learning", arXiv 2209.05433, for E4M3 / E5M2).
+A value is ``(-1)^s x 2^(e - bias) x 1.m`` (normal) or ``(-1)^s x 2^(1 - bias) x 0.m``
+(subnormal); with ``p`` mantissa bits, eps is ``2^-p`` and the smallest subnormal is
+``smallest_normal x 2^-p`` (IEEE 754-2019 section 3.3). Sources: Micikevicius et al. 2022, "FP8
+Formats for Deep Learning" (arXiv 2209.05433); torchao's float8 training recipes; the OCP
+Microscaling Formats (MX) Specification v1.0; NVIDIA's NVFP4.
 
-Scaled low-precision formats, emulated in plain torch (`fake_quantize`, `RECIPES`): FP8 with one
-scale per tensor or per row (torchao's ``tensorwise`` and ``rowwise`` float8 training recipes),
-MXFP8 (OCP Microscaling Formats v1.0: blocks of 32 E4M3 values sharing an E8M0 power-of-two scale)
-and NVFP4 (blocks of 16 E2M1 values with an E4M3 scale, times one fp32 scale per tensor). E8M0
-and E2M1, which ``torch.finfo`` does not describe, are in `SPEC_FORMATS`, from the MX spec.
-
-Over 400 lines because it is one concern, number formats: what each format represents and what
-storing values in it does, from a plain cast (lesson 01) to the scaled formats of FP8 training
-(lesson 04), on one rounding rule (`round_to_format`).
+Over 400 lines because it is one concern, number formats, from a plain cast (lesson 01) to the
+scaled formats (lesson 04), on one rounding rule (`round_to_format`).
 """
 from __future__ import annotations
 
@@ -70,20 +64,11 @@ def resolve_dtype(fmt) -> torch.dtype:
 
 @dataclass(frozen=True)
 class FormatInfo:
-    """What one floating-point format can represent (from ``torch.finfo``).
-
-    Attributes:
-        name: the course's short name (``"bf16"``).
-        dtype: the ``torch.dtype`` (None for a format torch cannot hold one value of, E2M1).
-        bits: total bits; ``sign_bits`` (1), ``exponent_bits``, ``mantissa_bits`` (stored
-            fraction bits, without the implicit leading 1).
-        eps: machine epsilon, the gap between 1 and the next larger value, ``2^-mantissa_bits``.
-        max: the largest finite value.
-        smallest_normal: the smallest positive normal value (``finfo.smallest_normal``).
-        smallest_subnormal: the smallest positive value, ``smallest_normal x eps``.
-        decimal_digits: significant decimal digits, ``(mantissa_bits + 1) x log10(2)`` (the
-            implicit leading bit counts).
-    """
+    """What one floating-point format can represent: its short ``name`` (``"bf16"``), ``dtype``
+    (None for E2M1, which torch cannot hold), total ``bits``, ``sign_bits``, ``exponent_bits``,
+    ``mantissa_bits`` (stored fraction bits), ``eps`` (``2^-mantissa_bits``), ``max`` (largest
+    finite), ``smallest_normal``, ``smallest_subnormal`` (``smallest_normal x eps``) and
+    ``decimal_digits`` (``(mantissa_bits + 1) x log10(2)``)."""
 
     name: str
     dtype: torch.dtype | None
@@ -98,11 +83,9 @@ class FormatInfo:
     decimal_digits: float
 
 
-#: The two formats of the OCP Microscaling Formats (MX) Specification v1.0 (2023) that
-#: ``torch.finfo`` does not describe, with the spec's values: **E8M0**, the MX block scale (8
-#: exponent bits, no sign, no mantissa, bias 127: the powers of two 2^-127 to 2^127; section 5.4.1)
-#: and **E2M1**, the FP4 element (sign, 2 exponent bits, 1 mantissa bit, bias 1: 0, 0.5, 1, 1.5, 2,
-#: 3, 4, 6; no infinity or NaN; section 5.3.3), the element of MXFP4 and NVFP4.
+#: The MX spec v1.0 formats ``torch.finfo`` does not describe: E8M0, the block scale (no sign or
+#: mantissa, bias 127: 2^-127 to 2^127; section 5.4.1), and E2M1, the FP4 element of MXFP4 and
+#: NVFP4 (bias 1: 0, 0.5, 1, 1.5, 2, 3, 4, 6; no inf or NaN; section 5.3.3).
 SPEC_FORMATS: dict[str, FormatInfo] = {
     "e8m0": FormatInfo(name="e8m0", dtype=getattr(torch, "float8_e8m0fnu", None), bits=8,
                        sign_bits=0, exponent_bits=8, mantissa_bits=0, eps=1.0, max=2.0 ** 127,
@@ -115,11 +98,8 @@ SPEC_FORMATS: dict[str, FormatInfo] = {
 
 
 def format_info(fmt) -> FormatInfo:
-    """The `FormatInfo` of a format name or floating dtype, computed from ``torch.finfo``
-    (``"e8m0"`` and ``"fp4 e2m1"``: from the MX spec, `SPEC_FORMATS`).
-
-    ``mantissa_bits = -log2(eps)``, ``exponent_bits = bits - 1 - mantissa_bits``,
-    ``smallest_subnormal = smallest_normal x eps`` (see the module docstring).
+    """The `FormatInfo` of a format name or floating dtype, from ``torch.finfo`` (or
+    `SPEC_FORMATS`).
 
     Raises:
         ValueError: not a floating-point format (see `resolve_dtype`).
@@ -138,11 +118,8 @@ def format_info(fmt) -> FormatInfo:
 
 
 def format_table(formats=None, detail: bool = False) -> pd.DataFrame:
-    """One row per format (default: all of `FORMATS`), indexed by the format's name.
-
-    Default columns (seven): ``exponent bits``, ``mantissa bits``, ``eps``, ``max``,
-    ``smallest normal``, ``smallest subnormal``, ``decimal digits``. ``detail=True`` adds the
-    ``dtype`` name, the total ``bits`` and the ``sign`` bit.
+    """One row per format (default: all of `FORMATS`), indexed by name: the `FormatInfo` fields
+    from ``exponent bits`` to ``decimal digits``; ``detail=True`` adds ``dtype``, ``bits``, ``sign``.
 
     Raises:
         ValueError: a name that is not a floating-point format.
@@ -167,10 +144,9 @@ def _power_of_two(v: float) -> str:
 
 
 def layout_table(formats) -> pd.DataFrame:
-    """The formats side by side as a reader compares them: ``bits``, ``exponent bits``,
-    ``mantissa bits``, ``max`` (an integer with thousands separators below a million, else two
-    significant figures), ``smallest normal`` and ``eps`` as powers of two (``"2^-6"``); one
-    row per format name, in the order given.
+    """The formats side by side, one row each in the order given: ``bits``, ``exponent bits``,
+    ``mantissa bits``, ``max`` (``65,504``; two figures from a million), ``smallest normal`` and
+    ``eps`` as powers of two (``"2^-6"``).
 
     Raises:
         ValueError: a name that is not a format (`format_info`).
@@ -190,11 +166,8 @@ _INT_OF_WIDTH = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int
 
 
 def bits(x: float, fmt) -> str:
-    """The bit pattern of ``x`` rounded to ``fmt``: ``"sign exponent mantissa"``, e.g.
-    ``bits(1.0, "fp16") == "0 01111 0000000000"``.
-
-    ``x`` is rounded to the format with PyTorch's cast (round to nearest even; for
-    ``float8_e4m3fn`` values beyond its max become NaN, as the cast defines).
+    """The bit pattern of ``x`` cast to ``fmt`` (torch's cast: ties to even; beyond
+    ``float8_e4m3fn``'s max, NaN): ``bits(1.0, "fp16") == "0 01111 0000000000"``.
 
     Raises:
         ValueError: an unknown format.
@@ -208,8 +181,8 @@ def bits(x: float, fmt) -> str:
 
 
 def cast_table(values, formats=("fp32", "fp16", "bf16")) -> pd.DataFrame:
-    """Each value rounded to each format: the stored value (printed with 10 significant digits)
-    and its bit pattern. Rows: the values as given (fp64); columns ``<fmt>`` and ``<fmt> bits``.
+    """Each value (a row) cast to each format: columns ``<fmt>`` (the stored value, 10
+    significant digits) and ``<fmt> bits``.
 
     Raises:
         ValueError: an unknown format.
@@ -229,14 +202,10 @@ def cast_table(values, formats=("fp32", "fp16", "bf16")) -> pd.DataFrame:
 # --- scaled low-precision formats: FP8 per tensor / per row, MXFP8, NVFP4 ----------------------
 
 def round_to_format(x: torch.Tensor, fmt) -> torch.Tensor:
-    """``x`` rounded to the nearest value of ``fmt`` (ties to even), saturating: a magnitude
-    beyond the format's max becomes its max (as the saturating casts of FP8 training do). Works
-    for formats torch cannot cast to (``"fp4 e2m1"``) and equals torch's cast for the others
-    within their range. Returns fp32 values (``x``'s shape).
-
-    The value is ``round(|x| / q) x q`` with ``q = 2^(e - mantissa_bits)``, ``e`` the exponent of
-    ``|x|`` (exact, from ``torch.frexp``), at least the smallest normal's: IEEE 754-2019
-    section 4.3.1 (roundTiesToEven), subnormals included.
+    """``x`` rounded to the nearest value of ``fmt``, saturating at its max (as FP8 training's
+    casts do), in fp32: torch's cast within range, and also for ``"fp4 e2m1"``. The value is
+    ``round(|x| / q) x q``, ``q = 2^(e - mantissa_bits)``, ``e`` the exponent of ``|x|`` but at
+    least the smallest normal's (IEEE 754-2019 section 4.3.1, roundTiesToEven).
 
     Raises:
         ValueError: an unknown format, E8M0 (no sign and no mantissa: a scale format, see
@@ -268,16 +237,13 @@ class Recipe:
     """One way of storing a tensor in a low-precision format (`RECIPES`).
 
     Attributes:
-        name: e.g. ``"MXFP8"``.
         element: the format of each value (a `format_info` name).
-        granularity: what shares one scale: ``"none"`` (no scale), ``"tensor"``, ``"row"`` (the
-            last dimension) or ``"block"`` (``block`` consecutive values of the last dimension).
-        block: values per block (``"block"`` only).
-        scale: how a scale is stored: ``"none"``, ``"fp32"``, ``"power of two"`` (an fp32 power
-            of two), ``"e8m0"`` (MX) or ``"e4m3 x fp32"`` (NVFP4's block scale in E4M3 times one
-            fp32 scale per tensor).
-        bits_per_value: element bits plus the block scale's bits shared out (a per-tensor or
-            per-row scale adds a negligible share and is not counted).
+        granularity: what shares one scale: ``"none"``, ``"tensor"``, ``"row"`` (the last
+            dimension) or ``"block"`` (``block`` consecutive values of the last dimension).
+        scale: ``"none"``, ``"fp32"``, ``"power of two"``, ``"e8m0"`` (MX) or ``"e4m3 x fp32"``
+            (NVFP4: an E4M3 block scale times one fp32 scale per tensor).
+        bits_per_value: element bits plus the block scale's share (a tensor's or row's: not
+            counted).
         source: where the recipe is defined.
     """
 
@@ -328,11 +294,10 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def mx_scale_exponents(x: torch.Tensor, element: str = "fp8 e4m3", block: int = 32) -> torch.Tensor:
-    """The shared E8M0 scale of each block of ``block`` values along the last dimension, as the
-    integer ``k`` of ``X = 2^k``: ``k = floor(log2(amax)) - emax``, ``emax`` the exponent of the
-    element format's largest power of two (8 for E4M3, 15 for E5M2, 2 for E2M1), clamped to
-    E8M0's range -127..127; an all-zero block gets -127 (OCP MX v1.0 section 6.3). Shape: ``x``'s
-    with the last dimension divided by ``block``.
+    """The ``k`` of each block's shared E8M0 scale ``2^k`` (``block`` values of the last
+    dimension, which it divides): ``floor(log2(amax)) - emax``, ``emax`` the exponent of the
+    element's largest power of two (8 for E4M3), clamped to -127..127; -127 for an all-zero
+    block (OCP MX v1.0 section 6.3).
 
     Raises:
         ValueError: an unknown element format, a last dimension not divisible by ``block``,
@@ -370,13 +335,9 @@ def _nvfp4(x: torch.Tensor, r: Recipe) -> torch.Tensor:
 
 
 def fake_quantize(x: torch.Tensor, recipe) -> torch.Tensor:
-    """``x`` stored with ``recipe`` and read back (quantize, then dequantize), in fp32: what
-    a low-precision matmul or store sees of it. Blocks and rows run along the last dimension (a
-    matmul's inner dimension for an activation ``(..., in)`` and a weight ``(out, in)``).
-
-    Args:
-        x: a floating tensor of finite values.
-        recipe: a `Recipe` or a name in `RECIPES`.
+    """``x`` stored with ``recipe`` (a `Recipe` or a name in `RECIPES`) and read back, in fp32.
+    Blocks and rows run along the last dimension (a matmul's inner one for an activation
+    ``(..., in)`` and a weight ``(out, in)``).
 
     Raises:
         ValueError: an unknown recipe, a last dimension not divisible by the recipe's block, or
@@ -411,9 +372,8 @@ def quantization_error(x: torch.Tensor, recipe) -> dict:
 
 
 def quantization_table(tensors: dict, recipes=tuple(RECIPES)) -> pd.DataFrame:
-    """`quantization_error` of each tensor under each recipe, one row per (recipe, tensor)
-    (index ``recipe``, ``tensor``, in the order given), columns ``bits per value``,
-    ``relative error`` and ``flushed to 0 (%)`` (percent of the tensor's nonzero values).
+    """`quantization_error` of each tensor under each recipe: index (``recipe``, ``tensor``) in
+    the order given, columns ``bits per value``, ``relative error``, ``flushed to 0 (%)``.
 
     Raises:
         ValueError: no tensors, or as `fake_quantize`.
@@ -432,16 +392,9 @@ def quantization_table(tensors: dict, recipes=tuple(RECIPES)) -> pd.DataFrame:
 
 
 def log2_histogram(values: torch.Tensor, lo: int | None = None, hi: int | None = None) -> pd.Series:
-    """Counts of ``floor(log2|v|)`` for the nonzero elements of ``values``.
-
-    Args:
-        values: any tensor (flattened; integer tensors are converted to fp64).
-        lo, hi: the first and last exponent bin (default: the data's range); values outside
-            are counted in the end bins.
-
-    Returns:
-        A ``pd.Series`` indexed by the integer exponent ``k`` (the bin ``[2^k, 2^(k+1))``),
-        plus its attribute ``attrs["zeros"]``: the number of exact zeros (not binned).
+    """Counts of ``floor(log2|v|)`` for the nonzero finite elements of ``values`` (any tensor):
+    a ``pd.Series`` indexed by ``k`` (the bin ``[2^k, 2^(k+1))``) from ``lo`` to ``hi`` (default:
+    the data's range; values outside fall in the end bins), with ``attrs["zeros"]``, the zeros.
 
     Raises:
         ValueError: ``values`` has no nonzero finite element, or ``lo > hi``.
@@ -453,8 +406,7 @@ def log2_histogram(values: torch.Tensor, lo: int | None = None, hi: int | None =
     nz = finite[finite != 0].abs()
     if nz.numel() == 0:
         raise ValueError(tr("log2_histogram needs at least one nonzero finite value."))
-    # frexp: |v| = m x 2^e with m in [0.5, 1), so floor(log2|v|) = e - 1 exactly (no rounding).
-    k = torch.frexp(nz).exponent.long() - 1
+    k = torch.frexp(nz).exponent.long() - 1                  # floor(log2 |v|), exact
     lo = int(k.min()) if lo is None else int(lo)
     hi = int(k.max()) if hi is None else int(hi)
     if lo > hi:
@@ -467,14 +419,9 @@ def log2_histogram(values: torch.Tensor, lo: int | None = None, hi: int | None =
 
 
 def underflow_stats(values: torch.Tensor, fmt, scale: float = 1.0) -> dict:
-    """What happens to ``values x scale`` when stored in ``fmt`` (round to nearest even).
-
-    ``values`` are taken as fp32 and multiplied by ``scale`` in fp32 (exact for a power of two).
-
-    Returns:
-        A dict with ``n`` (elements), ``nonzero`` (nonzero finite inputs), and as fractions of
-        the nonzero inputs: ``flushed`` (became exactly 0), ``subnormal`` (kept, but below the
-        smallest normal value: fewer significant bits), ``overflow`` (became inf or NaN).
+    """What storing ``values x scale`` (in fp32) in ``fmt`` does: ``n`` (elements), ``nonzero``
+    (nonzero finite inputs) and, as fractions of those, ``flushed`` (became 0), ``subnormal``
+    (kept below the smallest normal) and ``overflow`` (became inf or NaN).
 
     Raises:
         ValueError: an unknown format, or a scale that is not a positive finite number.
@@ -488,7 +435,6 @@ def underflow_stats(values: torch.Tensor, fmt, scale: float = 1.0) -> dict:
     if n_nz == 0:
         return {"n": values.numel(), "nonzero": 0, "flushed": 0.0, "subnormal": 0.0,
                 "overflow": 0.0}
-    # In fp32: exact for a power-of-two scale (what GradScaler uses) unless it leaves fp32's range.
     stored = (v * scale).to(info.dtype).float()
     flushed = int((stored == 0).sum())
     overflow = int((~torch.isfinite(stored)).sum())
@@ -510,17 +456,9 @@ def _case_label(fmt, scale: float) -> str:
 
 
 def underflow_table(groups: dict, cases) -> pd.DataFrame:
-    """`underflow_stats` for each group of values under each (format, scale) case, in percent.
-
-    Args:
-        groups: ``{name: tensor}``, e.g. `GradientCapture.groups()`.
-        cases: ``[(format, scale), ...]``, e.g. ``[("fp16", 1), ("fp16", 2**16), ("bf16", 1)]``.
-
-    Returns:
-        One row per (case, group), indexed by ``stored as`` (the format, with the loss scale
-        when it is not 1: ``"fp16, loss x 2^16"``) and ``gradients`` (the group's name); four
-        columns: ``nonzero values`` (count), ``flushed to 0 (%)``, ``subnormal (%)``,
-        ``overflow (%)`` (percent of the nonzero values).
+    """`underflow_stats` of each group (``{name: tensor}``) under each case (``[(format,
+    scale), ...]``), indexed by ``stored as`` (``"fp16, loss x 2^16"``) and ``gradients``;
+    columns ``nonzero values``, ``flushed to 0 (%)``, ``subnormal (%)``, ``overflow (%)``.
 
     Raises:
         ValueError: empty ``groups`` or ``cases``, or a bad format or scale.

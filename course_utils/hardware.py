@@ -1,28 +1,17 @@
-"""What this machine can do for mixed precision, and how the course plans around it.
+"""What this machine can do for mixed precision, and the recipe the course trains in on it:
+`detect`, `recommend_precision`, `is_emulated` (an emulated precision's memory is still measured,
+its time labelled), `use_threads`, `memory_device` (the CPU in place of MPS), `matmul_probe` and
+`report`, used by every lesson and the CLI. The run guard lives in `course_utils.guard`.
 
-`detect()` reads the hardware and returns a `HardwareInfo`; `recommend_precision()` turns it
-into the recipe the course trains in on that machine; `is_emulated()` says which precisions run
-only by emulation there (their memory is still measured; their time is taken with the fewest
-steps and labelled); `use_threads()` picks the number of CPU threads; `memory_device()` names
-the device whose peak memory can be measured (the CPU in place of MPS); `matmul_probe()`
-measures how fast each format multiplies here, so that reports state measured ratios, never
-typed ones. The run guard (`check_feasible`) lives in `course_utils.guard`.
-
-Facts this module relies on (PyTorch and oneDNN docs; each checked by the course's tests):
-
-* ``torch.cuda.is_bf16_supported()`` returns True on a T4 (compute capability 7.5), where bf16 is
-  emulated; native bf16 needs compute capability >= 8.0 (Ampere). We use
-  ``is_bf16_supported(including_emulation=False)`` where it exists, else the capability.
-* fp16 tensor cores arrived with Volta (compute capability 7.0).
-* On a CPU, bf16 autocast runs natively only with ``avx512_bf16`` or AMX (``amx_bf16``); fp16
-  only with ``avx512_fp16`` or ``amx_fp16``. Elsewhere both are emulated.
-* ``ONEDNN_MAX_CPU_ISA`` (oneDNN's ISA cap, oneDNN docs "CPU Dispatcher Control") and
-  ``ATEN_CPU_CAPABILITY`` (ATen's kernel level) make a CPU with bf16 instructions run as one
-  without; `detect` honours both, so the course then plans as it would on that CPU.
+Facts relied on (PyTorch and oneDNN docs): ``torch.cuda.is_bf16_supported()`` is True on a T4
+(compute capability 7.5), which emulates bf16, so ``including_emulation=False`` (or the
+capability, >= 8.0) decides; fp16 tensor cores arrived with Volta (7.0); a CPU runs bf16 natively
+only with ``avx512_bf16`` or ``amx_bf16``, fp16 only with ``avx512_fp16`` or ``amx_fp16``;
+``ONEDNN_MAX_CPU_ISA`` ("CPU Dispatcher Control") and ``ATEN_CPU_CAPABILITY`` make a CPU run as one
+without those instructions, and `detect` honours both.
 
 Over 400 lines because every fact here is read from one `HardwareInfo`: detection, the ISA caps,
-the recipe, emulation, the usable cores and threads, the matmul probe and the report that prints
-them must agree, and do by sitting together.
+the recipe, emulation, the threads, the matmul probe and the report must agree.
 """
 from __future__ import annotations
 
@@ -56,22 +45,16 @@ class HardwareInfo:
     """The facts about one device that decide the mixed-precision recipe.
 
     Attributes:
-        device: ``"cuda"``, ``"mps"`` or ``"cpu"``.
-        name: the GPU's name (``"Tesla T4"``) or the CPU's.
+        device: ``"cuda"``, ``"mps"`` or ``"cpu"``; ``name``: the GPU's or the CPU's.
         compute_capability: CUDA (major, minor), ``None`` off CUDA.
-        native_bf16: bf16 arithmetic runs in hardware (not emulated).
-        fp16_fast: fp16 matmuls are fast (tensor cores on CUDA; avx512_fp16/AMX-FP16 on a CPU).
-        total_memory_bytes: device memory in bytes (GPU memory; ``None`` on CPU/MPS).
-        cpu_features: the CPU ISA flags that matter here (``avx2``, ``avx512_f``,
-            ``avx512_bf16``, ``amx_bf16``, ``avx512_fp16``, ``amx_fp16``), as torch's kernels may
-            use them: flags above an ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` cap are
-            False.
-        isa_cap: the caps in force, e.g. ``"ONEDNN_MAX_CPU_ISA=AVX2"`` ("" if none).
-        torch_version: ``torch.__version__``.
-        bf16_emulated: the device accepts bf16 but only by emulation (e.g. a T4, most CPUs).
-        stand_in: "" or, when a bigger GPU plans as a smaller one (``$COURSE_STAND_IN``,
-            `course_utils.stand_in`), the words that say so; the other fields are then the
-            smaller card's.
+        native_bf16: bf16 arithmetic runs in hardware; ``bf16_emulated``: it is accepted but
+            emulated (a T4, most CPUs).
+        fp16_fast: fp16 tensor cores on CUDA; avx512_fp16/AMX-FP16 on a CPU.
+        total_memory_bytes: GPU memory in bytes (``None`` on CPU/MPS).
+        cpu_features: `_CPU_FLAGS` as torch's kernels may use them (False above an ISA cap);
+            ``isa_cap``: the caps in force, e.g. ``"ONEDNN_MAX_CPU_ISA=AVX2"`` ("" if none).
+        stand_in: "" or the words saying a bigger GPU plans as a smaller one
+            (`course_utils.stand_in`); the other fields are then the smaller card's.
     """
 
     device: str
@@ -95,15 +78,10 @@ class HardwareInfo:
 
 @dataclass(frozen=True)
 class Recommendation:
-    """The precision recipe for a device.
-
-    Attributes:
-        precision: what to train in here: ``"bf16"``, ``"fp16"`` or ``"fp32"``.
-        grad_scaler: whether the recipe needs ``torch.amp.GradScaler`` (only fp16 does).
-        low: the low precision the lessons compare with fp32 here (``"fp16"`` on a GPU without
-            native bf16, else ``"bf16"``); it may be emulated (`is_emulated`).
-        reason: one or two sentences saying why, naming the hardware fact behind it.
-    """
+    """The precision recipe for a device: ``precision`` to train in (``"bf16"``, ``"fp16"``,
+    ``"fp32"``), whether it needs ``grad_scaler`` (fp16 only), the ``reason`` (the hardware fact
+    behind it) and ``low``, the low precision the lessons compare with fp32 here (``"fp16"`` on a
+    GPU without native bf16, else ``"bf16"``; it may be emulated)."""
 
     precision: str
     grad_scaler: bool
@@ -116,8 +94,8 @@ CPU_QUOTA = "/sys/fs/cgroup/cpu.max"
 
 _CPU_FLAGS = ("avx2", "avx512_f", "avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 
-# oneDNN's ISA levels in order (oneDNN docs, "CPU Dispatcher Control"); a flag is usable under
-# ONEDNN_MAX_CPU_ISA=X only if the level that introduced it is at or below X.
+# oneDNN's ISA levels in order ("CPU Dispatcher Control"); a flag is usable under a cap at or
+# above the level that introduced it.
 _ONEDNN_LEVELS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
                   "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16",
                   "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
@@ -157,12 +135,9 @@ def _capabilities() -> dict:
 def _cpu_features() -> tuple[dict, str]:
     caps = _capabilities()
     lowest, words = _isa_caps()
-    feats = {}
-    for k in _CPU_FLAGS:
-        allowed = lowest is None or (_ONEDNN_LEVELS.index(_FLAG_LEVEL[k])
-                                     <= _ONEDNN_LEVELS.index(lowest))
-        feats[k] = bool(caps.get(k, False)) and allowed
-    return feats, words
+    top = len(_ONEDNN_LEVELS) if lowest is None else _ONEDNN_LEVELS.index(lowest)
+    return {k: bool(caps.get(k, False)) and _ONEDNN_LEVELS.index(_FLAG_LEVEL[k]) <= top
+            for k in _CPU_FLAGS}, words
 
 
 def _cpu_name() -> str:
@@ -186,8 +161,7 @@ def require_device(device: str) -> None:
     """Check that ``device`` exists on this machine.
 
     Raises:
-        ValueError: a device string torch does not know, or one this machine lacks (e.g.
-            ``cuda`` on a CPU-only machine), with what to use instead.
+        ValueError: a device string torch does not know, or one this machine lacks.
     """
     kind = device_kind(device)
     if kind == "cuda":
@@ -208,10 +182,9 @@ def require_device(device: str) -> None:
 
 
 def memory_device(device: str | None = None) -> str:
-    """The device on which peak memory can be measured: ``device`` (default: this machine's
-    best, `course_utils.terms.default_device`), except ``"cpu"`` in place of MPS, which has
-    no peak-memory counter (PyTorch's ``torch.mps`` reports current and driver-allocated bytes,
-    no peak; `MPS_PEAK_NOTE`). A lesson whose cells measure peaks themselves runs on it.
+    """The device on which peak memory can be measured: ``device`` (default
+    `course_utils.terms.default_device`), but ``"cpu"`` for MPS (``torch.mps`` has no peak
+    counter; `MPS_PEAK_NOTE`).
 
     Raises:
         ValueError: a string that names no device torch knows.
@@ -263,9 +236,8 @@ def detect(device: str | None = None) -> HardwareInfo:
 
 
 def is_emulated(hw: HardwareInfo, precision: str) -> bool:
-    """Whether ``precision`` runs only by emulation on ``hw`` (so its step time says nothing
-    about real hardware): bf16 without native bf16 (most CPUs, a T4); fp16 on a CPU without
-    fp16 instructions. fp32 never; fp16 on any CUDA GPU runs natively.
+    """Whether ``precision`` runs only by emulation on ``hw`` (its step time then says nothing
+    about hardware): bf16 without native bf16; fp16 on a CPU without fp16 instructions.
 
     Raises:
         ValueError: an unknown precision.
@@ -279,17 +251,9 @@ def is_emulated(hw: HardwareInfo, precision: str) -> bool:
 
 
 def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
-    """The mixed-precision recipe for ``hw`` (default: `detect()`), with the reason.
-
-    Rules (PyTorch AMP docs; NVIDIA mixed-precision guide):
-
-    * CUDA with compute capability >= 8.0 (Ampere, Ada, Hopper): bf16 autocast, no scaler.
-    * CUDA 7.x (V100, T4): fp16 autocast + GradScaler; bf16 would be emulated.
-    * older CUDA: fp32 (no fp16 tensor cores).
-    * MPS: bf16 autocast (best effort).
-    * CPU with avx512_bf16 or AMX: bf16 autocast; otherwise fp32, because bf16 and fp16 are
-      emulated there (`matmul_probe` measures by how much).
-    """
+    """The mixed-precision recipe for ``hw`` (default: `detect()`), with the reason (PyTorch
+    AMP docs; NVIDIA mixed-precision guide): bf16 where it is native (CUDA >= 8.0, MPS, a CPU with
+    AVX-512 BF16 or AMX), fp16 + GradScaler on CUDA 7.x, else fp32."""
     hw = hw or detect()
     if hw.device == "cuda":
         cc = hw.compute_capability or (0, 0)
@@ -357,14 +321,9 @@ def _cpu_busy(sample_s: float) -> float | None:
 
 
 def usable_cores() -> int:
-    """CPU cores this process may keep busy: the smallest of the CPU affinity
-    (``os.sched_getaffinity``; ``os.cpu_count`` where there is none), the physical cores
-    (``torch.cpu.get_capabilities``, where torch reports them) and a cgroup v2 CPU quota
-    (`CPU_QUOTA`, as in a container started with ``--cpus``); at least 1.
-
-    The course's one rule: torch's threads (`use_threads`) and the ranks a gloo run may start
-    (`course_utils.distributed.max_world_size`) both follow it.
-    """
+    """CPU cores this process may keep busy, at least 1: the smallest of the CPU affinity
+    (else ``os.cpu_count``), the physical cores torch reports and a cgroup v2 quota
+    (`CPU_QUOTA`). `use_threads` and `course_utils.distributed.max_world_size` both follow it."""
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -383,21 +342,13 @@ def usable_cores() -> int:
 
 
 def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
-    """Set torch's intra-op threads once for this machine, the same in every lesson, and say
-    why.
+    """Set torch's intra-op threads, the same in every lesson, and return the `ThreadChoice`.
 
-    ``OMP_NUM_THREADS`` (e.g. set by a workshop instructor: one or two per learner) is obeyed
-    as it is. Otherwise, inside a notebook kernel, the count the first lesson chose on this
-    machine and torch version is reused from the results store (`course_utils.store`), so that
-    two lessons that time the same pair time it with the same threads. A first choice (or
-    ``fresh=True``, or outside a notebook) is the smallest of the physical cores, the CPU
-    affinity and a cgroup CPU quota, minus the CPUs other processes kept busy over
-    ``sample_s`` seconds (at least 1). Measured on a 2-core CPU beside a busy 2-thread process:
-    a small training step took 11.5 ms with 1 thread but 343 ms with 2 (two threads that wait
-    for each other on shared cores), so backing off matters.
-
-    Returns:
-        The `ThreadChoice` made (``torch.set_num_threads`` has been called with it).
+    ``OMP_NUM_THREADS`` is obeyed as it is. Otherwise, in a notebook, the count the first lesson
+    chose on this machine is reused from the results store; a first choice (or ``fresh=True``)
+    is `usable_cores` minus the CPUs other processes kept busy over ``sample_s`` seconds, at
+    least 1: on a 2-core CPU beside a busy 2-thread process a small step took 11.5 ms with 1
+    thread but 343 ms with 2.
     """
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
@@ -408,12 +359,10 @@ def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
     cores = usable_cores()
     if keep and not fresh:
         rec = store.lookup("protocol", "threads", key)
-        # a record from before the numbers were kept (its sentence in one language) is chosen again
         if (rec and isinstance(rec.get("threads"), int) and 1 <= rec["threads"] <= cores
                 and isinstance(rec.get("cores"), int)):
             torch.set_num_threads(rec["threads"])
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.get("recorded_at", 0)))
-            # the numbers are stored, the sentence said anew: in this kernel's language
             why = _threads_reason(rec["cores"], rec.get("busy"), rec["threads"])
             return ThreadChoice(rec["threads"], tr(
                 "{reason}; chosen on {when} and kept for every lesson on this machine "
@@ -436,12 +385,8 @@ def _threads_reason(cores: int, busy: float | None, free: int) -> str:
 
 
 def matmul_probe(device: str = "cpu", n: int = 256, budget_s: float = 0.2) -> dict:
-    """Seconds of one ``(n x n) @ (n x n)`` matmul in fp32, bf16 and fp16 on ``device``: the
-    median of repeated runs (``torch.utils.benchmark.Timer.blocked_autorange``, about
-    ``budget_s`` seconds each, threads as set).
-
-    Returns:
-        ``{"fp32": s, "bf16": s, "fp16": s}``.
+    """``{"fp32": s, "bf16": s, "fp16": s}``: seconds of one ``(n x n) @ (n x n)`` matmul on
+    ``device``, the median of ``Timer.blocked_autorange(min_run_time=budget_s)``.
 
     Raises:
         ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
@@ -464,8 +409,7 @@ def _ratio_text(r: float) -> str:
 
 
 def _fp16_words(hw: HardwareInfo) -> str:
-    """Whether ``hw`` has fp16 arithmetic in hardware, and which feature says so: not a claim
-    that fp16 is fast here (`matmul_probe` measures that)."""
+    """Whether ``hw`` has fp16 arithmetic in hardware, and which feature says so."""
     if hw.device == "cpu":
         isa = [f for f in ("avx512_fp16", "amx_fp16") if hw.cpu_features.get(f)]
         return tr("yes ({isa})", isa=", ".join(isa)) if isa else tr("no (emulated)")
@@ -475,15 +419,13 @@ def _fp16_words(hw: HardwareInfo) -> str:
 
 
 def _line(label: str, value: str) -> str:
-    """``"device        : cpu (...)"``: the label padded to 14 columns (a Hangul character takes
-    two, as a terminal and a notebook's monospace output draw it), then the value."""
+    """``"device        : cpu (...)"``: the label padded to 14 columns (a Hangul character: 2)."""
     width = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in label)
     return f"{label}{' ' * max(1, 14 - width)}: {value}"
 
 
 def _probe_words(hw: HardwareInfo, probe: dict) -> str:
-    """The measured matmul ratios: an emulated format's once, rounded, never 4 figures (issue
-    24)."""
+    """The measured matmul ratios (an emulated format's rounded, `emulated_factor`)."""
     parts = [tr("{precision} about {factor} fp32's time (emulated)", precision=p,
                 factor=emulated_factor(probe[p] / probe["fp32"]))
              if is_emulated(hw, p) and not hw.stand_in
@@ -495,9 +437,8 @@ def _probe_words(hw: HardwareInfo, probe: dict) -> str:
 
 
 def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
-    """A few lines describing ``hw``, its recipe and the threads in use (for notebooks and the
-    CLI), labelled in the learner's language. With ``probe`` (`matmul_probe`'s result) it adds
-    the measured matmul ratios."""
+    """A few lines on ``hw``, its recipe and the threads in use, with the measured matmul ratios
+    of ``probe`` (`matmul_probe`'s result) if given."""
     hw = hw or detect()
     rec = recommend_precision(hw)
     lines = [_line(tr("device"), f"{hw.device} ({hw.name})")]
