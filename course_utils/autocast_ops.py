@@ -135,7 +135,8 @@ class OpDtypeRecorder(TorchDispatchMode):
 
 
 def _probe_calls(d: int, device) -> dict:
-    """The calls `autocast_policy` tries: name -> function of one (2, 4, d) input."""
+    """The calls `autocast_policy` tries: name -> function of one (2, 4, d) input (a tensor, or
+    the dtype of a step inside a composite op)."""
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(d, d, generator=g).to(device), torch.randn(d, generator=g).to(device)
     ln_w, ln_b = torch.ones(d, device=device), torch.zeros(d, device=device)
@@ -149,34 +150,16 @@ def _probe_calls(d: int, device) -> dict:
         "gelu": F.gelu,
         "sum": lambda x: x.sum(),
         "cross_entropy (the loss)": lambda x: F.cross_entropy(x.reshape(-1, d), target),
-        "log_softmax inside cross_entropy": lambda x: _inner_output(
+        "log_softmax inside cross_entropy": lambda x: _inner_dtype(
             "_log_softmax", F.cross_entropy, x.reshape(-1, d), target),
     }
 
 
-class _Outputs(TorchDispatchMode):
-    """The first output of each ATen op run inside it, by op name (first call kept)."""
-
-    def __init__(self):
-        super().__init__()
-        self.first: dict = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-        outs = [a for a in tree_leaves(out) if isinstance(a, torch.Tensor)]
-        if outs:
-            self.first.setdefault(name, outs[0])
-        return out
-
-
-def _inner_output(op: str, fn, *args):
-    """The output of the ATen op ``op`` that ``fn(*args)`` runs inside itself: what autocast did
-    to a step of a composite op (``cross_entropy`` is ``log_softmax`` then ``nll_loss``; CPU
-    autocast casts its input up to fp32, CUDA's only ``nll_loss``)."""
-    with _Outputs() as seen:
+def _inner_dtype(op: str, fn, *args) -> str:
+    """The output dtype of the first ATen op ``op`` that ``fn(*args)`` runs inside itself."""
+    with OpDtypeRecorder() as rec:
         fn(*args)
-    return seen.first[op]
+    return [r.outputs[0] for r in rec.records if r.op == op and r.outputs][0]
 
 
 #: The calls `autocast_policy` probes, in its table's order.
@@ -205,7 +188,8 @@ def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) ->
         for in_dtype in (torch.float32, dtype):
             x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1)).to(device, in_dtype)
             with torch.autocast(kind, dtype=dtype):
-                outs.append(short_dtype(fn(x).dtype))
+                out = fn(x)
+                outs.append(out if isinstance(out, str) else short_dtype(out.dtype))
         if outs == [low, low]:
             rule = tr("runs in {dtype}", dtype=low)
         elif outs == ["fp32", "fp32"]:

@@ -1,17 +1,11 @@
 """Run a training script under ``torchrun`` from a notebook and collect what each rank reports
-(lesson 04; its graded exercise ships a learner's loop to the ranks with `write_module`).
+(lesson 04 and its exercise): `launch`, `rank_report`, `state_bytes`, `sharding_table`,
+`write_module`. Each rank ends with ``os._exit`` after its script: gloo's threads outlive
+``destroy_process_group()`` while a DDP model holds the group, and tearing the interpreter down
+beside them aborted a rank now and then (``terminate called without an active exception``).
 
-`launch` runs the script on N ranks with a time limit, a share of the thread budget per rank,
-this package on ``PYTHONPATH`` and the learner's language (``COURSE_LANG``), and raises
-`LaunchError` with the ranks' last error; `rank_report` writes one rank's JSON report;
-`state_bytes` counts a rank's local bytes, which `sharding_table` puts beside
-`course_utils.memory_model.sharded_estimate`. Each rank ends with ``os._exit`` after its script:
-gloo's threads outlive ``destroy_process_group()`` while a DDP model holds the group, and tearing
-the interpreter down beside them aborted a rank now and then (``terminate called without an
-active exception``, exit -6).
-
-Sources: PyTorch "torchrun (Elastic Launch)" docs (workers start their own sessions, which is why
-a time-out stops them one by one); "Getting Started with Distributed Data Parallel";
+Sources: PyTorch "torchrun (Elastic Launch)" docs (workers start their own sessions, so a
+time-out stops them one by one); "Getting Started with Distributed Data Parallel";
 ``torch.distributed.fsdp.fully_shard`` (FSDP2) docs, whose parameters are ``DTensor`` shards.
 
 Over 400 lines because launching, stopping and reading ``torchrun``'s ranks is one
@@ -103,14 +97,11 @@ class Launch:
     @property
     def output(self) -> str:
         """The ranks' printed output, lines that start ``[rank N]`` sorted by rank."""
-        lines = self.stdout.rstrip().splitlines()
-
-        def key(item):
-            i, line = item
+        def rank(line):
             m = re.match(r"\[rank (\d+)\]", line)
-            return (int(m.group(1)) if m else -1, i)
+            return int(m.group(1)) if m else -1
 
-        return "\n".join(line for _, line in sorted(enumerate(lines), key=key))
+        return "\n".join(sorted(self.stdout.rstrip().splitlines(), key=rank))  # a stable sort
 
 
 def default_backend() -> str:
@@ -133,12 +124,8 @@ def max_world_size(backend: str) -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "gloo":
         return usable_cores()
-    raise ValueError(_unknown_backend(backend))
-
-
-def _unknown_backend(backend) -> str:
-    return tr("unknown backend {backend!r}: expected one of {names}.", backend=backend,
-              names=", ".join(_BACKENDS))
+    raise ValueError(tr("unknown backend {backend!r}: expected one of {names}.", backend=backend,
+                        names=", ".join(_BACKENDS)))
 
 
 def threads_per_rank(nproc: int) -> int:
@@ -148,14 +135,13 @@ def threads_per_rank(nproc: int) -> int:
         budget = int(os.environ.get("OMP_NUM_THREADS", ""))
     except ValueError:
         budget = 0
-    if budget <= 0:
-        budget = usable_cores()
-    return max(1, min(budget, usable_cores()) // max(1, nproc))
+    cores = usable_cores()
+    return max(1, min(budget if budget > 0 else cores, cores) // max(1, nproc))
 
 
 def _check_nproc(nproc, backend: str) -> None:
+    limit = max_world_size(backend)  # an unknown backend first
     check_positive_int("nproc (ranks)", nproc)
-    limit = max_world_size(backend)
     if nproc > limit:
         if backend == "nccl":
             raise ValueError(tr("{nproc} NCCL ranks need {nproc} GPUs; this machine has {limit}. "
@@ -211,8 +197,7 @@ _FAILED_RANK = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
 
 def _last_error(stderr: str) -> str:
-    """``"rank 1 died of SIGABRT: ValueError: ..."``: the signal that killed a rank, and a rank's
-    last exception line (torchrun's own excluded), else the last C++ abort line."""
+    """The signal that killed a rank, then a rank's last exception line, else its C++ abort."""
     found = fatal = died = ""
     for line in stderr.splitlines():
         m = _ERROR_LINE.match(line.strip())
@@ -228,8 +213,7 @@ def _last_error(stderr: str) -> str:
             except ValueError:
                 name = f"signal {-int(d.group(1))}"
             died = tr("rank {rank} died of {signal}", rank=d.group(2), signal=name)
-    parts = [p for p in (died, found or fatal) if p]
-    return ": ".join(parts)
+    return ": ".join(p for p in (died, found or fatal) if p)
 
 
 def _tail(text: str, n: int = STDERR_TAIL_LINES) -> str:
@@ -237,8 +221,7 @@ def _tail(text: str, n: int = STDERR_TAIL_LINES) -> str:
 
 
 def _ranks_stderr_tail(stderr: str, n: int = STDERR_TAIL_LINES) -> str:
-    """The tail of the ranks' stderr before torchrun's own traceback, then its one-line
-    "failed (exitcode ...)" record."""
+    """The tail of the ranks' stderr before torchrun's traceback, then its "failed" record."""
     lines = stderr.rstrip().splitlines()
     agent = next((i for i, line in enumerate(lines)
                   if "torch/distributed/elastic" in line and "failed (exitcode" in line), None)
@@ -250,21 +233,12 @@ def _ranks_stderr_tail(stderr: str, n: int = STDERR_TAIL_LINES) -> str:
 def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
            backend: str | None = None, timeout: float = 300.0, cwd: str | os.PathLike | None = None,
            env: dict | None = None, expect_reports: bool = True) -> Launch:
-    """Run ``script`` on ``nproc`` ranks with ``torchrun --standalone`` and wait for it.
-
-    Args:
-        script: the Python file every rank runs.
-        nproc: ranks on this machine, 1 to `max_world_size` (backend).
-        args: the script's command-line arguments (converted with ``str``).
-        backend: ``"gloo"`` or ``"nccl"`` (default `default_backend()`), only checked against
-            the machine here: pass it to the script in ``args`` as well.
-        timeout: seconds before the run and its ranks are stopped.
-        cwd: the ranks' working directory (default: the script's folder).
-        env: extra environment variables for the ranks (they win, ``OMP_NUM_THREADS`` included).
-        expect_reports: require a `rank_report` from every rank.
-
-    Returns:
-        A `Launch`.
+    """Run ``script`` on ``nproc`` ranks (1 to `max_world_size`) with ``torchrun --standalone``,
+    wait for it and return the `Launch`. ``args`` (passed with ``str``) go to the script;
+    ``backend`` (default `default_backend()`) is only checked against the machine here, so pass
+    it in ``args`` too; after ``timeout`` seconds the run and its ranks are stopped; ``cwd``
+    defaults to the script's folder; ``env`` adds variables for the ranks (they win,
+    ``OMP_NUM_THREADS`` included); ``expect_reports`` requires a `rank_report` from every rank.
 
     Raises:
         ValueError: ``nproc`` not a positive integer or more than the machine runs; an unknown
@@ -273,8 +247,6 @@ def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
         LaunchError: torchrun failed, ran past ``timeout``, or a rank wrote no report.
     """
     backend = backend or default_backend()
-    if backend not in _BACKENDS:
-        raise ValueError(_unknown_backend(backend))
     _check_nproc(nproc, backend)
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(tr("timeout must be a positive number of seconds, got {timeout!r}.",
@@ -303,8 +275,7 @@ _RUNNER = "course_utils.distributed"  # python -m course_utils.distributed SCRIP
 
 
 def _run_rank(argv: Sequence[str]) -> None:
-    """Run the script ``argv[0]`` as ``python script.py argv[1:]`` would, flush, then
-    ``os._exit`` with 0, its ``SystemExit`` code, or 1 after printing a traceback."""
+    """Run ``python SCRIPT ARGS`` in this process, flush, and ``os._exit`` with its status."""
     script, *args = argv
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
@@ -447,22 +418,16 @@ def write_module(path: str | os.PathLike, *functions, header: str = _MODULE_HEAD
 
 
 def sharding_table(reports: Iterable[dict], config, labels: dict | None = None):
-    """Measured per-rank bytes beside `memory_model.sharded_estimate`, one row per
-    (world size, ZeRO stage, rank).
-
-    Args:
-        reports: ``{"world_size": K, "rank": r, "stages": {stage: {"parameters": b,
-            "gradients": b, "optimizer_state": b}}}`` each (bytes; ``stage`` 0-3, str or int).
-        config: the `RunConfig` whose model was measured.
-        labels: optional ``{stage: "what ran"}`` for a column naming the implementation.
-
-    Returns:
-        Columns ``ranks``, ``ZeRO stage``, (``what ran``), ``rank``, in MiB ``parameters``,
-        ``gradients``, ``optimizer state``, ``total``, ``estimate``, then ``total / estimate``
-        and ``worst part / estimate`` (the part furthest from its own estimate).
+    """Measured per-rank bytes beside `memory_model.sharded_estimate` of ``config``'s model, one
+    row per (world size, ZeRO stage, rank) of ``reports``, each ``{"world_size": K, "rank": r,
+    "stages": {stage: {"parameters": b, "gradients": b, "optimizer_state": b}}}`` (bytes; stage
+    0-3, str or int). Columns: ``ranks``, ``ZeRO stage``, ``what ran`` (with ``labels``, ``{stage:
+    name}``), ``rank``, in MiB ``parameters``, ``gradients``, ``optimizer state``, ``total``,
+    ``estimate``, then ``total / estimate`` and ``worst part / estimate`` (the part furthest from
+    its own estimate).
 
     Raises:
-        ValueError: a report without the fields above.
+        ValueError: a report without those fields.
     """
     rows = []
     for rep in reports:
@@ -476,16 +441,15 @@ def sharding_table(reports: Iterable[dict], config, labels: dict | None = None):
             parts = {k: int(measured[k]) for k in ("parameters", "gradients", "optimizer_state")}
             worst = max((abs(parts[k] / getattr(est, k) - 1), parts[k] / getattr(est, k))
                         for k in parts)[1]
+            total = sum(parts.values())
             row = {"ranks": K, "ZeRO stage": int(stage)}
             if labels:
                 row["what ran"] = labels.get(int(stage), labels.get(str(stage), ""))
-            total = sum(parts.values())
-            row.update({"rank": rank, "parameters": parts["parameters"] / MiB,
-                        "gradients": parts["gradients"] / MiB,
-                        "optimizer state": parts["optimizer_state"] / MiB,
-                        "total": total / MiB, "estimate": est.total / MiB,
-                        "total / estimate": total / est.total, "worst part / estimate": worst})
-            rows.append(row)
+            rows.append({**row, "rank": rank, "parameters": parts["parameters"] / MiB,
+                         "gradients": parts["gradients"] / MiB,
+                         "optimizer state": parts["optimizer_state"] / MiB,
+                         "total": total / MiB, "estimate": est.total / MiB,
+                         "total / estimate": total / est.total, "worst part / estimate": worst})
     return pd.DataFrame(rows)
 
 

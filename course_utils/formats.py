@@ -31,12 +31,9 @@ __all__ = ["FORMATS", "SPEC_FORMATS", "FormatInfo", "resolve_dtype", "format_inf
            "quantization_table"]
 
 #: The formats lesson 01 compares, by the course's short name (FP8 only where torch has it).
-FORMATS: dict[str, torch.dtype] = {
-    name: dt for name, dt in (
-        *((p, PRECISION_DTYPES[p]) for p in ("fp32", "fp16", "bf16")),
-        ("fp8 e4m3", getattr(torch, "float8_e4m3fn", None)),
-        ("fp8 e5m2", getattr(torch, "float8_e5m2", None)),
-    ) if dt is not None}
+FORMATS: dict[str, torch.dtype] = {p: PRECISION_DTYPES[p] for p in ("fp32", "fp16", "bf16")} | {
+    name: getattr(torch, dt) for name, dt in (("fp8 e4m3", "float8_e4m3fn"), ("fp8 e5m2", "float8_e5m2"))
+    if hasattr(torch, dt)}
 
 _ALIASES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
             "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
@@ -50,13 +47,11 @@ def resolve_dtype(fmt) -> torch.dtype:
     Raises:
         ValueError: an unknown name, or a dtype that is not floating point.
     """
-    if isinstance(fmt, torch.dtype):
-        dt = fmt
-    elif isinstance(fmt, str) and (fmt in FORMATS or fmt in _ALIASES):
-        dt = FORMATS.get(fmt) or _ALIASES[fmt]
-    else:
+    names = FORMATS | _ALIASES
+    dt = fmt if isinstance(fmt, torch.dtype) else names.get(fmt) if isinstance(fmt, str) else None
+    if dt is None:
         raise ValueError(tr("unknown number format {fmt!r}: expected a floating torch.dtype or "
-                            "one of {names}.", fmt=fmt, names=", ".join(list(FORMATS) + list(_ALIASES))))
+                            "one of {names}.", fmt=fmt, names=", ".join(names)))
     if not dt.is_floating_point:
         raise ValueError(tr("{dtype} is not a floating-point dtype.", dtype=dt))
     return dt
@@ -234,18 +229,10 @@ def _finite_float(x) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Recipe:
-    """One way of storing a tensor in a low-precision format (`RECIPES`).
-
-    Attributes:
-        element: the format of each value (a `format_info` name).
-        granularity: what shares one scale: ``"none"``, ``"tensor"``, ``"row"`` (the last
-            dimension) or ``"block"`` (``block`` consecutive values of the last dimension).
-        scale: ``"none"``, ``"fp32"``, ``"power of two"``, ``"e8m0"`` (MX) or ``"e4m3 x fp32"``
-            (NVFP4: an E4M3 block scale times one fp32 scale per tensor).
-        bits_per_value: element bits plus the block scale's share (a tensor's or row's: not
-            counted).
-        source: where the recipe is defined.
-    """
+    """One way of storing a tensor in a low-precision format (`RECIPES`): each value in
+    ``element`` (a `format_info` name), one scale per ``granularity`` (``"none"``, ``"tensor"``,
+    ``"row"`` of the last dimension, or ``"block"`` of ``block`` values of it) stored as
+    ``scale``, ``bits_per_value`` counting a block scale's share, and the ``source``."""
 
     name: str
     element: str
@@ -309,19 +296,8 @@ def mx_scale_exponents(x: torch.Tensor, element: str = "fp8 e4m3", block: int = 
     return torch.where(amax > 0, k, torch.full_like(k, -127)).clamp(-127, 127)
 
 
-def _scaled(x: torch.Tensor, r: Recipe) -> torch.Tensor:
-    """Tensor- or row-scaled round trip (torchao's float8 ``amax_to_scale``: scale =
-    max / max(amax, 1e-12) in fp64 then fp32; rowwise rounds it down to a power of two)."""
-    top = format_info(r.element).max
-    amax = x.abs().amax() if r.granularity == "tensor" else x.abs().amax(dim=-1, keepdim=True)
-    scale = (top / amax.double().clamp(min=1e-12)).float()
-    if r.scale == "power of two":
-        scale = torch.exp2(torch.floor(torch.log2(scale)))
-    return round_to_format(x * scale, r.element) / scale
-
-
 def _nvfp4(x: torch.Tensor, r: Recipe) -> torch.Tensor:
-    """NVFP4's two-level round trip, as torchao's ``nvfp4_quantize`` with a per-tensor scale."""
+    """NVFP4's round trip, as torchao's ``nvfp4_quantize`` with a per-tensor scale."""
     e4m3, e2m1 = format_info("fp8 e4m3"), format_info("fp4 e2m1")
     amax = x.abs().amax()
     if amax == 0:
@@ -347,8 +323,12 @@ def fake_quantize(x: torch.Tensor, recipe) -> torch.Tensor:
     x = _finite_float(x)
     if r.granularity == "none":
         return round_to_format(x, r.element)
-    if r.granularity in ("tensor", "row"):
-        return _scaled(x, r)
+    if r.granularity in ("tensor", "row"):  # torchao float8's amax_to_scale, in fp64 then fp32
+        amax = x.abs().amax() if r.granularity == "tensor" else x.abs().amax(dim=-1, keepdim=True)
+        scale = (format_info(r.element).max / amax.double().clamp(min=1e-12)).float()
+        if r.scale == "power of two":
+            scale = torch.exp2(torch.floor(torch.log2(scale)))
+        return round_to_format(x * scale, r.element) / scale
     if r.scale == "e8m0":
         scale = torch.exp2(mx_scale_exponents(x, r.element, r.block).float()).unsqueeze(-1)
         return (round_to_format(_blocks(x, r.block) / scale, r.element) * scale).reshape(x.shape)
@@ -356,9 +336,8 @@ def fake_quantize(x: torch.Tensor, recipe) -> torch.Tensor:
 
 
 def quantization_error(x: torch.Tensor, recipe) -> dict:
-    """What storing ``x`` with ``recipe`` loses: ``relative_error`` = ||q - x|| / ||x|| (L2
-    norms; 0 for an all-zero ``x``) and ``flushed`` = the share of its nonzero values that
-    became 0 (0 to 1).
+    """What storing ``x`` with ``recipe`` loses: ``relative_error`` ||q - x|| / ||x|| (0 for an
+    all-zero ``x``) and ``flushed``, the share of its nonzero values that became 0.
 
     Raises:
         ValueError: as `fake_quantize`.
@@ -400,8 +379,7 @@ def log2_histogram(values: torch.Tensor, lo: int | None = None, hi: int | None =
         ValueError: ``values`` has no nonzero finite element, or ``lo > hi``.
     """
     v = values.detach().flatten()
-    if not v.is_floating_point():
-        v = v.double()
+    v = v if v.is_floating_point() else v.double()
     finite = v[torch.isfinite(v)]
     nz = finite[finite != 0].abs()
     if nz.numel() == 0:
@@ -436,12 +414,10 @@ def underflow_stats(values: torch.Tensor, fmt, scale: float = 1.0) -> dict:
         return {"n": values.numel(), "nonzero": 0, "flushed": 0.0, "subnormal": 0.0,
                 "overflow": 0.0}
     stored = (v * scale).to(info.dtype).float()
-    flushed = int((stored == 0).sum())
-    overflow = int((~torch.isfinite(stored)).sum())
-    kept = (stored != 0) & torch.isfinite(stored)
-    sub = int((kept & (stored.abs() < info.smallest_normal)).sum())
-    return {"n": values.numel(), "nonzero": n_nz, "flushed": flushed / n_nz,
-            "subnormal": sub / n_nz, "overflow": overflow / n_nz}
+    finite = torch.isfinite(stored)
+    sub = finite & (stored != 0) & (stored.abs() < info.smallest_normal)
+    return {"n": values.numel(), "nonzero": n_nz, "flushed": int((stored == 0).sum()) / n_nz,
+            "subnormal": int(sub.sum()) / n_nz, "overflow": int((~finite).sum()) / n_nz}
 
 
 def _case_label(fmt, scale: float) -> str:

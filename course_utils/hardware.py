@@ -42,20 +42,13 @@ MPS_PEAK_NOTE = ("MPS has no peak-memory counter: the peak is measured by one st
 
 @dataclass(frozen=True)
 class HardwareInfo:
-    """The facts about one device that decide the mixed-precision recipe.
-
-    Attributes:
-        device: ``"cuda"``, ``"mps"`` or ``"cpu"``; ``name``: the GPU's or the CPU's.
-        compute_capability: CUDA (major, minor), ``None`` off CUDA.
-        native_bf16: bf16 arithmetic runs in hardware; ``bf16_emulated``: it is accepted but
-            emulated (a T4, most CPUs).
-        fp16_fast: fp16 tensor cores on CUDA; avx512_fp16/AMX-FP16 on a CPU.
-        total_memory_bytes: GPU memory in bytes (``None`` on CPU/MPS).
-        cpu_features: `_CPU_FLAGS` as torch's kernels may use them (False above an ISA cap);
-            ``isa_cap``: the caps in force, e.g. ``"ONEDNN_MAX_CPU_ISA=AVX2"`` ("" if none).
-        stand_in: "" or the words saying a bigger GPU plans as a smaller one
-            (`course_utils.stand_in`); the other fields are then the smaller card's.
-    """
+    """The facts about one device that decide the mixed-precision recipe: ``device`` (``"cuda"``,
+    ``"mps"``, ``"cpu"``), its ``name``, CUDA's ``compute_capability`` (None elsewhere),
+    ``native_bf16`` (in hardware) or ``bf16_emulated`` (accepted but emulated: a T4, most CPUs),
+    ``fp16_fast`` (fp16 tensor cores; avx512_fp16/AMX-FP16), ``total_memory_bytes`` (GPU only),
+    ``cpu_features`` (`_CPU_FLAGS`, False above the ``isa_cap`` in force, e.g.
+    ``"ONEDNN_MAX_CPU_ISA=AVX2"``) and ``stand_in`` ("" or the words saying a bigger GPU plans as
+    a smaller one, `course_utils.stand_in`; the other fields are then the smaller card's)."""
 
     device: str
     name: str
@@ -108,8 +101,9 @@ _FLAG_LEVEL = {"avx2": "AVX2", "avx512_f": "AVX512_CORE", "avx512_bf16": "AVX512
 _ATEN_LEVEL = {"default": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE_AMX_FP16"}
 
 
-def _isa_caps() -> tuple[str | None, str]:
-    """The lowest oneDNN level allowed by the environment, and the caps in words."""
+def _cpu_features() -> tuple[dict, str]:
+    """`_CPU_FLAGS` as torch's kernels may use them under the environment's ISA caps, and the
+    caps in words."""
     caps, words = [], []
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     onednn = _ONEDNN_ALIASES.get(onednn, onednn)
@@ -120,8 +114,10 @@ def _isa_caps() -> tuple[str | None, str]:
     if aten in _ATEN_LEVEL:
         caps.append(_ATEN_LEVEL[aten])
         words.append(f"ATEN_CPU_CAPABILITY={aten}")
-    lowest = min(caps, key=_ONEDNN_LEVELS.index) if caps else None
-    return lowest, " ".join(words)
+    top = min(map(_ONEDNN_LEVELS.index, caps)) if caps else len(_ONEDNN_LEVELS)
+    have = _capabilities()
+    return {k: bool(have.get(k, False)) and _ONEDNN_LEVELS.index(_FLAG_LEVEL[k]) <= top
+            for k in _CPU_FLAGS}, " ".join(words)
 
 
 def _capabilities() -> dict:
@@ -132,24 +128,9 @@ def _capabilities() -> dict:
         return {}
 
 
-def _cpu_features() -> tuple[dict, str]:
-    caps = _capabilities()
-    lowest, words = _isa_caps()
-    top = len(_ONEDNN_LEVELS) if lowest is None else _ONEDNN_LEVELS.index(lowest)
-    return {k: bool(caps.get(k, False)) and _ONEDNN_LEVELS.index(_FLAG_LEVEL[k]) <= top
-            for k in _CPU_FLAGS}, words
-
-
 def _cpu_name() -> str:
     name = _capabilities().get("cpu_name")
     return str(name) if name else (platform.processor() or platform.machine() or "CPU")
-
-
-def _cuda_native_bf16(cc: tuple[int, int]) -> bool:
-    try:
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    except TypeError:  # older torch without the keyword
-        return cc >= (8, 0)
 
 
 def _mps_available() -> bool:
@@ -216,7 +197,10 @@ def detect(device: str | None = None) -> HardwareInfo:
                                 cpu_features=cpu, isa_cap=cap, bf16_emulated=True,
                                 stand_in=stand_in.describe(props.name, card))
         cc = tuple(torch.cuda.get_device_capability(index))
-        native = _cuda_native_bf16(cc)
+        try:
+            native = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # older torch without the keyword
+            native = cc >= (8, 0)
         try:
             accepts_bf16 = bool(torch.cuda.is_bf16_supported())
         except Exception:  # pragma: no cover
@@ -441,33 +425,30 @@ def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
     of ``probe`` (`matmul_probe`'s result) if given."""
     hw = hw or detect()
     rec = recommend_precision(hw)
-    lines = [_line(tr("device"), f"{hw.device} ({hw.name})")]
+    rows = [(tr("device"), f"{hw.device} ({hw.name})")]
     if hw.stand_in:
-        lines.append(_line(tr("stand-in"), hw.stand_in))
+        rows.append((tr("stand-in"), hw.stand_in))
     if hw.compute_capability:
-        lines.append(_line(tr("compute cap."),
-                           f"{hw.compute_capability[0]}.{hw.compute_capability[1]}"))
+        rows.append((tr("compute cap."), f"{hw.compute_capability[0]}.{hw.compute_capability[1]}"))
     if hw.total_memory_bytes:
         digits = 2 if hw.stand_in else 1   # the stand-in's 14.75 GiB, as its sentence says it
-        lines.append(_line(tr("memory"), f"{hw.total_memory_bytes / GiB:.{digits}f} GiB"))
-    lines.append(_line(tr("native bf16"), tr("{native}  (bf16 accepted but emulated)",
-                                             native=hw.native_bf16)
-                       if hw.bf16_emulated else f"{hw.native_bf16}"))
-    lines.append(_line(tr("native fp16"), _fp16_words(hw)))
+        rows.append((tr("memory"), f"{hw.total_memory_bytes / GiB:.{digits}f} GiB"))
+    rows.append((tr("native bf16"), tr("{native}  (bf16 accepted but emulated)", native=hw.native_bf16)
+                 if hw.bf16_emulated else f"{hw.native_bf16}"))
+    rows.append((tr("native fp16"), _fp16_words(hw)))
     flags = ", ".join(k for k, v in hw.cpu_features.items() if v) \
         or tr("none of {flags}", flags=", ".join(_CPU_FLAGS))
-    lines.append(_line(tr("CPU ISA flags"), tr("{flags}  (capped by {cap})", flags=flags,
-                                               cap=hw.isa_cap) if hw.isa_cap else flags))
-    lines.append(_line(tr("CPU threads"), f"{torch.get_num_threads()}"))
+    rows.append((tr("CPU ISA flags"), tr("{flags}  (capped by {cap})", flags=flags, cap=hw.isa_cap)
+                 if hw.isa_cap else flags))
+    rows.append((tr("CPU threads"), f"{torch.get_num_threads()}"))
     if hw.device == "mps":
-        lines.append(_line(tr("peak memory"),
-                           tr("measured on the CPU (MPS has no peak-memory counter)")))
+        rows.append((tr("peak memory"), tr("measured on the CPU (MPS has no peak-memory counter)")))
     elif hw.device == "cpu" and _mps_available():
-        lines.append(_line("MPS", tr("available, but it has no peak-memory counter: peak memory "
-                                     "is measured on the CPU")))
-    lines.append(_line("torch", hw.torch_version))
+        rows.append(("MPS", tr("available, but it has no peak-memory counter: peak memory is "
+                               "measured on the CPU")))
+    rows.append(("torch", hw.torch_version))
     if probe:
-        lines.append(_line(tr("matmul here"), _probe_words(hw, probe)))
-    lines.append(_line(tr("recipe"), rec.precision + (" + GradScaler" if rec.grad_scaler else "")))
-    lines.append(_line(tr("why"), rec.reason))
-    return "\n".join(lines)
+        rows.append((tr("matmul here"), _probe_words(hw, probe)))
+    rows.append((tr("recipe"), rec.precision + (" + GradScaler" if rec.grad_scaler else "")))
+    rows.append((tr("why"), rec.reason))
+    return "\n".join(_line(label, value) for label, value in rows)

@@ -1,13 +1,8 @@
-"""The training step the course teaches (lessons 01 and 03 show `train_step`'s text), and the
-state that runs it.
-
-`train_step` is one code path for every precision, as nanoGPT's ``GradScaler(enabled=(dtype ==
-'float16'))`` (PyTorch "Automatic Mixed Precision" recipe and ``torch.amp`` docs): autocast
-forward, the loss averaged over micro-batches, ``unscale_`` before ``clip_grad_norm_``, and,
-without a scaler, a step with an inf/NaN gradient norm skipped (``nonfinite="skip"``: one NaN
-gradient otherwise turns every parameter into NaN through the clipping and AdamW, lesson 01 §6).
-`StepCounter` counts the optimizer steps really taken, so a skipped step is seen in every
-precision.
+"""The training step the course teaches, and the state that runs it. `train_step` (lessons 01 and
+03 show its text) is one code path for every precision, as nanoGPT's ``GradScaler(enabled=(dtype
+== 'float16'))`` (PyTorch "Automatic Mixed Precision" recipe); without a scaler it skips a step
+whose gradient norm is inf/NaN, since one NaN gradient otherwise turns every parameter into NaN
+through the clipping and AdamW (lesson 01 §6). `StepCounter` counts the steps really taken.
 """
 from __future__ import annotations
 

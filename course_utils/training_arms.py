@@ -77,11 +77,6 @@ class _ScaledLoss:
         return self.model.parameters()
 
 
-def _weights(module: torch.nn.Module) -> list:
-    return [p for name, p in module.named_parameters()
-            if p.dim() == 2 and "emb" not in name and p.requires_grad]
-
-
 def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_batches: int = 2,
               progress=None) -> ArmHistory:
     """Train ``config``'s model in the arm's precision, scaler and loss factor for ``steps``
@@ -104,7 +99,8 @@ def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_bat
         counts[0] += int((p.grad == 0).sum())
         counts[1] += p.grad.numel()
 
-    handles = [p.register_post_accumulate_grad_hook(count) for p in _weights(state.module)]
+    handles = [p.register_post_accumulate_grad_hook(count) for name, p in state.module.named_parameters()
+               if p.dim() == 2 and "emb" not in name and p.requires_grad]   # the matmul weights
     steps_taken = StepCounter(state.optimizer)
     hist = ArmHistory(cfg, arm=arm)
     hist.val_steps.append(0)
