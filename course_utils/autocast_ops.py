@@ -182,6 +182,8 @@ def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) ->
         raise ValueError(tr("autocast_policy takes torch.float16 or torch.bfloat16, got {dtype}.",
                             dtype=dtype))
     low, kind = short_dtype(dtype), torch.device(device).type
+    rules = {(low, low): tr("runs in {dtype}", dtype=low), ("fp32", "fp32"): tr("runs in fp32"),
+             ("fp32", low): tr("follows its input")}
     rows = {}
     for name, fn in _probe_calls(16, device).items():
         outs = []
@@ -190,15 +192,6 @@ def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) ->
             with torch.autocast(kind, dtype=dtype):
                 out = fn(x)
                 outs.append(out if isinstance(out, str) else short_dtype(out.dtype))
-        if outs == [low, low]:
-            rule = tr("runs in {dtype}", dtype=low)
-        elif outs == ["fp32", "fp32"]:
-            rule = tr("runs in fp32")
-        elif outs == ["fp32", low]:
-            rule = tr("follows its input")
-        else:
-            rule = tr("other")
-        rows[name] = {"fp32 input": outs[0], f"{low} input": outs[1], "autocast here": rule}
-    df = pd.DataFrame.from_dict(rows, orient="index")
-    df.index.name = f"autocast({kind}, {low})"
-    return df
+        rows[name] = {"fp32 input": outs[0], f"{low} input": outs[1],
+                      "autocast here": rules.get(tuple(outs), tr("other"))}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(f"autocast({kind}, {low})")

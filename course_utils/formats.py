@@ -1,7 +1,6 @@
-"""Number formats (lessons 01 and 04): what fp32, fp16, bf16 and the two FP8 formats can
-represent, read from ``torch.finfo``; the bit layout of a value; what storing a set of values (a
-gradient, say) in a format does, with or without a loss scale; and the scaled formats of FP8
-training, emulated in plain torch (`RECIPES`, `fake_quantize`).
+"""Number formats (lessons 01 and 04): what each format can represent (from ``torch.finfo``),
+what storing values in it does, with or without a loss scale, and FP8 training's scaled formats
+emulated in plain torch (`RECIPES`, `fake_quantize`).
 
 A value is ``(-1)^s x 2^(e - bias) x 1.m`` (normal) or ``(-1)^s x 2^(1 - bias) x 0.m``
 (subnormal); with ``p`` mantissa bits, eps is ``2^-p`` and the smallest subnormal is
@@ -59,11 +58,10 @@ def resolve_dtype(fmt) -> torch.dtype:
 
 @dataclass(frozen=True)
 class FormatInfo:
-    """What one floating-point format can represent: its short ``name`` (``"bf16"``), ``dtype``
-    (None for E2M1, which torch cannot hold), total ``bits``, ``sign_bits``, ``exponent_bits``,
-    ``mantissa_bits`` (stored fraction bits), ``eps`` (``2^-mantissa_bits``), ``max`` (largest
-    finite), ``smallest_normal``, ``smallest_subnormal`` (``smallest_normal x eps``) and
-    ``decimal_digits`` (``(mantissa_bits + 1) x log10(2)``)."""
+    """What one floating-point format can represent: its short ``name``, ``dtype`` (None for
+    E2M1), bit counts (``mantissa_bits``: stored fraction bits), ``eps``, the largest finite
+    ``max``, ``smallest_normal``, ``smallest_subnormal`` and ``decimal_digits``
+    (``(mantissa_bits + 1) x log10(2)``)."""
 
     name: str
     dtype: torch.dtype | None
@@ -120,17 +118,13 @@ def format_table(formats=None, detail: bool = False) -> pd.DataFrame:
         ValueError: a name that is not a floating-point format.
     """
     infos = [format_info(f) for f in (formats if formats is not None else FORMATS)]
-    rows = []
-    for i in infos:
-        row = {"format": i.name}
-        if detail:
-            row.update({"dtype": str(i.dtype).replace("torch.", ""), "bits": i.bits,
-                        "sign": i.sign_bits})
-        row.update({"exponent bits": i.exponent_bits, "mantissa bits": i.mantissa_bits,
-                    "eps": i.eps, "max": i.max, "smallest normal": i.smallest_normal,
-                    "smallest subnormal": i.smallest_subnormal,
-                    "decimal digits": i.decimal_digits})
-        rows.append(row)
+    rows = [{"format": i.name,
+             **({"dtype": str(i.dtype).replace("torch.", ""), "bits": i.bits, "sign": i.sign_bits}
+                if detail else {}),
+             "exponent bits": i.exponent_bits, "mantissa bits": i.mantissa_bits, "eps": i.eps,
+             "max": i.max, "smallest normal": i.smallest_normal,
+             "smallest subnormal": i.smallest_subnormal, "decimal digits": i.decimal_digits}
+            for i in infos]
     return pd.DataFrame(rows).set_index("format")
 
 
@@ -146,14 +140,11 @@ def layout_table(formats) -> pd.DataFrame:
     Raises:
         ValueError: a name that is not a format (`format_info`).
     """
-    rows = {}
-    for fmt in formats:
-        i = format_info(fmt)
-        rows[i.name] = {"bits": i.bits, "exponent bits": i.exponent_bits,
-                        "mantissa bits": i.mantissa_bits,
-                        "max": f"{i.max:,.0f}" if i.max < 1e6 else f"{i.max:.2g}",
-                        "smallest normal": _power_of_two(i.smallest_normal),
-                        "eps": _power_of_two(i.eps)}
+    rows = {i.name: {"bits": i.bits, "exponent bits": i.exponent_bits,
+                     "mantissa bits": i.mantissa_bits,
+                     "max": f"{i.max:,.0f}" if i.max < 1e6 else f"{i.max:.2g}",
+                     "smallest normal": _power_of_two(i.smallest_normal), "eps": _power_of_two(i.eps)}
+            for i in [format_info(f) for f in formats]}
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
@@ -194,8 +185,6 @@ def cast_table(values, formats=("fp32", "fp16", "bf16")) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("value")
 
 
-# --- scaled low-precision formats: FP8 per tensor / per row, MXFP8, NVFP4 ----------------------
-
 def round_to_format(x: torch.Tensor, fmt) -> torch.Tensor:
     """``x`` rounded to the nearest value of ``fmt``, saturating at its max (as FP8 training's
     casts do), in fp32: torch's cast within range, and also for ``"fp4 e2m1"``. The value is
@@ -203,8 +192,8 @@ def round_to_format(x: torch.Tensor, fmt) -> torch.Tensor:
     least the smallest normal's (IEEE 754-2019 section 4.3.1, roundTiesToEven).
 
     Raises:
-        ValueError: an unknown format, E8M0 (no sign and no mantissa: a scale format, see
-            `mx_scale_exponents`), or ``x`` not a floating tensor of finite values.
+        ValueError: an unknown format, E8M0 (a scale format: `mx_scale_exponents`), or ``x``
+            not a floating tensor of finite values.
     """
     info = format_info(fmt)
     if info.sign_bits == 0:
@@ -389,8 +378,7 @@ def log2_histogram(values: torch.Tensor, lo: int | None = None, hi: int | None =
     hi = int(k.max()) if hi is None else int(hi)
     if lo > hi:
         raise ValueError(tr("lo ({lo}) must be <= hi ({hi}).", lo=lo, hi=hi))
-    k = k.clamp(lo, hi)
-    counts = torch.bincount(k - lo, minlength=hi - lo + 1)
+    counts = torch.bincount(k.clamp(lo, hi) - lo, minlength=hi - lo + 1)
     s = pd.Series(counts.tolist(), index=pd.RangeIndex(lo, hi + 1, name="log2 bin"), name="count")
     s.attrs["zeros"] = int((finite == 0).sum())
     return s

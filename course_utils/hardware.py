@@ -1,7 +1,5 @@
-"""What this machine can do for mixed precision, and the recipe the course trains in on it:
-`detect`, `recommend_precision`, `is_emulated` (an emulated precision's memory is still measured,
-its time labelled), `use_threads`, `memory_device` (the CPU in place of MPS), `matmul_probe` and
-`report`, used by every lesson and the CLI. The run guard lives in `course_utils.guard`.
+"""What this machine can do for mixed precision, and the recipe the course trains in on it (every
+lesson and the CLI). The run guard lives in `course_utils.guard`.
 
 Facts relied on (PyTorch and oneDNN docs): ``torch.cuda.is_bf16_supported()`` is True on a T4
 (compute capability 7.5), which emulates bf16, so ``including_emulation=False`` (or the
@@ -163,9 +161,8 @@ def require_device(device: str) -> None:
 
 
 def memory_device(device: str | None = None) -> str:
-    """The device on which peak memory can be measured: ``device`` (default
-    `course_utils.terms.default_device`), but ``"cpu"`` for MPS (``torch.mps`` has no peak
-    counter; `MPS_PEAK_NOTE`).
+    """The device on which peak memory can be measured: ``device`` (default `default_device`),
+    but ``"cpu"`` for MPS, whose ``torch.mps`` has no peak counter (`MPS_PEAK_NOTE`).
 
     Raises:
         ValueError: a string that names no device torch knows.
@@ -287,8 +284,7 @@ class ThreadChoice:
 
 
 def _cpu_busy(sample_s: float) -> float | None:
-    """CPUs kept busy by other processes (0 to the number of CPUs), from two reads of
-    ``/proc/stat`` ``sample_s`` apart while this process sleeps; None off Linux."""
+    """CPUs kept busy by other processes over ``sample_s`` seconds (``/proc/stat``; None off Linux)."""
     def read():
         with open("/proc/stat") as f:
             vals = [int(v) for v in f.readline().split()[1:]]
@@ -326,14 +322,11 @@ def usable_cores() -> int:
 
 
 def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
-    """Set torch's intra-op threads, the same in every lesson, and return the `ThreadChoice`.
-
-    ``OMP_NUM_THREADS`` is obeyed as it is. Otherwise, in a notebook, the count the first lesson
-    chose on this machine is reused from the results store; a first choice (or ``fresh=True``)
-    is `usable_cores` minus the CPUs other processes kept busy over ``sample_s`` seconds, at
-    least 1: on a 2-core CPU beside a busy 2-thread process a small step took 11.5 ms with 1
-    thread but 343 ms with 2.
-    """
+    """Set torch's intra-op threads, the same in every lesson, and return the `ThreadChoice`:
+    ``OMP_NUM_THREADS`` if set; in a notebook, the count the first lesson chose on this machine
+    (from the results store); else (or with ``fresh``) `usable_cores` minus the CPUs other
+    processes kept busy over ``sample_s`` seconds, at least 1 (on a 2-core CPU beside a busy
+    2-thread process a small step took 11.5 ms with 1 thread but 343 ms with 2)."""
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         torch.set_num_threads(int(env))

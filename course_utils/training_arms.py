@@ -236,16 +236,12 @@ def results_table(histories: dict, reference: str) -> pd.DataFrame:
     if reference not in histories:
         raise ValueError(tr("reference {reference!r} is not one of {labels}.",
                             reference=reference, labels=list(histories)))
-    rows = {}
-    for label, h in histories.items():
-        rows[label] = {
-            "final val loss": h.val_loss[-1],
-            # + 0.0 turns -0.0 into 0.0
-            f"vs {reference} %": round(100 * relative_gap(histories, label, reference), 2) + 0.0,
-            "flushed % (mean)": 100 * sum(h.flushed) / max(1, len(h.flushed)),
-            "flushed % (last step)": 100 * (h.flushed[-1] if h.flushed else 0.0),
-            "skipped steps": len(h.skipped),
-        }
-    df = pd.DataFrame.from_dict(rows, orient="index")
-    df.index.name = "run"
-    return df
+    rows = {label: {
+        "final val loss": h.val_loss[-1],
+        # + 0.0 turns -0.0 into 0.0
+        f"vs {reference} %": round(100 * relative_gap(histories, label, reference), 2) + 0.0,
+        "flushed % (mean)": 100 * sum(h.flushed) / max(1, len(h.flushed)),
+        "flushed % (last step)": 100 * (h.flushed[-1] if h.flushed else 0.0),
+        "skipped steps": len(h.skipped),
+    } for label, h in histories.items()}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("run")
