@@ -105,9 +105,7 @@ class OpDtypeRecorder(TorchDispatchMode):
         """
         rows = []
         for r in self.records:
-            if not views and r.op in VIEW_OPS:
-                continue
-            if module is not None and not r.module.startswith(module):
+            if (not views and r.op in VIEW_OPS) or (module is not None and not r.module.startswith(module)):
                 continue
             note = ""
             if r.op == "_to_copy":
@@ -122,11 +120,9 @@ class OpDtypeRecorder(TorchDispatchMode):
         and not with ``exclude`` (``"layers"``: the ops outside the transformer blocks)."""
         out: dict = {}
         for r in self.records:
-            if r.op in VIEW_OPS or r.op == "_to_copy" or not r.outputs:
-                continue
-            if module is not None and not r.module.startswith(module):
-                continue
-            if exclude is not None and r.module.startswith(exclude):
+            if (r.op in VIEW_OPS or r.op == "_to_copy" or not r.outputs
+                    or (module is not None and not r.module.startswith(module))
+                    or (exclude is not None and r.module.startswith(exclude))):
                 continue
             ops = out.setdefault(r.outputs[0], [])
             if r.op not in ops:

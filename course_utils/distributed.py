@@ -4,9 +4,9 @@
 ``destroy_process_group()`` while a DDP model holds the group, and tearing the interpreter down
 beside them aborted a rank now and then (``terminate called without an active exception``).
 
-Sources: PyTorch "torchrun (Elastic Launch)" docs (workers start their own sessions, so a
-time-out stops them one by one); "Getting Started with Distributed Data Parallel";
-``torch.distributed.fsdp.fully_shard`` (FSDP2) docs, whose parameters are ``DTensor`` shards.
+Sources: PyTorch docs "torchrun (Elastic Launch)" (workers start their own sessions, so a
+time-out stops them one by one), "Getting Started with Distributed Data Parallel", FSDP2's
+``fully_shard`` (parameters are ``DTensor`` shards).
 
 Over 400 lines because launching, stopping and reading ``torchrun``'s ranks is one
 process-management protocol (the rank runner, time limits, the ranks' last error, their reports).
@@ -258,15 +258,13 @@ def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
     threads = int((env or {}).get("OMP_NUM_THREADS", threads_per_rank(nproc)))
     with tempfile.TemporaryDirectory(prefix="torchrun-reports-") as out_dir:
         package_root = str(Path(__file__).resolve().parent.parent)
-        run_env = dict(os.environ)
-        run_env.pop("PYTHONUNBUFFERED", None)  # block-buffered ranks write whole lines, not fragments
-        run_env.update({
+        # block-buffered ranks (no PYTHONUNBUFFERED) write whole lines, not fragments
+        run_env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {
             "OMP_NUM_THREADS": str(threads),   # N ranks x threads <= cores: no oversubscription
             REPORT_ENV: out_dir,
-            "PYTHONPATH": os.pathsep.join(p for p in (package_root, run_env.get("PYTHONPATH")) if p),
+            "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
             LANG_ENV: language(),  # the ranks start in the script's folder: tell them the edition
-        })
-        run_env.update({k: str(v) for k, v in (env or {}).items()})  # the caller's word is last
+        } | {k: str(v) for k, v in (env or {}).items()}  # the caller's word is last
         return _run(script, nproc, backend, threads, [str(a) for a in args], timeout,
                     cwd or script.parent, run_env, Path(out_dir), expect_reports)
 
@@ -356,8 +354,7 @@ def rank_report(payload: dict) -> Path | None:
     folder = os.environ.get(REPORT_ENV)
     if not folder:
         return None
-    rank = int(os.environ.get("RANK", "0"))
-    path = Path(folder) / f"rank{rank}.json"
+    path = Path(folder) / f"rank{int(os.environ.get('RANK', '0'))}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(path)  # atomic: launch never reads half a file

@@ -24,10 +24,9 @@ from .i18n import tr
 from .terms import PRECISION_DTYPES, short_dtype
 
 __all__ = ["FORMATS", "SPEC_FORMATS", "FormatInfo", "resolve_dtype", "format_info", "format_table",
-           "layout_table", "bits", "cast_table", "log2_histogram", "underflow_stats",
-           "underflow_table", "tf32_probe", "Recipe", "RECIPES",
-           "round_to_format", "mx_scale_exponents", "fake_quantize", "quantization_error",
-           "quantization_table"]
+           "layout_table", "bits", "cast_table", "log2_histogram", "underflow_stats", "underflow_table",
+           "tf32_probe", "Recipe", "RECIPES", "round_to_format", "mx_scale_exponents", "fake_quantize",
+           "quantization_error", "quantization_table"]
 
 #: The formats lesson 01 compares, by the course's short name (FP8 only where torch has it).
 FORMATS: dict[str, torch.dtype] = {p: PRECISION_DTYPES[p] for p in ("fp32", "fp16", "bf16")} | {
@@ -40,8 +39,7 @@ _ALIASES = {"float32": torch.float32, "float": torch.float32, "float16": torch.f
 
 
 def resolve_dtype(fmt) -> torch.dtype:
-    """A floating-point ``torch.dtype`` from a name (``"fp16"``, ``"bf16"``, ``"fp8 e4m3"``,
-    ``"float16"``, ...) or a dtype.
+    """A floating-point ``torch.dtype`` from a dtype or a name (``"fp16"``, ``"float16"``, ...).
 
     Raises:
         ValueError: an unknown name, or a dtype that is not floating point.
@@ -91,8 +89,7 @@ SPEC_FORMATS: dict[str, FormatInfo] = {
 
 
 def format_info(fmt) -> FormatInfo:
-    """The `FormatInfo` of a format name or floating dtype, from ``torch.finfo`` (or
-    `SPEC_FORMATS`).
+    """The `FormatInfo` of a format name or floating dtype (``torch.finfo``, or `SPEC_FORMATS`).
 
     Raises:
         ValueError: not a floating-point format (see `resolve_dtype`).

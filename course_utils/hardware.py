@@ -1,12 +1,10 @@
 """What this machine can do for mixed precision, and the recipe the course trains in on it (every
 lesson and the CLI). The run guard lives in `course_utils.guard`.
 
-Facts relied on (PyTorch and oneDNN docs): ``torch.cuda.is_bf16_supported()`` is True on a T4
-(compute capability 7.5), which emulates bf16, so ``including_emulation=False`` (or the
-capability, >= 8.0) decides; fp16 tensor cores arrived with Volta (7.0); a CPU runs bf16 natively
-only with ``avx512_bf16`` or ``amx_bf16``, fp16 only with ``avx512_fp16`` or ``amx_fp16``;
-``ONEDNN_MAX_CPU_ISA`` ("CPU Dispatcher Control") and ``ATEN_CPU_CAPABILITY`` make a CPU run as one
-without those instructions, and `detect` honours both.
+Facts relied on (PyTorch and oneDNN docs): ``torch.cuda.is_bf16_supported()`` is True on a T4,
+which emulates bf16; fp16 tensor cores arrived with Volta (compute capability 7.0); a CPU runs
+bf16 natively only with ``avx512_bf16`` or ``amx_bf16``, fp16 only with ``avx512_fp16`` or
+``amx_fp16``; ``ONEDNN_MAX_CPU_ISA`` ("CPU Dispatcher Control") and ``ATEN_CPU_CAPABILITY`` cap them.
 
 Over 400 lines because every fact here is read from one `HardwareInfo`: detection, the ISA caps,
 the recipe, emulation, the threads, the matmul probe and the report must agree.
@@ -224,11 +222,8 @@ def is_emulated(hw: HardwareInfo, precision: str) -> bool:
         ValueError: an unknown precision.
     """
     autocast_dtype(precision)
-    if precision == "bf16":
-        return not hw.native_bf16
-    if precision == "fp16":
-        return hw.device == "cpu" and not hw.fp16_fast
-    return False
+    return (precision == "bf16" and not hw.native_bf16) or (
+        precision == "fp16" and hw.device == "cpu" and not hw.fp16_fast)
 
 
 def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
@@ -288,8 +283,7 @@ def _cpu_busy(sample_s: float) -> float | None:
     def read():
         with open("/proc/stat") as f:
             vals = [int(v) for v in f.readline().split()[1:]]
-        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-        return sum(vals), idle
+        return sum(vals), vals[3] + (vals[4] if len(vals) > 4 else 0)   # idle + iowait
     try:
         t0, i0 = read()
         time.sleep(sample_s)
