@@ -342,8 +342,7 @@ def _run(script: Path, nproc: int, backend: str, threads: int, args: list, timeo
 
 def rank_report(payload: dict) -> Path | None:
     """Inside a script run by `launch`: write this rank's results (a JSON-ready dict) to
-    ``$COURSE_DIST_OUT/rank{RANK}.json`` and return that path; ``None`` (nothing written) under
-    plain ``torchrun``.
+    ``$COURSE_DIST_OUT/rank{RANK}.json``, its path returned (``None`` under plain ``torchrun``).
 
     Raises:
         TypeError: ``payload`` is not a dict or holds values JSON cannot encode.

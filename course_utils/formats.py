@@ -125,10 +125,6 @@ def format_table(formats=None, detail: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("format")
 
 
-def _power_of_two(v: float) -> str:
-    return f"2^{round(math.log2(v))}"
-
-
 def layout_table(formats) -> pd.DataFrame:
     """The formats side by side, one row each in the order given: ``bits``, ``exponent bits``,
     ``mantissa bits``, ``max`` (``65,504``; two figures from a million), ``smallest normal`` and
@@ -140,7 +136,8 @@ def layout_table(formats) -> pd.DataFrame:
     rows = {i.name: {"bits": i.bits, "exponent bits": i.exponent_bits,
                      "mantissa bits": i.mantissa_bits,
                      "max": f"{i.max:,.0f}" if i.max < 1e6 else f"{i.max:.2g}",
-                     "smallest normal": _power_of_two(i.smallest_normal), "eps": _power_of_two(i.eps)}
+                     "smallest normal": f"2^{round(math.log2(i.smallest_normal))}",
+                     "eps": f"2^{round(math.log2(i.eps))}"}
             for i in [format_info(f) for f in formats]}
     return pd.DataFrame.from_dict(rows, orient="index")
 

@@ -6,6 +6,7 @@ through the clipping and AdamW (lesson 01 §6). `StepCounter` counts the steps r
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -56,7 +57,7 @@ def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_nor
     return total
 
 
-class StepCounter:
+class StepCounter(contextlib.AbstractContextManager):
     """Counts in ``taken`` the ``optimizer.step()`` calls that ran (a step skipped by GradScaler
     or `train_step`'s guard did not), with ``Optimizer.register_step_post_hook``. Use as a
     context manager, or call `remove` when done."""
@@ -71,9 +72,6 @@ class StepCounter:
     def remove(self) -> None:
         """Stop counting."""
         self._handle.remove()
-
-    def __enter__(self) -> "StepCounter":
-        return self
 
     def __exit__(self, *exc) -> None:
         self.remove()
@@ -108,9 +106,8 @@ class TrainState:
 def setup(config: RunConfig, lr: float = DEFAULT_LR,
           max_grad_norm: float = DEFAULT_MAX_GRAD_NORM, step_fn: Callable = train_step,
           data=None) -> TrainState:
-    """Build the model, AdamW (fp32 moments, 8 bytes/parameter), a GradScaler enabled for fp16
-    only and the data stream (``data``, ``(x, y)`` micro-batches; default
-    `course_utils.data.batches`) for ``config``.
+    """Build ``config``'s model, AdamW (fp32 moments, 8 bytes/parameter), a GradScaler enabled for
+    fp16 only and the ``data`` stream of ``(x, y)`` micro-batches (default `batches`).
 
     Raises:
         ValueError: ``config.device`` is not available here.

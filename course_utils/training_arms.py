@@ -31,9 +31,8 @@ HARM = 0.02
 
 @dataclass(frozen=True)
 class Arm:
-    """One training run of an accuracy comparison: its ``label``, ``precision``, whether
-    GradScaler is enabled (``scaler``: for fp16 only) and the ``loss_factor`` applied before
-    ``backward`` (1: the plain loss).
+    """One run of an accuracy comparison: ``label``, ``precision``, ``scaler`` (GradScaler on, for
+    fp16 only) and the ``loss_factor`` applied before ``backward``.
 
     Raises:
         ValueError: an unknown precision or a loss factor that is not a positive number.
