@@ -1,15 +1,12 @@
-"""What autocast really runs: `OpDtypeRecorder`, a ``TorchDispatchMode`` that records every ATen
-op inside it with the dtypes it read and wrote and the module it ran in.
-
-A ``TorchDispatchMode`` sits below autograd and autocast in PyTorch's dispatcher, so it sees the
-ops as they run on *this* device: autocast's casts (``_to_copy``) and the low-precision matmuls.
-CPU and CUDA autocast follow different op lists (``torch.amp`` docs, "CPU Ops that can autocast
-to bfloat16" vs "CUDA Ops that can autocast to float16"): read them from a recording on the
-device at hand.
+"""What autocast really runs (lesson 01): `OpDtypeRecorder` records every ATen op with the dtypes
+it read and wrote and the module it ran in; `autocast_policy` reads what autocast does to a few
+ops. A ``TorchDispatchMode`` sits below autograd and autocast in PyTorch's dispatcher, so it sees
+the ops as they run on *this* device, autocast's casts (``_to_copy``) included: CPU and CUDA
+autocast follow different op lists (``torch.amp`` docs, "CPU Ops that can autocast to bfloat16"
+vs "CUDA Ops that can autocast to float16").
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import pandas as pd
@@ -51,21 +48,13 @@ def _storage_ptr(t: torch.Tensor):
 
 
 class OpDtypeRecorder(TorchDispatchMode):
-    """Record every ATen op that runs inside the ``with`` block, with dtypes and module names.
-
-    A ``TorchDispatchMode`` sits below autograd and autocast in PyTorch's dispatcher, so it sees
-    the ops as they really run: autocast's casts (``_to_copy``) and the low-precision matmuls.
-
-    Args:
-        model: if given, forward hooks on its submodules name the module each op ran in, and
-            ops that read one of its parameters are flagged.
-
-    Usage::
+    """Record in ``records`` every ATen op that runs inside the ``with`` block. With ``model``,
+    forward hooks on its submodules name the module each op ran in, and ops that read one of its
+    parameters are flagged::
 
         with OpDtypeRecorder(model) as rec, torch.autocast("cpu", dtype=torch.bfloat16):
             model(x, y)
         rec.table()      # one row per op (views hidden)
-        rec.summary()    # per op: how many calls produced each dtype
     """
 
     def __init__(self, model: torch.nn.Module | None = None):
@@ -88,7 +77,6 @@ class OpDtypeRecorder(TorchDispatchMode):
         return super().__enter__()
 
     def _pop(self, module, args, out) -> None:
-        # A forward hook must return None, or it would replace the module's output.
         if self._stack:
             self._stack.pop()
 
@@ -111,20 +99,13 @@ class OpDtypeRecorder(TorchDispatchMode):
         return out
 
     def table(self, views: bool = False, module: str | None = None) -> pd.DataFrame:
-        """One row per recorded op: ``module``, ``op``, ``inputs``, ``output``, ``note``.
-
-        Args:
-            views: include view/alias ops (`VIEW_OPS`); hidden by default.
-            module: keep only ops whose module name starts with this prefix.
-
-        The ``note`` column says ``"cast of a weight"`` for an autocast cast of a parameter and
-        ``"cast of an activation"`` for other ``_to_copy`` calls.
+        """One row per recorded op: ``module``, ``op``, ``inputs``, ``output`` and ``note``
+        (``"cast of a weight"`` or ``"cast of an activation"`` for a ``_to_copy``); view ops
+        (`VIEW_OPS`) only with ``views``, and only ops whose module name starts with ``module``.
         """
         rows = []
         for r in self.records:
-            if not views and r.op in VIEW_OPS:
-                continue
-            if module is not None and not r.module.startswith(module):
+            if (not views and r.op in VIEW_OPS) or (module is not None and not r.module.startswith(module)):
                 continue
             note = ""
             if r.op == "_to_copy":
@@ -133,32 +114,15 @@ class OpDtypeRecorder(TorchDispatchMode):
                          "output": ", ".join(r.outputs), "note": note})
         return pd.DataFrame(rows, columns=["module", "op", "inputs", "output", "note"])
 
-    def summary(self) -> pd.DataFrame:
-        """Per op (views hidden): calls by the dtype of its first output; one column per dtype."""
-        counts: dict = {}
-        for r in self.records:
-            if r.op in VIEW_OPS or not r.outputs:
-                continue
-            key = r.op if r.op != "_to_copy" else (
-                "_to_copy (weight)" if r.reads_parameter else "_to_copy (other)")
-            counts.setdefault(key, Counter())[r.outputs[0]] += 1
-        df = pd.DataFrame.from_dict(counts, orient="index").fillna(0).astype(int)
-        df.index.name = "op"
-        return df
-
     def ops_by_dtype(self, module: str | None = None, exclude: str | None = None) -> dict:
-        """``{output dtype: [op, ...]}``: the ops (views and casts hidden, each op once, in the
-        order first seen) by the dtype of their first output, for sentences generated from a
-        recording. ``module``: only ops whose module name starts with this prefix;
-        ``exclude``: leave out ops whose module name starts with this prefix (``"layers"``:
-        the ops outside the transformer blocks)."""
+        """``{output dtype: [op, ...]}``: each op once in the order first seen (views and casts
+        hidden), by its first output's dtype, for ops whose module name starts with ``module``
+        and not with ``exclude`` (``"layers"``: the ops outside the transformer blocks)."""
         out: dict = {}
         for r in self.records:
-            if r.op in VIEW_OPS or r.op == "_to_copy" or not r.outputs:
-                continue
-            if module is not None and not r.module.startswith(module):
-                continue
-            if exclude is not None and r.module.startswith(exclude):
+            if (r.op in VIEW_OPS or r.op == "_to_copy" or not r.outputs
+                    or (module is not None and not r.module.startswith(module))
+                    or (exclude is not None and r.module.startswith(exclude))):
                 continue
             ops = out.setdefault(r.outputs[0], [])
             if r.op not in ops:
@@ -167,7 +131,8 @@ class OpDtypeRecorder(TorchDispatchMode):
 
 
 def _probe_calls(d: int, device) -> dict:
-    """The calls `autocast_policy` tries: name -> function of one (2, 4, d) input."""
+    """The calls `autocast_policy` tries: name -> function of one (2, 4, d) input (a tensor, or
+    the dtype of a step inside a composite op)."""
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(d, d, generator=g).to(device), torch.randn(d, generator=g).to(device)
     ln_w, ln_b = torch.ones(d, device=device), torch.zeros(d, device=device)
@@ -181,34 +146,16 @@ def _probe_calls(d: int, device) -> dict:
         "gelu": F.gelu,
         "sum": lambda x: x.sum(),
         "cross_entropy (the loss)": lambda x: F.cross_entropy(x.reshape(-1, d), target),
-        "log_softmax inside cross_entropy": lambda x: _inner_output(
+        "log_softmax inside cross_entropy": lambda x: _inner_dtype(
             "_log_softmax", F.cross_entropy, x.reshape(-1, d), target),
     }
 
 
-class _Outputs(TorchDispatchMode):
-    """The first output of each ATen op run inside it, by op name (first call kept)."""
-
-    def __init__(self):
-        super().__init__()
-        self.first: dict = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-        outs = [a for a in tree_leaves(out) if isinstance(a, torch.Tensor)]
-        if outs:
-            self.first.setdefault(name, outs[0])
-        return out
-
-
-def _inner_output(op: str, fn, *args):
-    """The output of the ATen op ``op`` that ``fn(*args)`` runs inside itself: what autocast did
-    to a step of a composite op (``cross_entropy`` is ``log_softmax`` then ``nll_loss``; CPU
-    autocast casts its input up to fp32, CUDA's only ``nll_loss``)."""
-    with _Outputs() as seen:
+def _inner_dtype(op: str, fn, *args) -> str:
+    """The output dtype of the first ATen op ``op`` that ``fn(*args)`` runs inside itself."""
+    with OpDtypeRecorder() as rec:
         fn(*args)
-    return seen.first[op]
+    return [r.outputs[0] for r in rec.records if r.op == op and r.outputs][0]
 
 
 #: The calls `autocast_policy` probes, in its table's order.
@@ -217,22 +164,11 @@ POLICY_PROBES = ("linear (matmul)", "scaled_dot_product_attention", "layer_norm"
 
 
 def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> pd.DataFrame:
-    """What ``torch.autocast(device, dtype)`` does to a few ops **on this device**, measured:
-    each call of `POLICY_PROBES` runs under autocast once on an fp32 input and once on an input
-    already in ``dtype``, and the output dtypes are read.
-
-    CPU and CUDA autocast follow different op lists (``torch.amp`` docs, "CUDA Ops that can
-    autocast to float32" vs the CPU lists): on CUDA ``layer_norm`` and ``softmax`` run in fp32
-    whatever their input; on a CPU a low-precision input stays low precision. This table says
-    which holds here, instead of stating one device's list for another. A composite op is read
-    twice: ``cross_entropy``'s output (the loss), and the ``log_softmax`` it runs inside, whose
-    output backward saves (fp32 on a CPU, whose list casts ``cross_entropy``'s input up; on
-    CUDA it follows its input, as only ``nll_loss`` is on the fp32 list).
-
-    Returns:
-        One row per call: ``fp32 input`` and ``<dtype> input`` (output dtypes, short names) and
-        ``autocast here``: ``"runs in <dtype>"`` (an fp32 input is cast down), ``"runs in fp32"``
-        (a low-precision input is cast up), ``"follows its input"`` or ``"other"``.
+    """What ``torch.autocast(device, dtype)`` does to each call of `POLICY_PROBES` **on this
+    device**, run once on an fp32 input and once on one in ``dtype``: one row per call with the
+    output dtypes (``fp32 input``, ``<dtype> input``) and ``autocast here``: ``"runs in
+    <dtype>"``, ``"runs in fp32"``, ``"follows its input"`` or ``"other"``. ``cross_entropy`` is
+    read twice: its output, and that of the ``log_softmax`` inside it, which backward saves.
 
     Raises:
         ValueError: a device this machine lacks, or a dtype that is not fp16 or bf16.
@@ -242,22 +178,16 @@ def autocast_policy(device: str = "cpu", dtype: torch.dtype = torch.bfloat16) ->
         raise ValueError(tr("autocast_policy takes torch.float16 or torch.bfloat16, got {dtype}.",
                             dtype=dtype))
     low, kind = short_dtype(dtype), torch.device(device).type
+    rules = {(low, low): tr("runs in {dtype}", dtype=low), ("fp32", "fp32"): tr("runs in fp32"),
+             ("fp32", low): tr("follows its input")}
     rows = {}
     for name, fn in _probe_calls(16, device).items():
         outs = []
         for in_dtype in (torch.float32, dtype):
             x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1)).to(device, in_dtype)
             with torch.autocast(kind, dtype=dtype):
-                outs.append(short_dtype(fn(x).dtype))
-        if outs == [low, low]:
-            rule = tr("runs in {dtype}", dtype=low)
-        elif outs == ["fp32", "fp32"]:
-            rule = tr("runs in fp32")
-        elif outs == ["fp32", low]:
-            rule = tr("follows its input")
-        else:
-            rule = tr("other")
-        rows[name] = {"fp32 input": outs[0], f"{low} input": outs[1], "autocast here": rule}
-    df = pd.DataFrame.from_dict(rows, orient="index")
-    df.index.name = f"autocast({kind}, {low})"
-    return df
+                out = fn(x)
+                outs.append(out if isinstance(out, str) else short_dtype(out.dtype))
+        rows[name] = {"fp32 input": outs[0], f"{low} input": outs[1],
+                      "autocast here": rules.get(tuple(outs), tr("other"))}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(f"autocast({kind}, {low})")

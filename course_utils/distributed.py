@@ -1,43 +1,19 @@
-"""Run a training script under ``torchrun`` from a notebook and collect what each rank reports.
+"""Run a training script under ``torchrun`` from a notebook and collect what each rank reports
+(lesson 04 and its exercise): `launch`, `rank_report`, `state_bytes`, `sharding_table`,
+`write_module`. Each rank ends with ``os._exit`` after its script: gloo's threads outlive
+``destroy_process_group()`` while a DDP model holds the group, and tearing the interpreter down
+beside them aborted a rank now and then (``terminate called without an active exception``).
 
-Lesson 04 writes its distributed training scripts in visible notebook cells; this module is the
-plumbing around them:
-
-* `launch` runs ``python -m torch.distributed.run --standalone --nproc-per-node N script ...``
-  (the same program as the ``torchrun`` command) with a time limit, one OpenMP thread budget per
-  rank (the caller's ``OMP_NUM_THREADS``, else the usable cores, shared out so that N ranks do
-  not oversubscribe them), this package on every rank's ``PYTHONPATH``, the notebook's language
-  (``COURSE_LANG``: the ranks print in the learner's language too), and a fresh folder for the
-  ranks' reports. A failure raises `LaunchError` with the ranks' last error (or the signal
-  that killed a rank) on its first line and the tail of their stderr below it; a run past its
-  time limit is stopped, ranks included, and raises `LaunchError` too. Nothing hangs.
-* Each rank runs the script through this module's rank runner (``torchrun ... -m
-  course_utils.distributed script ...``), which ends the rank with ``os._exit`` once the script
-  is done, after flushing its output: no interpreter teardown. Gloo's C++ threads (its
-  ``pt_gloo_runloop`` workers and ``gloo_tcp_loop``) outlive ``destroy_process_group()`` while a
-  DDP model still holds the process group, and tearing the interpreter down beside them
-  aborted a rank now and then on a busy machine (``terminate called without an active
-  exception``, exit -6, so torchrun failed although every rank had reported).
-* `rank_report`, called inside the script, writes one JSON object per rank; `launch` reads them
-  back in rank order (`Launch.reports`).
-* `state_bytes` counts the bytes of a rank's parameters, gradients and optimizer state, local
-  shards only (``DTensor.to_local()``), which is what sharding divides.
-* `sharding_table` puts those measurements beside `course_utils.memory_model.sharded_estimate`
-  (`course_utils.plots.sharding_chart` draws it).
-* `write_module` writes functions defined in a notebook into a module the ranks can import
-  (the graded exercise ships a learner's loop to ``torchrun`` this way).
-
-Sources: PyTorch "torchrun (Elastic Launch)" docs (``--standalone``, ``--nproc-per-node``,
-``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set per worker; workers start their own sessions, which is
-why a time-out stops them one by one); "Getting Started with Distributed Data Parallel";
-``torch.distributed.fsdp.fully_shard`` (FSDP2) docs, whose parameters are ``DTensor`` shards.
+Sources: PyTorch docs "torchrun (Elastic Launch)" (workers start their own sessions, so a
+time-out stops them one by one), "Getting Started with Distributed Data Parallel", FSDP2's
+``fully_shard`` (parameters are ``DTensor`` shards).
 
 Over 400 lines because launching, stopping and reading ``torchrun``'s ranks is one
-process-management protocol (the rank runner, time limits, the ranks' last error, their reports);
-the per-rank byte counting it reports sits beside it.
+process-management protocol (the rank runner, time limits, the ranks' last error, their reports).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -66,7 +42,7 @@ __all__ = ["REPORT_ENV", "Launch", "LaunchError", "default_backend", "launch", "
            "rank_report", "sharding_table", "state_bytes", "threads_per_rank",
            "write_module"]
 
-#: The environment variable that tells a rank where to write its report (set by `launch`).
+#: Where a rank writes its report (set by `launch`).
 REPORT_ENV = "COURSE_DIST_OUT"
 
 #: Lines of the ranks' stderr that a `LaunchError` quotes.
@@ -77,16 +53,9 @@ _SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL
 
 
 class LaunchError(RuntimeError):
-    """``torchrun`` failed, timed out, or a rank wrote no report.
-
-    The message's first line says what happened and, when a rank raised, its last exception
-    line (e.g. ``NotImplementedError``); the lines below quote the tail of the ranks' stderr.
-
-    Attributes:
-        returncode: ``torchrun``'s exit status (``None`` after a time-out).
-        stdout: everything the ranks printed.
-        stderr_tail: the last `STDERR_TAIL_LINES` lines of their stderr.
-    """
+    """``torchrun`` failed, timed out, or a rank wrote no report: the first line says which,
+    with a rank's last exception line; the tail of the ranks' stderr follows. Attributes:
+    ``returncode`` (``None`` after a time-out), ``stdout``, ``stderr_tail``."""
 
     def __init__(self, message: str, returncode: int | None = None, stdout: str = "",
                  stderr_tail: str = ""):
@@ -98,20 +67,10 @@ class LaunchError(RuntimeError):
 
 @dataclass
 class Launch:
-    """One finished ``torchrun`` run.
-
-    Attributes:
-        command: the command that ran (a list of strings; ``python -m torch.distributed.run``
-            is the ``torchrun`` program).
-        nproc: ranks (processes) on this machine.
-        backend: ``"gloo"`` or ``"nccl"``, as validated by `launch`.
-        threads_per_rank: ``OMP_NUM_THREADS`` given to each rank.
-        returncode: exit status (0).
-        stdout: what the ranks printed (lines of different ranks may interleave).
-        stderr: what they wrote to stderr (warnings).
-        seconds: wall time of the whole run, start-up of the processes included.
-        reports: the ranks' `rank_report` objects, ``reports[r]`` from rank ``r``.
-    """
+    """One finished ``torchrun`` run: the ``command`` (a list of strings), ``nproc`` ranks, the
+    ``backend``, ``OMP_NUM_THREADS`` per rank, ``returncode`` (0), ``stdout`` (ranks' lines may
+    interleave), ``stderr``, ``seconds`` (wall time, process start-up included) and ``reports``
+    (``reports[r]``: rank ``r``'s `rank_report`)."""
 
     command: list
     nproc: int
@@ -125,8 +84,7 @@ class Launch:
 
     @property
     def command_line(self) -> str:
-        """The command as one line, as the learner would type it: ``torchrun`` for
-        ``python -m torch.distributed.run``, without the launcher's rank runner."""
+        """The command as the learner would type it: ``torchrun``, without the rank runner."""
         args = [str(a) for a in self.command]
         if args[1:3] == ["-m", "torch.distributed.run"]:
             args = ["torchrun", *args[3:]]
@@ -138,21 +96,17 @@ class Launch:
 
     @property
     def output(self) -> str:
-        """The ranks' printed output, ranks' lines sorted by rank where they start with
-        ``[rank N]`` (torchrun interleaves them as they arrive)."""
-        lines = self.stdout.rstrip().splitlines()
-
-        def key(item):
-            i, line = item
+        """The ranks' printed output, lines that start ``[rank N]`` sorted by rank."""
+        def rank(line):
             m = re.match(r"\[rank (\d+)\]", line)
-            return (int(m.group(1)) if m else -1, i)
+            return int(m.group(1)) if m else -1
 
-        return "\n".join(line for _, line in sorted(enumerate(lines), key=key))
+        return "\n".join(sorted(self.stdout.rstrip().splitlines(), key=rank))  # a stable sort
 
 
 def default_backend() -> str:
-    """``"nccl"`` when this machine has two or more CUDA GPUs and NCCL, else ``"gloo"`` (CPU
-    ranks). One GPU cannot host two NCCL ranks, so a one-GPU machine runs its ranks on the CPU."""
+    """``"nccl"`` with two or more CUDA GPUs and NCCL, else ``"gloo"`` (CPU ranks: one GPU
+    cannot host two NCCL ranks)."""
     if (torch.cuda.is_available() and torch.cuda.device_count() >= 2
             and torch.distributed.is_available() and torch.distributed.is_nccl_available()):
         return "nccl"
@@ -160,9 +114,8 @@ def default_backend() -> str:
 
 
 def max_world_size(backend: str) -> int:
-    """The most ranks `launch` runs on this machine: one GPU per rank for ``nccl``, one CPU
-    core per rank for ``gloo`` (`course_utils.hardware.usable_cores`: the affinity, the physical
-    cores and a container's CPU quota).
+    """The most ranks `launch` runs here: one GPU each for ``nccl``, one of
+    `course_utils.hardware.usable_cores` each for ``gloo``.
 
     Raises:
         ValueError: an unknown backend.
@@ -171,30 +124,24 @@ def max_world_size(backend: str) -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "gloo":
         return usable_cores()
-    raise ValueError(_unknown_backend(backend))
-
-
-def _unknown_backend(backend) -> str:
-    return tr("unknown backend {backend!r}: expected one of {names}.", backend=backend,
-              names=", ".join(_BACKENDS))
+    raise ValueError(tr("unknown backend {backend!r}: expected one of {names}.", backend=backend,
+                        names=", ".join(_BACKENDS)))
 
 
 def threads_per_rank(nproc: int) -> int:
-    """``OMP_NUM_THREADS`` for each of ``nproc`` ranks: this process's thread budget shared out,
-    at least 1. The budget is ``OMP_NUM_THREADS`` if it is set to a positive integer (a grader
-    running several notebooks at once gives each kernel its share), else the usable cores."""
+    """``OMP_NUM_THREADS`` for each of ``nproc`` ranks, at least 1: this process's budget (its own
+    positive ``OMP_NUM_THREADS``, else the usable cores) shared out."""
     try:
         budget = int(os.environ.get("OMP_NUM_THREADS", ""))
     except ValueError:
         budget = 0
-    if budget <= 0:
-        budget = usable_cores()
-    return max(1, min(budget, usable_cores()) // max(1, nproc))
+    cores = usable_cores()
+    return max(1, min(budget if budget > 0 else cores, cores) // max(1, nproc))
 
 
 def _check_nproc(nproc, backend: str) -> None:
+    limit = max_world_size(backend)  # an unknown backend first
     check_positive_int("nproc (ranks)", nproc)
-    limit = max_world_size(backend)
     if nproc > limit:
         if backend == "nccl":
             raise ValueError(tr("{nproc} NCCL ranks need {nproc} GPUs; this machine has {limit}. "
@@ -206,7 +153,7 @@ def _check_nproc(nproc, backend: str) -> None:
 
 
 def _children(pid: int) -> list[int]:
-    """Descendant process ids of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    """Descendant process ids of ``pid`` (Linux ``/proc``)."""
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -221,15 +168,12 @@ def _children(pid: int) -> list[int]:
 
 
 def _kill(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _stop(proc: subprocess.Popen, grace: float = 10.0) -> tuple[str, str]:
-    """Stop torchrun and its ranks (which run in sessions of their own): SIGTERM the agent,
-    which stops its workers; after ``grace`` seconds SIGKILL whatever is left."""
+    """SIGTERM torchrun (which stops its ranks); after ``grace`` seconds SIGKILL what is left."""
     ranks = _children(proc.pid)
     _kill(proc.pid, signal.SIGTERM)
     try:
@@ -245,7 +189,7 @@ def _stop(proc: subprocess.Popen, grace: float = 10.0) -> tuple[str, str]:
 
 _ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))"
                          r"(?::\s*(.*))?$")
-# What a rank's C++ side or the interpreter prints when it aborts (no Python exception line).
+# A C++ or interpreter abort (no Python exception line).
 _FATAL_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(terminate called .*|Fatal Python error: .*"
                          r"|what\(\):\s+.*|Segmentation fault.*|Killed)$")
 # torchrun's record of a rank that failed: "failed (exitcode: -6) local_rank: 1 (pid: ...)".
@@ -253,9 +197,7 @@ _FAILED_RANK = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
 
 def _last_error(stderr: str) -> str:
-    """The ranks' last error: the signal that killed a rank (torchrun's record, e.g. ``rank 1
-    died of SIGABRT``), and the last ``SomeError: message`` line a rank printed (torchrun's own
-    summary excluded), or else the last line of a C++ abort (``terminate called ...``)."""
+    """The signal that killed a rank, then a rank's last exception line, else its C++ abort."""
     found = fatal = died = ""
     for line in stderr.splitlines():
         m = _ERROR_LINE.match(line.strip())
@@ -271,8 +213,7 @@ def _last_error(stderr: str) -> str:
             except ValueError:
                 name = f"signal {-int(d.group(1))}"
             died = tr("rank {rank} died of {signal}", rank=d.group(2), signal=name)
-    parts = [p for p in (died, found or fatal) if p]
-    return ": ".join(parts)
+    return ": ".join(p for p in (died, found or fatal) if p)
 
 
 def _tail(text: str, n: int = STDERR_TAIL_LINES) -> str:
@@ -280,9 +221,7 @@ def _tail(text: str, n: int = STDERR_TAIL_LINES) -> str:
 
 
 def _ranks_stderr_tail(stderr: str, n: int = STDERR_TAIL_LINES) -> str:
-    """The tail of what the ranks wrote to stderr, without torchrun's own traceback and failure
-    summary (which would push the ranks' traceback out of the tail); torchrun's one-line
-    "failed (exitcode ...) local_rank ..." record is kept at the end."""
+    """The tail of the ranks' stderr before torchrun's traceback, then its "failed" record."""
     lines = stderr.rstrip().splitlines()
     agent = next((i for i, line in enumerate(lines)
                   if "torch/distributed/elastic" in line and "failed (exitcode" in line), None)
@@ -294,34 +233,20 @@ def _ranks_stderr_tail(stderr: str, n: int = STDERR_TAIL_LINES) -> str:
 def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
            backend: str | None = None, timeout: float = 300.0, cwd: str | os.PathLike | None = None,
            env: dict | None = None, expect_reports: bool = True) -> Launch:
-    """Run ``script`` on ``nproc`` ranks with ``torchrun --standalone`` and wait for it.
-
-    Args:
-        script: the Python file every rank runs (e.g. written by a ``%%writefile`` cell).
-        nproc: number of ranks (processes) on this machine, 1 to `max_world_size` (backend).
-        args: command-line arguments for the script (converted with ``str``).
-        backend: the backend the script will use, ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per
-            rank); only checked against the machine here (default `default_backend()`); pass
-            it to the script in ``args`` as well.
-        timeout: seconds before the run is stopped, its ranks included.
-        cwd: working directory of the ranks (default: the script's folder).
-        env: extra environment variables for the ranks (they win over the launcher's own,
-            ``OMP_NUM_THREADS`` included).
-        expect_reports: require a `rank_report` from every rank.
-
-    Returns:
-        A `Launch`: output, time and the ranks' reports (``reports[r]`` from rank ``r``).
+    """Run ``script`` on ``nproc`` ranks (1 to `max_world_size`) with ``torchrun --standalone``,
+    wait for it and return the `Launch`. ``args`` (passed with ``str``) go to the script;
+    ``backend`` (default `default_backend()`) is only checked against the machine here, so pass
+    it in ``args`` too; after ``timeout`` seconds the run and its ranks are stopped; ``cwd``
+    defaults to the script's folder; ``env`` adds variables for the ranks (they win,
+    ``OMP_NUM_THREADS`` included); ``expect_reports`` requires a `rank_report` from every rank.
 
     Raises:
-        ValueError: ``nproc`` is not a positive integer or exceeds what the machine can run
-            (cores for gloo, GPUs for nccl); an unknown backend; a non-positive timeout.
+        ValueError: ``nproc`` not a positive integer or more than the machine runs; an unknown
+            backend; a non-positive timeout.
         FileNotFoundError: ``script`` does not exist.
-        LaunchError: torchrun exited with an error (first line: the ranks' last exception),
-            ran past ``timeout`` (then it and its ranks are stopped), or a rank wrote no report.
+        LaunchError: torchrun failed, ran past ``timeout``, or a rank wrote no report.
     """
     backend = backend or default_backend()
-    if backend not in _BACKENDS:
-        raise ValueError(_unknown_backend(backend))
     _check_nproc(nproc, backend)
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(tr("timeout must be a positive number of seconds, got {timeout!r}.",
@@ -333,15 +258,13 @@ def launch(script: str | os.PathLike, nproc: int, args: Sequence = (), *,
     threads = int((env or {}).get("OMP_NUM_THREADS", threads_per_rank(nproc)))
     with tempfile.TemporaryDirectory(prefix="torchrun-reports-") as out_dir:
         package_root = str(Path(__file__).resolve().parent.parent)
-        run_env = dict(os.environ)
-        run_env.pop("PYTHONUNBUFFERED", None)  # block-buffered ranks write whole lines, not fragments
-        run_env.update({
+        # block-buffered ranks (no PYTHONUNBUFFERED) write whole lines, not fragments
+        run_env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | {
             "OMP_NUM_THREADS": str(threads),   # N ranks x threads <= cores: no oversubscription
             REPORT_ENV: out_dir,
-            "PYTHONPATH": os.pathsep.join(p for p in (package_root, run_env.get("PYTHONPATH")) if p),
+            "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
             LANG_ENV: language(),  # the ranks start in the script's folder: tell them the edition
-        })
-        run_env.update({k: str(v) for k, v in (env or {}).items()})  # the caller's word is last
+        } | {k: str(v) for k, v in (env or {}).items()}  # the caller's word is last
         return _run(script, nproc, backend, threads, [str(a) for a in args], timeout,
                     cwd or script.parent, run_env, Path(out_dir), expect_reports)
 
@@ -350,10 +273,7 @@ _RUNNER = "course_utils.distributed"  # python -m course_utils.distributed SCRIP
 
 
 def _run_rank(argv: Sequence[str]) -> None:
-    """The rank runner: run the script ``argv[0]`` with arguments ``argv[1:]`` as ``__main__``
-    (its folder first on ``sys.path``, as ``python script.py`` would), then end the process with
-    ``os._exit``: 0 if it finished, its ``SystemExit`` code, or 1 after printing the traceback
-    of an exception. Standard output and error are flushed first. Never returns."""
+    """Run ``python SCRIPT ARGS`` in this process, flush, and ``os._exit`` with its status."""
     script, *args = argv
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
@@ -371,10 +291,8 @@ def _run_rank(argv: Sequence[str]) -> None:
         traceback.print_exc()
         status = 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(status)
 
 
@@ -423,13 +341,8 @@ def _run(script: Path, nproc: int, backend: str, threads: int, args: list, timeo
 
 
 def rank_report(payload: dict) -> Path | None:
-    """Inside a script run by `launch`: write this rank's results (a JSON-ready dict).
-
-    The file is ``$COURSE_DIST_OUT/rank{RANK}.json``. Run by hand (plain ``torchrun``, no
-    ``COURSE_DIST_OUT``), it writes nothing and returns ``None``.
-
-    Returns:
-        The path written, or ``None``.
+    """Inside a script run by `launch`: write this rank's results (a JSON-ready dict) to
+    ``$COURSE_DIST_OUT/rank{RANK}.json``, its path returned (``None`` under plain ``torchrun``).
 
     Raises:
         TypeError: ``payload`` is not a dict or holds values JSON cannot encode.
@@ -440,8 +353,7 @@ def rank_report(payload: dict) -> Path | None:
     folder = os.environ.get(REPORT_ENV)
     if not folder:
         return None
-    rank = int(os.environ.get("RANK", "0"))
-    path = Path(folder) / f"rank{rank}.json"
+    path = Path(folder) / f"rank{int(os.environ.get('RANK', '0'))}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(path)  # atomic: launch never reads half a file
@@ -458,14 +370,9 @@ def _bytes(tensors: Iterable) -> int:
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Bytes this rank holds of the training state: ``parameters``, ``gradients`` (those
-    present now) and ``optimizer_state`` (every tensor in the optimizer's state: AdamW's two
-    moments and step counters).
-
-    Counts elements x element size of the local tensors: a ``DTensor`` (FSDP2) counts its local
-    shard (``to_local()``); `torch.distributed.optim.ZeroRedundancyOptimizer` counts its local
-    optimizer (``.optim``), i.e. the parameters this rank owns.
-    """
+    """Bytes this rank holds: ``parameters``, ``gradients`` (those present now) and
+    ``optimizer_state`` (every tensor in it: AdamW's moments and step counters). A ``DTensor``
+    (FSDP2) counts its local shard; a ``ZeroRedundancyOptimizer`` its local ``.optim``."""
     local_opt = getattr(optimizer, "optim", optimizer)
     params = list(model.parameters())
     return {
@@ -483,10 +390,9 @@ _MODULE_HEADER = ('"""Written by course_utils.distributed.write_module from note
 
 
 def write_module(path: str | os.PathLike, *functions, header: str = _MODULE_HEADER) -> Path:
-    """Write the source of ``functions`` (defined in notebook cells or files) to ``path``, a
-    module that ``torchrun`` ranks can import. ``header`` (default: imports of ``contextlib``,
-    ``nullcontext``, ``math``, ``torch`` and ``torch.nn.functional as F``) comes first: the
-    functions may use those names and their arguments, nothing else from the notebook.
+    """Write the source of ``functions`` to ``path``, a module ``torchrun`` ranks can import,
+    after ``header`` (default: imports of ``contextlib``, ``nullcontext``, ``math``, ``torch``
+    and ``F``): the functions may use those names and their arguments, nothing else.
 
     Raises:
         TypeError: an argument is not a plain function.
@@ -508,24 +414,16 @@ def write_module(path: str | os.PathLike, *functions, header: str = _MODULE_HEAD
 
 
 def sharding_table(reports: Iterable[dict], config, labels: dict | None = None):
-    """Measured per-rank bytes beside `memory_model.sharded_estimate`, one row per
-    (world size, ZeRO stage, rank).
-
-    Args:
-        reports: rank reports, each ``{"world_size": K, "rank": r, "stages": {stage: {
-            "parameters": b, "gradients": b, "optimizer_state": b}}}`` (bytes; ``stage`` a
-            string or int 0-3), from any number of runs.
-        config: the `RunConfig` whose model was measured (its parameter count).
-        labels: optional ``{stage: "what ran"}`` for a column naming the implementation.
-
-    Returns:
-        A DataFrame with columns ``ranks``, ``ZeRO stage``, (``what ran``), ``rank``, and in MiB
-        (2^20 bytes) ``parameters``, ``gradients``, ``optimizer state``, ``total``,
-        ``estimate``, plus ``total / estimate`` and ``worst part / estimate`` (the component
-        furthest from its own estimate, as a ratio).
+    """Measured per-rank bytes beside `memory_model.sharded_estimate` of ``config``'s model, one
+    row per (world size, ZeRO stage, rank) of ``reports``, each ``{"world_size": K, "rank": r,
+    "stages": {stage: {"parameters": b, "gradients": b, "optimizer_state": b}}}`` (bytes; stage
+    0-3, str or int). Columns: ``ranks``, ``ZeRO stage``, ``what ran`` (with ``labels``, ``{stage:
+    name}``), ``rank``, in MiB ``parameters``, ``gradients``, ``optimizer state``, ``total``,
+    ``estimate``, then ``total / estimate`` and ``worst part / estimate`` (the part furthest from
+    its own estimate).
 
     Raises:
-        ValueError: a report without the fields above.
+        ValueError: a report without those fields.
     """
     rows = []
     for rep in reports:
@@ -539,16 +437,15 @@ def sharding_table(reports: Iterable[dict], config, labels: dict | None = None):
             parts = {k: int(measured[k]) for k in ("parameters", "gradients", "optimizer_state")}
             worst = max((abs(parts[k] / getattr(est, k) - 1), parts[k] / getattr(est, k))
                         for k in parts)[1]
+            total = sum(parts.values())
             row = {"ranks": K, "ZeRO stage": int(stage)}
             if labels:
                 row["what ran"] = labels.get(int(stage), labels.get(str(stage), ""))
-            total = sum(parts.values())
-            row.update({"rank": rank, "parameters": parts["parameters"] / MiB,
-                        "gradients": parts["gradients"] / MiB,
-                        "optimizer state": parts["optimizer_state"] / MiB,
-                        "total": total / MiB, "estimate": est.total / MiB,
-                        "total / estimate": total / est.total, "worst part / estimate": worst})
-            rows.append(row)
+            rows.append({**row, "rank": rank, "parameters": parts["parameters"] / MiB,
+                         "gradients": parts["gradients"] / MiB,
+                         "optimizer state": parts["optimizer_state"] / MiB,
+                         "total": total / MiB, "estimate": est.total / MiB,
+                         "total / estimate": total / est.total, "worst part / estimate": worst})
     return pd.DataFrame(rows)
 
 

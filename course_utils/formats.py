@@ -1,22 +1,15 @@
-"""Number formats: what fp32, fp16, bf16 and the two FP8 formats can represent, read from
-``torch.finfo`` (nothing typed in); the bit layout of a value in each; and what a format does to
-a set of values (a gradient, say): the log2 histogram, and the fraction flushed to zero, kept as
-subnormal or overflowed, with or without a loss scale.
+"""Number formats (lessons 01 and 04): what each format can represent (from ``torch.finfo``),
+what storing values in it does, with or without a loss scale, and FP8 training's scaled formats
+emulated in plain torch (`RECIPES`, `fake_quantize`).
 
-IEEE 754 binary formats (and bf16, FP8): a value is ``(-1)^s x 2^(e - bias) x 1.m`` (normal) or
-``(-1)^s x 2^(1 - bias) x 0.m`` (subnormal). With ``p`` mantissa (fraction) bits, machine epsilon is
-``2^-p`` and the smallest subnormal is ``smallest_normal x 2^-p`` (IEEE 754-2019 section 3.3;
-Micikevicius et al. 2022, "FP8 Formats for Deep Learning", arXiv 2209.05433, for E4M3 / E5M2).
+A value is ``(-1)^s x 2^(e - bias) x 1.m`` (normal) or ``(-1)^s x 2^(1 - bias) x 0.m``
+(subnormal); with ``p`` mantissa bits, eps is ``2^-p`` and the smallest subnormal is
+``smallest_normal x 2^-p`` (IEEE 754-2019 section 3.3). Sources: Micikevicius et al. 2022, "FP8
+Formats for Deep Learning" (arXiv 2209.05433); torchao's float8 training recipes; the OCP
+Microscaling Formats (MX) Specification v1.0; NVIDIA's NVFP4.
 
-Scaled low-precision formats, emulated in plain torch (`fake_quantize`, `RECIPES`): FP8 with one
-scale per tensor or per row (torchao's ``tensorwise`` and ``rowwise`` float8 training recipes),
-MXFP8 (OCP Microscaling Formats v1.0: blocks of 32 E4M3 values sharing an E8M0 power-of-two scale)
-and NVFP4 (blocks of 16 E2M1 values with an E4M3 scale, times one fp32 scale per tensor). E8M0
-and E2M1, which ``torch.finfo`` does not describe, are in `SPEC_FORMATS`, from the MX spec.
-
-Over 400 lines because it is one concern, number formats: what each format represents and what
-storing values in it does, from a plain cast (lesson 01) to the scaled formats of FP8 training
-(lesson 04), on one rounding rule (`round_to_format`).
+Over 400 lines because it is one concern, number formats, from a plain cast (lesson 01) to the
+scaled formats (lesson 04), on one rounding rule (`round_to_format`).
 """
 from __future__ import annotations
 
@@ -31,18 +24,14 @@ from .i18n import tr
 from .terms import PRECISION_DTYPES, short_dtype
 
 __all__ = ["FORMATS", "SPEC_FORMATS", "FormatInfo", "resolve_dtype", "format_info", "format_table",
-           "layout_table", "bits", "cast_table", "log2_histogram", "underflow_stats",
-           "underflow_table", "tf32_probe", "Recipe", "RECIPES",
-           "round_to_format", "mx_scale_exponents", "fake_quantize", "quantization_error",
-           "quantization_table"]
+           "layout_table", "bits", "cast_table", "log2_histogram", "underflow_stats", "underflow_table",
+           "tf32_probe", "Recipe", "RECIPES", "round_to_format", "mx_scale_exponents", "fake_quantize",
+           "quantization_error", "quantization_table"]
 
 #: The formats lesson 01 compares, by the course's short name (FP8 only where torch has it).
-FORMATS: dict[str, torch.dtype] = {
-    name: dt for name, dt in (
-        *((p, PRECISION_DTYPES[p]) for p in ("fp32", "fp16", "bf16")),
-        ("fp8 e4m3", getattr(torch, "float8_e4m3fn", None)),
-        ("fp8 e5m2", getattr(torch, "float8_e5m2", None)),
-    ) if dt is not None}
+FORMATS: dict[str, torch.dtype] = {p: PRECISION_DTYPES[p] for p in ("fp32", "fp16", "bf16")} | {
+    name: getattr(torch, dt) for name, dt in (("fp8 e4m3", "float8_e4m3fn"), ("fp8 e5m2", "float8_e5m2"))
+    if hasattr(torch, dt)}
 
 _ALIASES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
             "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
@@ -50,19 +39,16 @@ _ALIASES = {"float32": torch.float32, "float": torch.float32, "float16": torch.f
 
 
 def resolve_dtype(fmt) -> torch.dtype:
-    """A floating-point ``torch.dtype`` from a name (``"fp16"``, ``"bf16"``, ``"fp8 e4m3"``,
-    ``"float16"``, ...) or a dtype.
+    """A floating-point ``torch.dtype`` from a dtype or a name (``"fp16"``, ``"float16"``, ...).
 
     Raises:
         ValueError: an unknown name, or a dtype that is not floating point.
     """
-    if isinstance(fmt, torch.dtype):
-        dt = fmt
-    elif isinstance(fmt, str) and (fmt in FORMATS or fmt in _ALIASES):
-        dt = FORMATS.get(fmt) or _ALIASES[fmt]
-    else:
+    names = FORMATS | _ALIASES
+    dt = fmt if isinstance(fmt, torch.dtype) else names.get(fmt) if isinstance(fmt, str) else None
+    if dt is None:
         raise ValueError(tr("unknown number format {fmt!r}: expected a floating torch.dtype or "
-                            "one of {names}.", fmt=fmt, names=", ".join(list(FORMATS) + list(_ALIASES))))
+                            "one of {names}.", fmt=fmt, names=", ".join(names)))
     if not dt.is_floating_point:
         raise ValueError(tr("{dtype} is not a floating-point dtype.", dtype=dt))
     return dt
@@ -70,20 +56,10 @@ def resolve_dtype(fmt) -> torch.dtype:
 
 @dataclass(frozen=True)
 class FormatInfo:
-    """What one floating-point format can represent (from ``torch.finfo``).
-
-    Attributes:
-        name: the course's short name (``"bf16"``).
-        dtype: the ``torch.dtype`` (None for a format torch cannot hold one value of, E2M1).
-        bits: total bits; ``sign_bits`` (1), ``exponent_bits``, ``mantissa_bits`` (stored
-            fraction bits, without the implicit leading 1).
-        eps: machine epsilon, the gap between 1 and the next larger value, ``2^-mantissa_bits``.
-        max: the largest finite value.
-        smallest_normal: the smallest positive normal value (``finfo.smallest_normal``).
-        smallest_subnormal: the smallest positive value, ``smallest_normal x eps``.
-        decimal_digits: significant decimal digits, ``(mantissa_bits + 1) x log10(2)`` (the
-            implicit leading bit counts).
-    """
+    """What one floating-point format can represent: its short ``name``, ``dtype`` (None for
+    E2M1), bit counts (``mantissa_bits``: stored fraction bits), ``eps``, the largest finite
+    ``max``, ``smallest_normal``, ``smallest_subnormal`` and ``decimal_digits``
+    (``(mantissa_bits + 1) x log10(2)``)."""
 
     name: str
     dtype: torch.dtype | None
@@ -98,11 +74,9 @@ class FormatInfo:
     decimal_digits: float
 
 
-#: The two formats of the OCP Microscaling Formats (MX) Specification v1.0 (2023) that
-#: ``torch.finfo`` does not describe, with the spec's values: **E8M0**, the MX block scale (8
-#: exponent bits, no sign, no mantissa, bias 127: the powers of two 2^-127 to 2^127; section 5.4.1)
-#: and **E2M1**, the FP4 element (sign, 2 exponent bits, 1 mantissa bit, bias 1: 0, 0.5, 1, 1.5, 2,
-#: 3, 4, 6; no infinity or NaN; section 5.3.3), the element of MXFP4 and NVFP4.
+#: The MX spec v1.0 formats ``torch.finfo`` does not describe: E8M0, the block scale (no sign or
+#: mantissa, bias 127: 2^-127 to 2^127; section 5.4.1), and E2M1, the FP4 element of MXFP4 and
+#: NVFP4 (bias 1: 0, 0.5, 1, 1.5, 2, 3, 4, 6; no inf or NaN; section 5.3.3).
 SPEC_FORMATS: dict[str, FormatInfo] = {
     "e8m0": FormatInfo(name="e8m0", dtype=getattr(torch, "float8_e8m0fnu", None), bits=8,
                        sign_bits=0, exponent_bits=8, mantissa_bits=0, eps=1.0, max=2.0 ** 127,
@@ -115,11 +89,7 @@ SPEC_FORMATS: dict[str, FormatInfo] = {
 
 
 def format_info(fmt) -> FormatInfo:
-    """The `FormatInfo` of a format name or floating dtype, computed from ``torch.finfo``
-    (``"e8m0"`` and ``"fp4 e2m1"``: from the MX spec, `SPEC_FORMATS`).
-
-    ``mantissa_bits = -log2(eps)``, ``exponent_bits = bits - 1 - mantissa_bits``,
-    ``smallest_subnormal = smallest_normal x eps`` (see the module docstring).
+    """The `FormatInfo` of a format name or floating dtype (``torch.finfo``, or `SPEC_FORMATS`).
 
     Raises:
         ValueError: not a floating-point format (see `resolve_dtype`).
@@ -138,51 +108,37 @@ def format_info(fmt) -> FormatInfo:
 
 
 def format_table(formats=None, detail: bool = False) -> pd.DataFrame:
-    """One row per format (default: all of `FORMATS`), indexed by the format's name.
-
-    Default columns (seven): ``exponent bits``, ``mantissa bits``, ``eps``, ``max``,
-    ``smallest normal``, ``smallest subnormal``, ``decimal digits``. ``detail=True`` adds the
-    ``dtype`` name, the total ``bits`` and the ``sign`` bit.
+    """One row per format (default: all of `FORMATS`), indexed by name: the `FormatInfo` fields
+    from ``exponent bits`` to ``decimal digits``; ``detail=True`` adds ``dtype``, ``bits``, ``sign``.
 
     Raises:
         ValueError: a name that is not a floating-point format.
     """
     infos = [format_info(f) for f in (formats if formats is not None else FORMATS)]
-    rows = []
-    for i in infos:
-        row = {"format": i.name}
-        if detail:
-            row.update({"dtype": str(i.dtype).replace("torch.", ""), "bits": i.bits,
-                        "sign": i.sign_bits})
-        row.update({"exponent bits": i.exponent_bits, "mantissa bits": i.mantissa_bits,
-                    "eps": i.eps, "max": i.max, "smallest normal": i.smallest_normal,
-                    "smallest subnormal": i.smallest_subnormal,
-                    "decimal digits": i.decimal_digits})
-        rows.append(row)
+    rows = [{"format": i.name,
+             **({"dtype": str(i.dtype).replace("torch.", ""), "bits": i.bits, "sign": i.sign_bits}
+                if detail else {}),
+             "exponent bits": i.exponent_bits, "mantissa bits": i.mantissa_bits, "eps": i.eps,
+             "max": i.max, "smallest normal": i.smallest_normal,
+             "smallest subnormal": i.smallest_subnormal, "decimal digits": i.decimal_digits}
+            for i in infos]
     return pd.DataFrame(rows).set_index("format")
 
 
-def _power_of_two(v: float) -> str:
-    return f"2^{round(math.log2(v))}"
-
-
 def layout_table(formats) -> pd.DataFrame:
-    """The formats side by side as a reader compares them: ``bits``, ``exponent bits``,
-    ``mantissa bits``, ``max`` (an integer with thousands separators below a million, else two
-    significant figures), ``smallest normal`` and ``eps`` as powers of two (``"2^-6"``); one
-    row per format name, in the order given.
+    """The formats side by side, one row each in the order given: ``bits``, ``exponent bits``,
+    ``mantissa bits``, ``max`` (``65,504``; two figures from a million), ``smallest normal`` and
+    ``eps`` as powers of two (``"2^-6"``).
 
     Raises:
         ValueError: a name that is not a format (`format_info`).
     """
-    rows = {}
-    for fmt in formats:
-        i = format_info(fmt)
-        rows[i.name] = {"bits": i.bits, "exponent bits": i.exponent_bits,
-                        "mantissa bits": i.mantissa_bits,
-                        "max": f"{i.max:,.0f}" if i.max < 1e6 else f"{i.max:.2g}",
-                        "smallest normal": _power_of_two(i.smallest_normal),
-                        "eps": _power_of_two(i.eps)}
+    rows = {i.name: {"bits": i.bits, "exponent bits": i.exponent_bits,
+                     "mantissa bits": i.mantissa_bits,
+                     "max": f"{i.max:,.0f}" if i.max < 1e6 else f"{i.max:.2g}",
+                     "smallest normal": f"2^{round(math.log2(i.smallest_normal))}",
+                     "eps": f"2^{round(math.log2(i.eps))}"}
+            for i in [format_info(f) for f in formats]}
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
@@ -190,11 +146,8 @@ _INT_OF_WIDTH = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int
 
 
 def bits(x: float, fmt) -> str:
-    """The bit pattern of ``x`` rounded to ``fmt``: ``"sign exponent mantissa"``, e.g.
-    ``bits(1.0, "fp16") == "0 01111 0000000000"``.
-
-    ``x`` is rounded to the format with PyTorch's cast (round to nearest even; for
-    ``float8_e4m3fn`` values beyond its max become NaN, as the cast defines).
+    """The bit pattern of ``x`` cast to ``fmt`` (torch's cast: ties to even; beyond
+    ``float8_e4m3fn``'s max, NaN): ``bits(1.0, "fp16") == "0 01111 0000000000"``.
 
     Raises:
         ValueError: an unknown format.
@@ -208,8 +161,8 @@ def bits(x: float, fmt) -> str:
 
 
 def cast_table(values, formats=("fp32", "fp16", "bf16")) -> pd.DataFrame:
-    """Each value rounded to each format: the stored value (printed with 10 significant digits)
-    and its bit pattern. Rows: the values as given (fp64); columns ``<fmt>`` and ``<fmt> bits``.
+    """Each value (a row) cast to each format: columns ``<fmt>`` (the stored value, 10
+    significant digits) and ``<fmt> bits``.
 
     Raises:
         ValueError: an unknown format.
@@ -226,21 +179,15 @@ def cast_table(values, formats=("fp32", "fp16", "bf16")) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("value")
 
 
-# --- scaled low-precision formats: FP8 per tensor / per row, MXFP8, NVFP4 ----------------------
-
 def round_to_format(x: torch.Tensor, fmt) -> torch.Tensor:
-    """``x`` rounded to the nearest value of ``fmt`` (ties to even), saturating: a magnitude
-    beyond the format's max becomes its max (as the saturating casts of FP8 training do). Works
-    for formats torch cannot cast to (``"fp4 e2m1"``) and equals torch's cast for the others
-    within their range. Returns fp32 values (``x``'s shape).
-
-    The value is ``round(|x| / q) x q`` with ``q = 2^(e - mantissa_bits)``, ``e`` the exponent of
-    ``|x|`` (exact, from ``torch.frexp``), at least the smallest normal's: IEEE 754-2019
-    section 4.3.1 (roundTiesToEven), subnormals included.
+    """``x`` rounded to the nearest value of ``fmt``, saturating at its max (as FP8 training's
+    casts do), in fp32: torch's cast within range, and also for ``"fp4 e2m1"``. The value is
+    ``round(|x| / q) x q``, ``q = 2^(e - mantissa_bits)``, ``e`` the exponent of ``|x|`` but at
+    least the smallest normal's (IEEE 754-2019 section 4.3.1, roundTiesToEven).
 
     Raises:
-        ValueError: an unknown format, E8M0 (no sign and no mantissa: a scale format, see
-            `mx_scale_exponents`), or ``x`` not a floating tensor of finite values.
+        ValueError: an unknown format, E8M0 (a scale format: `mx_scale_exponents`), or ``x``
+            not a floating tensor of finite values.
     """
     info = format_info(fmt)
     if info.sign_bits == 0:
@@ -265,21 +212,10 @@ def _finite_float(x) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Recipe:
-    """One way of storing a tensor in a low-precision format (`RECIPES`).
-
-    Attributes:
-        name: e.g. ``"MXFP8"``.
-        element: the format of each value (a `format_info` name).
-        granularity: what shares one scale: ``"none"`` (no scale), ``"tensor"``, ``"row"`` (the
-            last dimension) or ``"block"`` (``block`` consecutive values of the last dimension).
-        block: values per block (``"block"`` only).
-        scale: how a scale is stored: ``"none"``, ``"fp32"``, ``"power of two"`` (an fp32 power
-            of two), ``"e8m0"`` (MX) or ``"e4m3 x fp32"`` (NVFP4's block scale in E4M3 times one
-            fp32 scale per tensor).
-        bits_per_value: element bits plus the block scale's bits shared out (a per-tensor or
-            per-row scale adds a negligible share and is not counted).
-        source: where the recipe is defined.
-    """
+    """One way of storing a tensor in a low-precision format (`RECIPES`): each value in
+    ``element`` (a `format_info` name), one scale per ``granularity`` (``"none"``, ``"tensor"``,
+    ``"row"`` of the last dimension, or ``"block"`` of ``block`` values of it) stored as
+    ``scale``, ``bits_per_value`` counting a block scale's share, and the ``source``."""
 
     name: str
     element: str
@@ -328,11 +264,10 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def mx_scale_exponents(x: torch.Tensor, element: str = "fp8 e4m3", block: int = 32) -> torch.Tensor:
-    """The shared E8M0 scale of each block of ``block`` values along the last dimension, as the
-    integer ``k`` of ``X = 2^k``: ``k = floor(log2(amax)) - emax``, ``emax`` the exponent of the
-    element format's largest power of two (8 for E4M3, 15 for E5M2, 2 for E2M1), clamped to
-    E8M0's range -127..127; an all-zero block gets -127 (OCP MX v1.0 section 6.3). Shape: ``x``'s
-    with the last dimension divided by ``block``.
+    """The ``k`` of each block's shared E8M0 scale ``2^k`` (``block`` values of the last
+    dimension, which it divides): ``floor(log2(amax)) - emax``, ``emax`` the exponent of the
+    element's largest power of two (8 for E4M3), clamped to -127..127; -127 for an all-zero
+    block (OCP MX v1.0 section 6.3).
 
     Raises:
         ValueError: an unknown element format, a last dimension not divisible by ``block``,
@@ -344,19 +279,8 @@ def mx_scale_exponents(x: torch.Tensor, element: str = "fp8 e4m3", block: int = 
     return torch.where(amax > 0, k, torch.full_like(k, -127)).clamp(-127, 127)
 
 
-def _scaled(x: torch.Tensor, r: Recipe) -> torch.Tensor:
-    """Tensor- or row-scaled round trip (torchao's float8 ``amax_to_scale``: scale =
-    max / max(amax, 1e-12) in fp64 then fp32; rowwise rounds it down to a power of two)."""
-    top = format_info(r.element).max
-    amax = x.abs().amax() if r.granularity == "tensor" else x.abs().amax(dim=-1, keepdim=True)
-    scale = (top / amax.double().clamp(min=1e-12)).float()
-    if r.scale == "power of two":
-        scale = torch.exp2(torch.floor(torch.log2(scale)))
-    return round_to_format(x * scale, r.element) / scale
-
-
 def _nvfp4(x: torch.Tensor, r: Recipe) -> torch.Tensor:
-    """NVFP4's two-level round trip, as torchao's ``nvfp4_quantize`` with a per-tensor scale."""
+    """NVFP4's round trip, as torchao's ``nvfp4_quantize`` with a per-tensor scale."""
     e4m3, e2m1 = format_info("fp8 e4m3"), format_info("fp4 e2m1")
     amax = x.abs().amax()
     if amax == 0:
@@ -370,13 +294,9 @@ def _nvfp4(x: torch.Tensor, r: Recipe) -> torch.Tensor:
 
 
 def fake_quantize(x: torch.Tensor, recipe) -> torch.Tensor:
-    """``x`` stored with ``recipe`` and read back (quantize, then dequantize), in fp32: what
-    a low-precision matmul or store sees of it. Blocks and rows run along the last dimension (a
-    matmul's inner dimension for an activation ``(..., in)`` and a weight ``(out, in)``).
-
-    Args:
-        x: a floating tensor of finite values.
-        recipe: a `Recipe` or a name in `RECIPES`.
+    """``x`` stored with ``recipe`` (a `Recipe` or a name in `RECIPES`) and read back, in fp32.
+    Blocks and rows run along the last dimension (a matmul's inner one for an activation
+    ``(..., in)`` and a weight ``(out, in)``).
 
     Raises:
         ValueError: an unknown recipe, a last dimension not divisible by the recipe's block, or
@@ -386,8 +306,12 @@ def fake_quantize(x: torch.Tensor, recipe) -> torch.Tensor:
     x = _finite_float(x)
     if r.granularity == "none":
         return round_to_format(x, r.element)
-    if r.granularity in ("tensor", "row"):
-        return _scaled(x, r)
+    if r.granularity in ("tensor", "row"):  # torchao float8's amax_to_scale, in fp64 then fp32
+        amax = x.abs().amax() if r.granularity == "tensor" else x.abs().amax(dim=-1, keepdim=True)
+        scale = (format_info(r.element).max / amax.double().clamp(min=1e-12)).float()
+        if r.scale == "power of two":
+            scale = torch.exp2(torch.floor(torch.log2(scale)))
+        return round_to_format(x * scale, r.element) / scale
     if r.scale == "e8m0":
         scale = torch.exp2(mx_scale_exponents(x, r.element, r.block).float()).unsqueeze(-1)
         return (round_to_format(_blocks(x, r.block) / scale, r.element) * scale).reshape(x.shape)
@@ -395,9 +319,8 @@ def fake_quantize(x: torch.Tensor, recipe) -> torch.Tensor:
 
 
 def quantization_error(x: torch.Tensor, recipe) -> dict:
-    """What storing ``x`` with ``recipe`` loses: ``relative_error`` = ||q - x|| / ||x|| (L2
-    norms; 0 for an all-zero ``x``) and ``flushed`` = the share of its nonzero values that
-    became 0 (0 to 1).
+    """What storing ``x`` with ``recipe`` loses: ``relative_error`` ||q - x|| / ||x|| (0 for an
+    all-zero ``x``) and ``flushed``, the share of its nonzero values that became 0.
 
     Raises:
         ValueError: as `fake_quantize`.
@@ -411,9 +334,8 @@ def quantization_error(x: torch.Tensor, recipe) -> dict:
 
 
 def quantization_table(tensors: dict, recipes=tuple(RECIPES)) -> pd.DataFrame:
-    """`quantization_error` of each tensor under each recipe, one row per (recipe, tensor)
-    (index ``recipe``, ``tensor``, in the order given), columns ``bits per value``,
-    ``relative error`` and ``flushed to 0 (%)`` (percent of the tensor's nonzero values).
+    """`quantization_error` of each tensor under each recipe: index (``recipe``, ``tensor``) in
+    the order given, columns ``bits per value``, ``relative error``, ``flushed to 0 (%)``.
 
     Raises:
         ValueError: no tensors, or as `fake_quantize`.
@@ -432,49 +354,34 @@ def quantization_table(tensors: dict, recipes=tuple(RECIPES)) -> pd.DataFrame:
 
 
 def log2_histogram(values: torch.Tensor, lo: int | None = None, hi: int | None = None) -> pd.Series:
-    """Counts of ``floor(log2|v|)`` for the nonzero elements of ``values``.
-
-    Args:
-        values: any tensor (flattened; integer tensors are converted to fp64).
-        lo, hi: the first and last exponent bin (default: the data's range); values outside
-            are counted in the end bins.
-
-    Returns:
-        A ``pd.Series`` indexed by the integer exponent ``k`` (the bin ``[2^k, 2^(k+1))``),
-        plus its attribute ``attrs["zeros"]``: the number of exact zeros (not binned).
+    """Counts of ``floor(log2|v|)`` for the nonzero finite elements of ``values`` (any tensor):
+    a ``pd.Series`` indexed by ``k`` (the bin ``[2^k, 2^(k+1))``) from ``lo`` to ``hi`` (default:
+    the data's range; values outside fall in the end bins), with ``attrs["zeros"]``, the zeros.
 
     Raises:
         ValueError: ``values`` has no nonzero finite element, or ``lo > hi``.
     """
     v = values.detach().flatten()
-    if not v.is_floating_point():
-        v = v.double()
+    v = v if v.is_floating_point() else v.double()
     finite = v[torch.isfinite(v)]
     nz = finite[finite != 0].abs()
     if nz.numel() == 0:
         raise ValueError(tr("log2_histogram needs at least one nonzero finite value."))
-    # frexp: |v| = m x 2^e with m in [0.5, 1), so floor(log2|v|) = e - 1 exactly (no rounding).
-    k = torch.frexp(nz).exponent.long() - 1
+    k = torch.frexp(nz).exponent.long() - 1                  # floor(log2 |v|), exact
     lo = int(k.min()) if lo is None else int(lo)
     hi = int(k.max()) if hi is None else int(hi)
     if lo > hi:
         raise ValueError(tr("lo ({lo}) must be <= hi ({hi}).", lo=lo, hi=hi))
-    k = k.clamp(lo, hi)
-    counts = torch.bincount(k - lo, minlength=hi - lo + 1)
+    counts = torch.bincount(k.clamp(lo, hi) - lo, minlength=hi - lo + 1)
     s = pd.Series(counts.tolist(), index=pd.RangeIndex(lo, hi + 1, name="log2 bin"), name="count")
     s.attrs["zeros"] = int((finite == 0).sum())
     return s
 
 
 def underflow_stats(values: torch.Tensor, fmt, scale: float = 1.0) -> dict:
-    """What happens to ``values x scale`` when stored in ``fmt`` (round to nearest even).
-
-    ``values`` are taken as fp32 and multiplied by ``scale`` in fp32 (exact for a power of two).
-
-    Returns:
-        A dict with ``n`` (elements), ``nonzero`` (nonzero finite inputs), and as fractions of
-        the nonzero inputs: ``flushed`` (became exactly 0), ``subnormal`` (kept, but below the
-        smallest normal value: fewer significant bits), ``overflow`` (became inf or NaN).
+    """What storing ``values x scale`` (in fp32) in ``fmt`` does: ``n`` (elements), ``nonzero``
+    (nonzero finite inputs) and, as fractions of those, ``flushed`` (became 0), ``subnormal``
+    (kept below the smallest normal) and ``overflow`` (became inf or NaN).
 
     Raises:
         ValueError: an unknown format, or a scale that is not a positive finite number.
@@ -488,14 +395,11 @@ def underflow_stats(values: torch.Tensor, fmt, scale: float = 1.0) -> dict:
     if n_nz == 0:
         return {"n": values.numel(), "nonzero": 0, "flushed": 0.0, "subnormal": 0.0,
                 "overflow": 0.0}
-    # In fp32: exact for a power-of-two scale (what GradScaler uses) unless it leaves fp32's range.
     stored = (v * scale).to(info.dtype).float()
-    flushed = int((stored == 0).sum())
-    overflow = int((~torch.isfinite(stored)).sum())
-    kept = (stored != 0) & torch.isfinite(stored)
-    sub = int((kept & (stored.abs() < info.smallest_normal)).sum())
-    return {"n": values.numel(), "nonzero": n_nz, "flushed": flushed / n_nz,
-            "subnormal": sub / n_nz, "overflow": overflow / n_nz}
+    finite = torch.isfinite(stored)
+    sub = finite & (stored != 0) & (stored.abs() < info.smallest_normal)
+    return {"n": values.numel(), "nonzero": n_nz, "flushed": int((stored == 0).sum()) / n_nz,
+            "subnormal": int(sub.sum()) / n_nz, "overflow": int((~finite).sum()) / n_nz}
 
 
 def _case_label(fmt, scale: float) -> str:
@@ -510,17 +414,9 @@ def _case_label(fmt, scale: float) -> str:
 
 
 def underflow_table(groups: dict, cases) -> pd.DataFrame:
-    """`underflow_stats` for each group of values under each (format, scale) case, in percent.
-
-    Args:
-        groups: ``{name: tensor}``, e.g. `GradientCapture.groups()`.
-        cases: ``[(format, scale), ...]``, e.g. ``[("fp16", 1), ("fp16", 2**16), ("bf16", 1)]``.
-
-    Returns:
-        One row per (case, group), indexed by ``stored as`` (the format, with the loss scale
-        when it is not 1: ``"fp16, loss x 2^16"``) and ``gradients`` (the group's name); four
-        columns: ``nonzero values`` (count), ``flushed to 0 (%)``, ``subnormal (%)``,
-        ``overflow (%)`` (percent of the nonzero values).
+    """`underflow_stats` of each group (``{name: tensor}``) under each case (``[(format,
+    scale), ...]``), indexed by ``stored as`` (``"fp16, loss x 2^16"``) and ``gradients``;
+    columns ``nonzero values``, ``flushed to 0 (%)``, ``subnormal (%)``, ``overflow (%)``.
 
     Raises:
         ValueError: empty ``groups`` or ``cases``, or a bad format or scale.

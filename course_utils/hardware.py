@@ -1,28 +1,13 @@
-"""What this machine can do for mixed precision, and how the course plans around it.
+"""What this machine can do for mixed precision, and the recipe the course trains in on it (every
+lesson and the CLI). The run guard lives in `course_utils.guard`.
 
-`detect()` reads the hardware and returns a `HardwareInfo`; `recommend_precision()` turns it
-into the recipe the course trains in on that machine; `is_emulated()` says which precisions run
-only by emulation there (their memory is still measured; their time is taken with the fewest
-steps and labelled); `use_threads()` picks the number of CPU threads; `memory_device()` names
-the device whose peak memory can be measured (the CPU in place of MPS); `matmul_probe()`
-measures how fast each format multiplies here, so that reports state measured ratios, never
-typed ones. The run guard (`check_feasible`) lives in `course_utils.guard`.
-
-Facts this module relies on (PyTorch and oneDNN docs; each checked by the course's tests):
-
-* ``torch.cuda.is_bf16_supported()`` returns True on a T4 (compute capability 7.5), where bf16 is
-  emulated; native bf16 needs compute capability >= 8.0 (Ampere). We use
-  ``is_bf16_supported(including_emulation=False)`` where it exists, else the capability.
-* fp16 tensor cores arrived with Volta (compute capability 7.0).
-* On a CPU, bf16 autocast runs natively only with ``avx512_bf16`` or AMX (``amx_bf16``); fp16
-  only with ``avx512_fp16`` or ``amx_fp16``. Elsewhere both are emulated.
-* ``ONEDNN_MAX_CPU_ISA`` (oneDNN's ISA cap, oneDNN docs "CPU Dispatcher Control") and
-  ``ATEN_CPU_CAPABILITY`` (ATen's kernel level) make a CPU with bf16 instructions run as one
-  without; `detect` honours both, so the course then plans as it would on that CPU.
+Facts relied on (PyTorch and oneDNN docs): ``torch.cuda.is_bf16_supported()`` is True on a T4,
+which emulates bf16; fp16 tensor cores arrived with Volta (compute capability 7.0); a CPU runs
+bf16 natively only with ``avx512_bf16`` or ``amx_bf16``, fp16 only with ``avx512_fp16`` or
+``amx_fp16``; ``ONEDNN_MAX_CPU_ISA`` ("CPU Dispatcher Control") and ``ATEN_CPU_CAPABILITY`` cap them.
 
 Over 400 lines because every fact here is read from one `HardwareInfo`: detection, the ISA caps,
-the recipe, emulation, the usable cores and threads, the matmul probe and the report that prints
-them must agree, and do by sitting together.
+the recipe, emulation, the threads, the matmul probe and the report must agree.
 """
 from __future__ import annotations
 
@@ -53,26 +38,13 @@ MPS_PEAK_NOTE = ("MPS has no peak-memory counter: the peak is measured by one st
 
 @dataclass(frozen=True)
 class HardwareInfo:
-    """The facts about one device that decide the mixed-precision recipe.
-
-    Attributes:
-        device: ``"cuda"``, ``"mps"`` or ``"cpu"``.
-        name: the GPU's name (``"Tesla T4"``) or the CPU's.
-        compute_capability: CUDA (major, minor), ``None`` off CUDA.
-        native_bf16: bf16 arithmetic runs in hardware (not emulated).
-        fp16_fast: fp16 matmuls are fast (tensor cores on CUDA; avx512_fp16/AMX-FP16 on a CPU).
-        total_memory_bytes: device memory in bytes (GPU memory; ``None`` on CPU/MPS).
-        cpu_features: the CPU ISA flags that matter here (``avx2``, ``avx512_f``,
-            ``avx512_bf16``, ``amx_bf16``, ``avx512_fp16``, ``amx_fp16``), as torch's kernels may
-            use them: flags above an ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` cap are
-            False.
-        isa_cap: the caps in force, e.g. ``"ONEDNN_MAX_CPU_ISA=AVX2"`` ("" if none).
-        torch_version: ``torch.__version__``.
-        bf16_emulated: the device accepts bf16 but only by emulation (e.g. a T4, most CPUs).
-        stand_in: "" or, when a bigger GPU plans as a smaller one (``$COURSE_STAND_IN``,
-            `course_utils.stand_in`), the words that say so; the other fields are then the
-            smaller card's.
-    """
+    """The facts about one device that decide the mixed-precision recipe: ``device`` (``"cuda"``,
+    ``"mps"``, ``"cpu"``), its ``name``, CUDA's ``compute_capability`` (None elsewhere),
+    ``native_bf16`` (in hardware) or ``bf16_emulated`` (accepted but emulated: a T4, most CPUs),
+    ``fp16_fast`` (fp16 tensor cores; avx512_fp16/AMX-FP16), ``total_memory_bytes`` (GPU only),
+    ``cpu_features`` (`_CPU_FLAGS`, False above the ``isa_cap`` in force, e.g.
+    ``"ONEDNN_MAX_CPU_ISA=AVX2"``) and ``stand_in`` ("" or the words saying a bigger GPU plans as
+    a smaller one, `course_utils.stand_in`; the other fields are then the smaller card's)."""
 
     device: str
     name: str
@@ -95,15 +67,10 @@ class HardwareInfo:
 
 @dataclass(frozen=True)
 class Recommendation:
-    """The precision recipe for a device.
-
-    Attributes:
-        precision: what to train in here: ``"bf16"``, ``"fp16"`` or ``"fp32"``.
-        grad_scaler: whether the recipe needs ``torch.amp.GradScaler`` (only fp16 does).
-        low: the low precision the lessons compare with fp32 here (``"fp16"`` on a GPU without
-            native bf16, else ``"bf16"``); it may be emulated (`is_emulated`).
-        reason: one or two sentences saying why, naming the hardware fact behind it.
-    """
+    """The precision recipe for a device: ``precision`` to train in (``"bf16"``, ``"fp16"``,
+    ``"fp32"``), whether it needs ``grad_scaler`` (fp16 only), the ``reason`` (the hardware fact
+    behind it) and ``low``, the low precision the lessons compare with fp32 here (``"fp16"`` on a
+    GPU without native bf16, else ``"bf16"``; it may be emulated)."""
 
     precision: str
     grad_scaler: bool
@@ -116,8 +83,8 @@ CPU_QUOTA = "/sys/fs/cgroup/cpu.max"
 
 _CPU_FLAGS = ("avx2", "avx512_f", "avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 
-# oneDNN's ISA levels in order (oneDNN docs, "CPU Dispatcher Control"); a flag is usable under
-# ONEDNN_MAX_CPU_ISA=X only if the level that introduced it is at or below X.
+# oneDNN's ISA levels in order ("CPU Dispatcher Control"); a flag is usable under a cap at or
+# above the level that introduced it.
 _ONEDNN_LEVELS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
                   "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16",
                   "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
@@ -130,8 +97,9 @@ _FLAG_LEVEL = {"avx2": "AVX2", "avx512_f": "AVX512_CORE", "avx512_bf16": "AVX512
 _ATEN_LEVEL = {"default": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE_AMX_FP16"}
 
 
-def _isa_caps() -> tuple[str | None, str]:
-    """The lowest oneDNN level allowed by the environment, and the caps in words."""
+def _cpu_features() -> tuple[dict, str]:
+    """`_CPU_FLAGS` as torch's kernels may use them under the environment's ISA caps, and the
+    caps in words."""
     caps, words = [], []
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     onednn = _ONEDNN_ALIASES.get(onednn, onednn)
@@ -142,8 +110,10 @@ def _isa_caps() -> tuple[str | None, str]:
     if aten in _ATEN_LEVEL:
         caps.append(_ATEN_LEVEL[aten])
         words.append(f"ATEN_CPU_CAPABILITY={aten}")
-    lowest = min(caps, key=_ONEDNN_LEVELS.index) if caps else None
-    return lowest, " ".join(words)
+    top = min(map(_ONEDNN_LEVELS.index, caps)) if caps else len(_ONEDNN_LEVELS)
+    have = _capabilities()
+    return {k: bool(have.get(k, False)) and _ONEDNN_LEVELS.index(_FLAG_LEVEL[k]) <= top
+            for k in _CPU_FLAGS}, " ".join(words)
 
 
 def _capabilities() -> dict:
@@ -154,27 +124,9 @@ def _capabilities() -> dict:
         return {}
 
 
-def _cpu_features() -> tuple[dict, str]:
-    caps = _capabilities()
-    lowest, words = _isa_caps()
-    feats = {}
-    for k in _CPU_FLAGS:
-        allowed = lowest is None or (_ONEDNN_LEVELS.index(_FLAG_LEVEL[k])
-                                     <= _ONEDNN_LEVELS.index(lowest))
-        feats[k] = bool(caps.get(k, False)) and allowed
-    return feats, words
-
-
 def _cpu_name() -> str:
     name = _capabilities().get("cpu_name")
     return str(name) if name else (platform.processor() or platform.machine() or "CPU")
-
-
-def _cuda_native_bf16(cc: tuple[int, int]) -> bool:
-    try:
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    except TypeError:  # older torch without the keyword
-        return cc >= (8, 0)
 
 
 def _mps_available() -> bool:
@@ -186,8 +138,7 @@ def require_device(device: str) -> None:
     """Check that ``device`` exists on this machine.
 
     Raises:
-        ValueError: a device string torch does not know, or one this machine lacks (e.g.
-            ``cuda`` on a CPU-only machine), with what to use instead.
+        ValueError: a device string torch does not know, or one this machine lacks.
     """
     kind = device_kind(device)
     if kind == "cuda":
@@ -208,10 +159,8 @@ def require_device(device: str) -> None:
 
 
 def memory_device(device: str | None = None) -> str:
-    """The device on which peak memory can be measured: ``device`` (default: this machine's
-    best, `course_utils.terms.default_device`), except ``"cpu"`` in place of MPS, which has
-    no peak-memory counter (PyTorch's ``torch.mps`` reports current and driver-allocated bytes,
-    no peak; `MPS_PEAK_NOTE`). A lesson whose cells measure peaks themselves runs on it.
+    """The device on which peak memory can be measured: ``device`` (default `default_device`),
+    but ``"cpu"`` for MPS, whose ``torch.mps`` has no peak counter (`MPS_PEAK_NOTE`).
 
     Raises:
         ValueError: a string that names no device torch knows.
@@ -243,7 +192,10 @@ def detect(device: str | None = None) -> HardwareInfo:
                                 cpu_features=cpu, isa_cap=cap, bf16_emulated=True,
                                 stand_in=stand_in.describe(props.name, card))
         cc = tuple(torch.cuda.get_device_capability(index))
-        native = _cuda_native_bf16(cc)
+        try:
+            native = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # older torch without the keyword
+            native = cc >= (8, 0)
         try:
             accepts_bf16 = bool(torch.cuda.is_bf16_supported())
         except Exception:  # pragma: no cover
@@ -263,33 +215,21 @@ def detect(device: str | None = None) -> HardwareInfo:
 
 
 def is_emulated(hw: HardwareInfo, precision: str) -> bool:
-    """Whether ``precision`` runs only by emulation on ``hw`` (so its step time says nothing
-    about real hardware): bf16 without native bf16 (most CPUs, a T4); fp16 on a CPU without
-    fp16 instructions. fp32 never; fp16 on any CUDA GPU runs natively.
+    """Whether ``precision`` runs only by emulation on ``hw`` (its step time then says nothing
+    about hardware): bf16 without native bf16; fp16 on a CPU without fp16 instructions.
 
     Raises:
         ValueError: an unknown precision.
     """
     autocast_dtype(precision)
-    if precision == "bf16":
-        return not hw.native_bf16
-    if precision == "fp16":
-        return hw.device == "cpu" and not hw.fp16_fast
-    return False
+    return (precision == "bf16" and not hw.native_bf16) or (
+        precision == "fp16" and hw.device == "cpu" and not hw.fp16_fast)
 
 
 def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
-    """The mixed-precision recipe for ``hw`` (default: `detect()`), with the reason.
-
-    Rules (PyTorch AMP docs; NVIDIA mixed-precision guide):
-
-    * CUDA with compute capability >= 8.0 (Ampere, Ada, Hopper): bf16 autocast, no scaler.
-    * CUDA 7.x (V100, T4): fp16 autocast + GradScaler; bf16 would be emulated.
-    * older CUDA: fp32 (no fp16 tensor cores).
-    * MPS: bf16 autocast (best effort).
-    * CPU with avx512_bf16 or AMX: bf16 autocast; otherwise fp32, because bf16 and fp16 are
-      emulated there (`matmul_probe` measures by how much).
-    """
+    """The mixed-precision recipe for ``hw`` (default: `detect()`), with the reason (PyTorch
+    AMP docs; NVIDIA mixed-precision guide): bf16 where it is native (CUDA >= 8.0, MPS, a CPU with
+    AVX-512 BF16 or AMX), fp16 + GradScaler on CUDA 7.x, else fp32."""
     hw = hw or detect()
     if hw.device == "cuda":
         cc = hw.compute_capability or (0, 0)
@@ -339,13 +279,11 @@ class ThreadChoice:
 
 
 def _cpu_busy(sample_s: float) -> float | None:
-    """CPUs kept busy by other processes (0 to the number of CPUs), from two reads of
-    ``/proc/stat`` ``sample_s`` apart while this process sleeps; None off Linux."""
+    """CPUs kept busy by other processes over ``sample_s`` seconds (``/proc/stat``; None off Linux)."""
     def read():
         with open("/proc/stat") as f:
             vals = [int(v) for v in f.readline().split()[1:]]
-        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-        return sum(vals), idle
+        return sum(vals), vals[3] + (vals[4] if len(vals) > 4 else 0)   # idle + iowait
     try:
         t0, i0 = read()
         time.sleep(sample_s)
@@ -357,14 +295,9 @@ def _cpu_busy(sample_s: float) -> float | None:
 
 
 def usable_cores() -> int:
-    """CPU cores this process may keep busy: the smallest of the CPU affinity
-    (``os.sched_getaffinity``; ``os.cpu_count`` where there is none), the physical cores
-    (``torch.cpu.get_capabilities``, where torch reports them) and a cgroup v2 CPU quota
-    (`CPU_QUOTA`, as in a container started with ``--cpus``); at least 1.
-
-    The course's one rule: torch's threads (`use_threads`) and the ranks a gloo run may start
-    (`course_utils.distributed.max_world_size`) both follow it.
-    """
+    """CPU cores this process may keep busy, at least 1: the smallest of the CPU affinity
+    (else ``os.cpu_count``), the physical cores torch reports and a cgroup v2 quota
+    (`CPU_QUOTA`). `use_threads` and `course_utils.distributed.max_world_size` both follow it."""
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -383,22 +316,11 @@ def usable_cores() -> int:
 
 
 def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
-    """Set torch's intra-op threads once for this machine, the same in every lesson, and say
-    why.
-
-    ``OMP_NUM_THREADS`` (e.g. set by a workshop instructor: one or two per learner) is obeyed
-    as it is. Otherwise, inside a notebook kernel, the count the first lesson chose on this
-    machine and torch version is reused from the results store (`course_utils.store`), so that
-    two lessons that time the same pair time it with the same threads. A first choice (or
-    ``fresh=True``, or outside a notebook) is the smallest of the physical cores, the CPU
-    affinity and a cgroup CPU quota, minus the CPUs other processes kept busy over
-    ``sample_s`` seconds (at least 1). Measured on a 2-core CPU beside a busy 2-thread process:
-    a small training step took 11.5 ms with 1 thread but 343 ms with 2 (two threads that wait
-    for each other on shared cores), so backing off matters.
-
-    Returns:
-        The `ThreadChoice` made (``torch.set_num_threads`` has been called with it).
-    """
+    """Set torch's intra-op threads, the same in every lesson, and return the `ThreadChoice`:
+    ``OMP_NUM_THREADS`` if set; in a notebook, the count the first lesson chose on this machine
+    (from the results store); else (or with ``fresh``) `usable_cores` minus the CPUs other
+    processes kept busy over ``sample_s`` seconds, at least 1 (on a 2-core CPU beside a busy
+    2-thread process a small step took 11.5 ms with 1 thread but 343 ms with 2)."""
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         torch.set_num_threads(int(env))
@@ -408,12 +330,10 @@ def use_threads(sample_s: float = 0.2, fresh: bool = False) -> ThreadChoice:
     cores = usable_cores()
     if keep and not fresh:
         rec = store.lookup("protocol", "threads", key)
-        # a record from before the numbers were kept (its sentence in one language) is chosen again
         if (rec and isinstance(rec.get("threads"), int) and 1 <= rec["threads"] <= cores
                 and isinstance(rec.get("cores"), int)):
             torch.set_num_threads(rec["threads"])
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.get("recorded_at", 0)))
-            # the numbers are stored, the sentence said anew: in this kernel's language
             why = _threads_reason(rec["cores"], rec.get("busy"), rec["threads"])
             return ThreadChoice(rec["threads"], tr(
                 "{reason}; chosen on {when} and kept for every lesson on this machine "
@@ -436,12 +356,8 @@ def _threads_reason(cores: int, busy: float | None, free: int) -> str:
 
 
 def matmul_probe(device: str = "cpu", n: int = 256, budget_s: float = 0.2) -> dict:
-    """Seconds of one ``(n x n) @ (n x n)`` matmul in fp32, bf16 and fp16 on ``device``: the
-    median of repeated runs (``torch.utils.benchmark.Timer.blocked_autorange``, about
-    ``budget_s`` seconds each, threads as set).
-
-    Returns:
-        ``{"fp32": s, "bf16": s, "fp16": s}``.
+    """``{"fp32": s, "bf16": s, "fp16": s}``: seconds of one ``(n x n) @ (n x n)`` matmul on
+    ``device``, the median of ``Timer.blocked_autorange(min_run_time=budget_s)``.
 
     Raises:
         ValueError: a device this machine lacks, or ``n`` / ``budget_s`` not positive.
@@ -464,8 +380,7 @@ def _ratio_text(r: float) -> str:
 
 
 def _fp16_words(hw: HardwareInfo) -> str:
-    """Whether ``hw`` has fp16 arithmetic in hardware, and which feature says so: not a claim
-    that fp16 is fast here (`matmul_probe` measures that)."""
+    """Whether ``hw`` has fp16 arithmetic in hardware, and which feature says so."""
     if hw.device == "cpu":
         isa = [f for f in ("avx512_fp16", "amx_fp16") if hw.cpu_features.get(f)]
         return tr("yes ({isa})", isa=", ".join(isa)) if isa else tr("no (emulated)")
@@ -475,15 +390,13 @@ def _fp16_words(hw: HardwareInfo) -> str:
 
 
 def _line(label: str, value: str) -> str:
-    """``"device        : cpu (...)"``: the label padded to 14 columns (a Hangul character takes
-    two, as a terminal and a notebook's monospace output draw it), then the value."""
+    """``"device        : cpu (...)"``: the label padded to 14 columns (a Hangul character: 2)."""
     width = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in label)
     return f"{label}{' ' * max(1, 14 - width)}: {value}"
 
 
 def _probe_words(hw: HardwareInfo, probe: dict) -> str:
-    """The measured matmul ratios: an emulated format's once, rounded, never 4 figures (issue
-    24)."""
+    """The measured matmul ratios (an emulated format's rounded, `emulated_factor`)."""
     parts = [tr("{precision} about {factor} fp32's time (emulated)", precision=p,
                 factor=emulated_factor(probe[p] / probe["fp32"]))
              if is_emulated(hw, p) and not hw.stand_in
@@ -495,38 +408,34 @@ def _probe_words(hw: HardwareInfo, probe: dict) -> str:
 
 
 def report(hw: HardwareInfo | None = None, probe: dict | None = None) -> str:
-    """A few lines describing ``hw``, its recipe and the threads in use (for notebooks and the
-    CLI), labelled in the learner's language. With ``probe`` (`matmul_probe`'s result) it adds
-    the measured matmul ratios."""
+    """A few lines on ``hw``, its recipe and the threads in use, with the measured matmul ratios
+    of ``probe`` (`matmul_probe`'s result) if given."""
     hw = hw or detect()
     rec = recommend_precision(hw)
-    lines = [_line(tr("device"), f"{hw.device} ({hw.name})")]
+    rows = [(tr("device"), f"{hw.device} ({hw.name})")]
     if hw.stand_in:
-        lines.append(_line(tr("stand-in"), hw.stand_in))
+        rows.append((tr("stand-in"), hw.stand_in))
     if hw.compute_capability:
-        lines.append(_line(tr("compute cap."),
-                           f"{hw.compute_capability[0]}.{hw.compute_capability[1]}"))
+        rows.append((tr("compute cap."), f"{hw.compute_capability[0]}.{hw.compute_capability[1]}"))
     if hw.total_memory_bytes:
         digits = 2 if hw.stand_in else 1   # the stand-in's 14.75 GiB, as its sentence says it
-        lines.append(_line(tr("memory"), f"{hw.total_memory_bytes / GiB:.{digits}f} GiB"))
-    lines.append(_line(tr("native bf16"), tr("{native}  (bf16 accepted but emulated)",
-                                             native=hw.native_bf16)
-                       if hw.bf16_emulated else f"{hw.native_bf16}"))
-    lines.append(_line(tr("native fp16"), _fp16_words(hw)))
+        rows.append((tr("memory"), f"{hw.total_memory_bytes / GiB:.{digits}f} GiB"))
+    rows.append((tr("native bf16"), tr("{native}  (bf16 accepted but emulated)", native=hw.native_bf16)
+                 if hw.bf16_emulated else f"{hw.native_bf16}"))
+    rows.append((tr("native fp16"), _fp16_words(hw)))
     flags = ", ".join(k for k, v in hw.cpu_features.items() if v) \
         or tr("none of {flags}", flags=", ".join(_CPU_FLAGS))
-    lines.append(_line(tr("CPU ISA flags"), tr("{flags}  (capped by {cap})", flags=flags,
-                                               cap=hw.isa_cap) if hw.isa_cap else flags))
-    lines.append(_line(tr("CPU threads"), f"{torch.get_num_threads()}"))
+    rows.append((tr("CPU ISA flags"), tr("{flags}  (capped by {cap})", flags=flags, cap=hw.isa_cap)
+                 if hw.isa_cap else flags))
+    rows.append((tr("CPU threads"), f"{torch.get_num_threads()}"))
     if hw.device == "mps":
-        lines.append(_line(tr("peak memory"),
-                           tr("measured on the CPU (MPS has no peak-memory counter)")))
+        rows.append((tr("peak memory"), tr("measured on the CPU (MPS has no peak-memory counter)")))
     elif hw.device == "cpu" and _mps_available():
-        lines.append(_line("MPS", tr("available, but it has no peak-memory counter: peak memory "
-                                     "is measured on the CPU")))
-    lines.append(_line("torch", hw.torch_version))
+        rows.append(("MPS", tr("available, but it has no peak-memory counter: peak memory is "
+                               "measured on the CPU")))
+    rows.append(("torch", hw.torch_version))
     if probe:
-        lines.append(_line(tr("matmul here"), _probe_words(hw, probe)))
-    lines.append(_line(tr("recipe"), rec.precision + (" + GradScaler" if rec.grad_scaler else "")))
-    lines.append(_line(tr("why"), rec.reason))
-    return "\n".join(lines)
+        rows.append((tr("matmul here"), _probe_words(hw, probe)))
+    rows.append((tr("recipe"), rec.precision + (" + GradScaler" if rec.grad_scaler else "")))
+    rows.append((tr("why"), rec.reason))
+    return "\n".join(_line(label, value) for label, value in rows)

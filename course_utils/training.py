@@ -1,27 +1,12 @@
-"""The training step the course teaches, and the state that runs it.
-
-`train_step` is the combined step of lesson 03, one code path for every precision (as
-nanoGPT's ``GradScaler(enabled=(dtype == 'float16'))``; PyTorch "Automatic Mixed Precision"
-recipe and ``torch.amp`` docs):
-
-1. forward + loss under ``torch.autocast(device_type, dtype)`` (disabled for fp32); the model's
-   checkpoint policy (per-block ``checkpoint(..., use_reentrant=False)``) is inside the model;
-2. each micro-batch's loss divided by the number of micro-batches (gradient accumulation);
-3. ``scaler.scale(loss).backward()``: the scaler is enabled only for fp16 and is a no-op
-   otherwise;
-4. ``scaler.unscale_(optimizer)`` *before* ``clip_grad_norm_`` (clip the true gradients);
-5. ``scaler.step`` (skips the step on inf/NaN gradients) + ``scaler.update``; without a scaler
-   (fp32, bf16) the step is skipped when the gradient norm ``clip_grad_norm_`` returns is inf or
-   NaN (``nonfinite="skip"``, the default: one NaN gradient otherwise turns every parameter into
-   NaN through the clipping and AdamW, lesson 01 §6), or the run stops (``"raise"``:
-   ``clip_grad_norm_(..., error_if_nonfinite=True)``), or nothing is checked (``"step"``);
-6. ``optimizer.zero_grad(set_to_none=True)``.
-
-`StepCounter` counts the optimizer steps a run really took, so that a skipped step (GradScaler's
-or the guard's) is counted in every precision (`TrainHistory.skipped`).
+"""The training step the course teaches, and the state that runs it. `train_step` (lessons 01 and
+03 show its text) is one code path for every precision, as nanoGPT's ``GradScaler(enabled=(dtype
+== 'float16'))`` (PyTorch "Automatic Mixed Precision" recipe); without a scaler it skips a step
+whose gradient norm is inf/NaN, since one NaN gradient otherwise turns every parameter into NaN
+through the clipping and AdamW (lesson 01 §6). `StepCounter` counts the steps really taken.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -72,14 +57,10 @@ def train_step(model, optimizer, scaler, micro_batches, dtype=None, max_grad_nor
     return total
 
 
-class StepCounter:
-    """Counts the ``optimizer.step()`` calls that ran (an optimizer step post hook,
-    ``Optimizer.register_step_post_hook``): a step that GradScaler or `train_step`'s guard
-    skipped is one that did not. Use as a context manager, or call `remove` when done.
-
-    Attributes:
-        taken: optimizer steps run since the counter was made.
-    """
+class StepCounter(contextlib.AbstractContextManager):
+    """Counts in ``taken`` the ``optimizer.step()`` calls that ran (a step skipped by GradScaler
+    or `train_step`'s guard did not), with ``Optimizer.register_step_post_hook``. Use as a
+    context manager, or call `remove` when done."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.taken = 0
@@ -92,22 +73,15 @@ class StepCounter:
         """Stop counting."""
         self._handle.remove()
 
-    def __enter__(self) -> "StepCounter":
-        return self
-
     def __exit__(self, *exc) -> None:
         self.remove()
 
 
 @dataclass
 class TrainState:
-    """Everything a step needs: the model (``module``: the model; ``model``: what runs, the
-    same module with its blocks compiled in place when ``config.compile``, `compile_blocks`),
-    AdamW, the GradScaler (enabled for fp16 only), the data stream and the config.
-
-    ``step_fn`` is the step that `step` runs (default `train_step`; a lesson can pass its own
-    with the same signature).
-    """
+    """Everything a step needs: the config, the ``module`` and the ``model`` that runs (the same
+    module, its blocks compiled in place when ``config.compile``), AdamW, the GradScaler (fp16
+    only), the data stream, and ``step_fn``, the step `step` runs (default `train_step`)."""
 
     config: RunConfig
     module: torch.nn.Module
@@ -132,11 +106,8 @@ class TrainState:
 def setup(config: RunConfig, lr: float = DEFAULT_LR,
           max_grad_norm: float = DEFAULT_MAX_GRAD_NORM, step_fn: Callable = train_step,
           data=None) -> TrainState:
-    """Build the model, AdamW (fp32 moments, 8 bytes/parameter, whatever the autocast
-    precision), a GradScaler enabled for fp16 only, and the data stream for ``config``.
-
-    Args:
-        data: an iterator of ``(x, y)`` micro-batches (default: `course_utils.data.batches`).
+    """Build ``config``'s model, AdamW (fp32 moments, 8 bytes/parameter), a GradScaler enabled for
+    fp16 only and the ``data`` stream of ``(x, y)`` micro-batches (default `batches`).
 
     Raises:
         ValueError: ``config.device`` is not available here.
@@ -150,14 +121,10 @@ def setup(config: RunConfig, lr: float = DEFAULT_LR,
 
 
 def compile_blocks(model: torch.nn.Module) -> torch.nn.Module:
-    """Compile each unit of ``model.layers`` in place with ``torch.compile`` (regional
-    compilation) and return ``model``.
-
-    The blocks are identical, so one compiled graph serves all of them: compiling costs about
-    one block's compile instead of the whole model's, while the blocks, where the time goes,
-    run compiled (PyTorch recipe "Reducing torch.compile cold start compilation time with
-    regional compilation", torch >= 2.5). The embeddings, final LayerNorm, head and loss stay
-    eager. A unit that compiles itself (checkpoint policy ``memory-budget``) is left as it is.
+    """Compile each unit of ``model.layers`` in place with ``torch.compile`` and return
+    ``model``: the identical blocks share one graph, so compiling costs about one block's compile
+    (PyTorch recipe "Reducing torch.compile cold start compilation time with regional
+    compilation"). A unit that compiles itself (policy ``memory-budget``) is left as it is.
 
     Raises:
         ValueError: ``model`` has no ``layers``.
@@ -190,9 +157,8 @@ def evaluate(state: TrainState, n_batches: int = 4) -> float:
 
 @dataclass
 class TrainHistory:
-    """What `train` recorded. Losses are floats (nats per byte); ``scales`` holds GradScaler's
-    scale after each step (fp16 only) and ``skipped`` the steps whose optimizer step did not run
-    (inf/NaN gradients: GradScaler's skip, or `train_step`'s guard without a scaler)."""
+    """What `train` recorded: losses in nats per byte, GradScaler's scale after each step (fp16
+    only) and the ``skipped`` steps (inf/NaN gradients)."""
 
     config: RunConfig
     steps: list = field(default_factory=list)
@@ -205,15 +171,12 @@ class TrainHistory:
 
 def train(config: RunConfig, steps: int, eval_every: int = 50, eval_batches: int = 4,
           lr: float = DEFAULT_LR, progress: bool = True, force: bool = False) -> TrainHistory:
-    """Train ``config``'s model for ``steps`` optimizer steps on the text corpus.
-
-    Shows a tqdm progress bar (``progress=False`` hides it). Validation loss is measured at step
-    0, every ``eval_every`` steps and at the end.
+    """Train ``config``'s model for ``steps`` optimizer steps on the text corpus, with a tqdm
+    bar; validation loss at step 0, every ``eval_every`` steps and at the end.
 
     Raises:
-        ValueError: ``steps`` or ``eval_every`` < 1, a device this machine lacks, or a
-            configuration `course_utils.guard.check_feasible` refuses (fp16 on a CPU above a
-            tiny size takes minutes; bf16 on a GPU that emulates it), unless ``force``.
+        ValueError: a count < 1, a device this machine lacks, or a configuration
+            `course_utils.guard.check_feasible` refuses, unless ``force``.
     """
     for name, v in (("steps", steps), ("eval_every", eval_every), ("eval_batches", eval_batches)):
         check_positive_int(name, v)

@@ -1,20 +1,10 @@
-"""Does a precision hurt training? Short runs of the course's model, one per *arm*, with the
-share of weight gradients that came out exactly zero measured at every step (lesson 01 §7).
-
-Every arm runs the course's one step, `course_utils.training.train_step`:
-
-* "fp16 without a scaler" is that step with ``torch.amp.GradScaler(enabled=False)``, which makes
-  ``scale``, ``unscale_`` and ``update`` no-ops and ``step`` a plain ``optimizer.step()``;
-* a ``loss_factor`` multiplies the loss before ``backward`` (inside the step, through a thin
-  wrapper of the model). A power of two moves every gradient by exactly that factor (lesson 01
-  §3), so the histogram keeps its shape and slides toward fp16's underflow: it stands in for the
-  smaller gradients of deeper networks, larger batches and confident models, which a model small
-  enough to train in seconds does not have.
-
-**Flushed share.** After each step's backward, the share of the entries of the matmul weights'
-gradients (the blocks' and the head's 2-D weights; embeddings excluded, whose rows for bytes
-absent from a batch are exactly zero in any precision) that are exactly 0. In fp32 it is 0; in
-fp16 a zero entry is a gradient that underflowed.
+"""Does a precision hurt training? Short runs of the course's model, one per *arm* (lesson 01 §7).
+Every arm runs `course_utils.training.train_step`: "fp16 without a scaler" with
+``GradScaler(enabled=False)``; a ``loss_factor`` multiplies the loss before ``backward``. A power
+of two moves every gradient by exactly that factor, sliding the histogram toward fp16's underflow:
+it stands in for the smaller gradients of deeper networks, which a model small enough to train in
+seconds does not have. The **flushed share** is the share of the matmul weights' gradient entries
+(embeddings excluded: their rows for absent bytes are 0 in any precision) that are exactly 0.
 """
 from __future__ import annotations
 
@@ -31,34 +21,18 @@ from .i18n import tr
 from .terms import autocast_dtype, check_positive_int
 from .training import StepCounter, TrainHistory, evaluate, setup, train_step
 
-__all__ = [
-    "HARM",
-    "Arm",
-    "ArmHistory",
-    "feasible_arms",
-    "flushed_trend",
-    "relative_gap",
-    "results_table",
-    "shows_harm",
-    "train_arm",
-    "train_arms",
-]
+__all__ = ["HARM", "Arm", "ArmHistory", "feasible_arms", "flushed_trend", "relative_gap",
+           "results_table", "shows_harm", "train_arm", "train_arms"]
 
-#: A final validation loss more than this fraction above the reference's counts as harm: the
-#: same threshold as claim C13's rule (`course_utils.claims`), so the lesson and the verdict agree.
+#: A final validation loss more than this fraction above the reference's is harm (claim C13's
+#: threshold in `course_utils.claims`).
 HARM = 0.02
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One training run of an accuracy comparison.
-
-    Attributes:
-        label: its name in tables and charts.
-        precision: ``fp32``, ``bf16`` or ``fp16``.
-        scaler: whether GradScaler is enabled (it only ever is for fp16, as in `train_step`).
-        loss_factor: the loss is multiplied by this before ``backward`` (a power of two keeps
-            the gradients exact); 1 means the plain loss.
+    """One run of an accuracy comparison: ``label``, ``precision``, ``scaler`` (GradScaler on, for
+    fp16 only) and the ``loss_factor`` applied before ``backward``.
 
     Raises:
         ValueError: an unknown precision or a loss factor that is not a positive number.
@@ -78,8 +52,7 @@ class Arm:
 
 @dataclass
 class ArmHistory(TrainHistory):
-    """A `TrainHistory` (validation losses are of the plain loss, whatever the loss factor)
-    plus ``flushed`` (per step, the flushed share of the module docstring, 0 to 1), the
+    """A `TrainHistory` (of the plain loss) plus the ``flushed`` share per step (0 to 1), the
     ``arm`` and its wall time in ``seconds``."""
 
     flushed: list = field(default_factory=list)
@@ -101,22 +74,14 @@ class _ScaledLoss:
         return self.model.parameters()
 
 
-def _weights(module: torch.nn.Module) -> list:
-    return [p for name, p in module.named_parameters()
-            if p.dim() == 2 and "emb" not in name and p.requires_grad]
-
-
 def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_batches: int = 2,
               progress=None) -> ArmHistory:
-    """Train ``config``'s model (its precision replaced by the arm's) for ``steps`` steps of
-    `train_step`, with the arm's scaler and loss factor; validation loss at step 0, every
-    ``eval_every`` steps and at the end.
-
-    Args:
-        progress: a tqdm bar to advance by one per step (or None).
+    """Train ``config``'s model in the arm's precision, scaler and loss factor for ``steps``
+    steps of `train_step`; validation loss at step 0, every ``eval_every`` steps and at the end.
+    ``progress``: a tqdm bar to advance per step, or None.
 
     Raises:
-        ValueError: ``steps`` or ``eval_every`` < 1.
+        ValueError: a count < 1.
     """
     for name, v in (("steps", steps), ("eval_every", eval_every), ("eval_batches", eval_batches)):
         check_positive_int(name, v)
@@ -131,7 +96,8 @@ def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_bat
         counts[0] += int((p.grad == 0).sum())
         counts[1] += p.grad.numel()
 
-    handles = [p.register_post_accumulate_grad_hook(count) for p in _weights(state.module)]
+    handles = [p.register_post_accumulate_grad_hook(count) for name, p in state.module.named_parameters()
+               if p.dim() == 2 and "emb" not in name and p.requires_grad]   # the matmul weights
     steps_taken = StepCounter(state.optimizer)
     hist = ArmHistory(cfg, arm=arm)
     hist.val_steps.append(0)
@@ -163,14 +129,9 @@ def train_arm(config: RunConfig, arm: Arm, steps: int, eval_every: int, eval_bat
 
 
 def feasible_arms(config: RunConfig, arms, hw=None) -> tuple[list[Arm], list[tuple[Arm, str]]]:
-    """Split ``arms`` into those `course_utils.guard.check_feasible` accepts for ``config`` on
-    ``hw`` (default: detected) and those it refuses, with its reason: bf16 on a GPU that only
-    emulates it (a T4), fp16 above a tiny size on a CPU without fp16 instructions. A lesson
-    trains the first list and prints the second, instead of stopping on the refusal.
-
-    Returns:
-        ``(accepted arms, [(refused arm, the guard's reason), ...])``, each in the arms' order.
-    """
+    """``(accepted arms, [(refused arm, reason), ...])``: ``arms`` split by whether
+    `course_utils.guard.check_feasible` accepts them for ``config`` on ``hw`` (default:
+    detected), so a lesson trains the first and prints the second."""
     accepted, refused = [], []
     for a in arms:
         try:
@@ -185,16 +146,12 @@ def feasible_arms(config: RunConfig, arms, hw=None) -> tuple[list[Arm], list[tup
 def train_arms(config: RunConfig, arms, steps: int, eval_every: int | None = None,
                eval_batches: int = 2, progress: bool = True,
                force: bool = False) -> dict[str, ArmHistory]:
-    """`train_arm` for each arm in turn, from the same seed, data and AdamW settings; one tqdm
-    bar over all steps. ``eval_every`` defaults to a fifth of ``steps``.
-
-    Returns:
-        ``{arm.label: ArmHistory}`` in the arms' order.
+    """``{arm.label: ArmHistory}``: `train_arm` for each arm in turn, from the same seed, data
+    and AdamW settings, under one tqdm bar; ``eval_every`` defaults to a fifth of ``steps``.
 
     Raises:
-        ValueError: no arms, repeated labels, bad counts, or an arm's configuration that
-            `course_utils.guard.check_feasible` refuses (fp16 above a tiny size on a CPU
-            without fp16 instructions), unless ``force``: all before anything runs.
+        ValueError: before anything runs: no arms, repeated labels, bad counts, or an arm
+            `course_utils.guard.check_feasible` refuses, unless ``force``.
     """
     arms = list(arms)
     if not arms:
@@ -231,13 +188,9 @@ def _pct(x: float) -> str:
 
 
 def flushed_trend(history: ArmHistory) -> str:
-    """How the flushed share of ``history`` moved over its run, in words generated from its
-    per-step values: the mean of the first fifth of the steps against the mean of the last
-    fifth, and the peak where it stands well above both (a rise and a fall within the run).
-
-    Examples: ``"rose from 0.1% (mean of steps 1-4) to 2.7% (mean of steps 17-20)"``,
-    ``"rose to 2.7% at step 21 and fell back: 1% (mean of steps 1-20), 0.005% (mean of
-    steps 81-100)"``.
+    """How the flushed share of ``history`` moved, in words: the mean of the first fifth of the
+    steps against the last fifth's, and a peak well above both (``"rose from 0.1% (mean of
+    steps 1-4) to 2.7% (mean of steps 17-20)"``).
 
     Raises:
         ValueError: a history without flushed shares.
@@ -270,11 +223,9 @@ def flushed_trend(history: ArmHistory) -> str:
 
 
 def results_table(histories: dict, reference: str) -> pd.DataFrame:
-    """One row per arm: final validation loss, its gap to ``reference`` (%, to 0.01), the flushed share
-    (mean over steps and last step, %), the skipped steps (GradScaler's, or `train_step`'s guard
-    without a scaler). No time: an arm's wall time
-    (``ArmHistory.seconds``) includes building the model and the validation passes, and on a
-    device that emulates the arm's precision it is no hardware speed.
+    """One row per arm: final validation loss, its gap to ``reference`` (%, to 0.01), the
+    flushed share (mean and last step, %) and the skipped steps. No time: an arm's wall time
+    includes building the model and validating.
 
     Raises:
         ValueError: ``reference`` is not one of the arms.
@@ -282,16 +233,12 @@ def results_table(histories: dict, reference: str) -> pd.DataFrame:
     if reference not in histories:
         raise ValueError(tr("reference {reference!r} is not one of {labels}.",
                             reference=reference, labels=list(histories)))
-    rows = {}
-    for label, h in histories.items():
-        rows[label] = {
-            "final val loss": h.val_loss[-1],
-            # to 0.01 %: one run per arm supports no more (and no "-0.00")
-            f"vs {reference} %": round(100 * relative_gap(histories, label, reference), 2) + 0.0,
-            "flushed % (mean)": 100 * sum(h.flushed) / max(1, len(h.flushed)),
-            "flushed % (last step)": 100 * (h.flushed[-1] if h.flushed else 0.0),
-            "skipped steps": len(h.skipped),
-        }
-    df = pd.DataFrame.from_dict(rows, orient="index")
-    df.index.name = "run"
-    return df
+    rows = {label: {
+        "final val loss": h.val_loss[-1],
+        # + 0.0 turns -0.0 into 0.0
+        f"vs {reference} %": round(100 * relative_gap(histories, label, reference), 2) + 0.0,
+        "flushed % (mean)": 100 * sum(h.flushed) / max(1, len(h.flushed)),
+        "flushed % (last step)": 100 * (h.flushed[-1] if h.flushed else 0.0),
+        "skipped steps": len(h.skipped),
+    } for label, h in histories.items()}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("run")

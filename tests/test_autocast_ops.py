@@ -28,8 +28,6 @@ def test_recorder_sees_autocast_dtypes_and_modules():
                                      "cast of an activation"]   # weight, bias, LN output
     assert "view" not in set(t["op"]) and "t" not in set(t["op"])
     assert "t" in set(rec.table(views=True)["op"])
-    s = rec.summary()
-    assert s.loc["addmm", "bf16"] == 1 and s.loc["_to_copy (weight)", "bf16"] == 2
     # After the with-block the hooks are gone: nothing more is recorded.
     n = len(rec.records)
     m(x)
