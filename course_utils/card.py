@@ -157,10 +157,10 @@ class Card:
         return json.loads(json.dumps(d, default=str))
 
 
-def _ratio_words(r, of: str | None = None) -> str:
-    """A step-time comparison against ``of`` (default: no checkpointing) in words, with its noise
-    band; the ratio only outside the noise."""
-    of = of or _name("none")
+def _ratio_words(r) -> str:
+    """A step-time comparison against no checkpointing in words, with its noise band; the ratio
+    only outside the noise."""
+    of = tr("no checkpointing")
     if r.ratio is None:
         return tr("a step time that was not measured")
     band = r.band_text()
@@ -493,13 +493,10 @@ def profile_and_recommend(model, make_batch, loss_fn=None, *, budget_bytes: int 
                           device: str | None = None, blocks=None, forward=None,
                           budget_s: float | None = None, name: str | None = None,
                           check: bool = True, progress: bool = True):
-    """`course_utils.profiling.profile` at ``batch_size``, `course_utils.extrapolate.extrapolate`
-    per precision at ``(batch_size // 2, batch_size)`` (``(1, 2)`` for 1), then `recommend`: what
-    ``course-profile`` runs. ``budget_bytes`` defaults to `budget_from_device`; ``precisions`` to
-    fp32 and this machine's recipe; the rest as `profile`.
-
-    Returns:
-        ``(profile, {precision: Extrapolation}, Card)``.
+    """What ``course-profile`` runs: `course_utils.profiling.profile` at ``batch_size``,
+    `extrapolate` per precision (default: fp32 and the recipe) at ``(batch_size // 2,
+    batch_size)`` (``(1, 2)`` for 1), then `recommend` (``budget_bytes`` by default
+    `budget_from_device`); returns ``(profile, {precision: Extrapolation}, Card)``.
 
     Raises:
         ValueError: no budget on a device without GPU memory, and what `profile`,

@@ -26,7 +26,7 @@ from .step_timing import TOO_SMALL, TimeRatio
 from .terms import GiB, KiB, MiB
 
 __all__ = ["CLAIMS", "STATUSES", "Verdict", "verdict", "claims_table", "recorded_or_measure",
-           "recorded_verdict", "recorded_time", "this_context"]
+           "recorded_verdict", "recorded_time"]
 
 #: Claim ID -> the claim as popular tutorials state it.
 CLAIMS: dict[str, str] = {
@@ -144,8 +144,7 @@ def _c1(hw, bf16_time=None, bf16_vs_tf32=None):
     if not (hw.device == "cuda" and hw.native_bf16):
         return "not measured here", tr("a claim about Ampere+ GPUs; this is {gpu}.{here}",
                                        gpu=_gpu(hw), here=here)
-    u = _unsettled(bf16_time, tr("bf16 / fp32 step time"))
-    if u:
+    if u := _unsettled(bf16_time, tr("bf16 / fp32 step time")):
         return u
     speedup = 1 / bf16_time.ratio
     text = tr("{gpu}: {described}", gpu=_gpu(hw),
@@ -178,8 +177,8 @@ def _c3(compile_time=None, why_not=None, precision="bf16"):
             raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).",
                                 claim="C3"))
         return "not measured here", why_not
-    u = _unsettled(compile_time, tr("compiled / eager {precision} step time", precision=precision))
-    if u:
+    if u := _unsettled(compile_time, tr("compiled / eager {precision} step time",
+                                        precision=precision)):
         return u
     speedup = 1 / compile_time.ratio
     return ("held" if speedup >= 1.5 else "busted",
@@ -203,8 +202,7 @@ def _c5(full_time, flops_ratio=None):
     """``full_time``: TimeRatio full / none. Held when the whole printed band lies in 1.20-1.40
     (the published measurements lesson 02 cites: Hugging Face 20%, Bekman 20-25%, NeMo 30%, the
     Ultra-Scale Playbook 30-40%); busted when wholly outside; else inconclusive."""
-    u = _unsettled(full_time, tr("full / none step time"))
-    if u:
+    if u := _unsettled(full_time, tr("full / none step time")):
         return u
     cost = full_time.ratio - 1
     flops = tr("; FLOPs {change}", change=_pct(flops_ratio - 1)) if flops_ratio is not None else ""
@@ -239,8 +237,7 @@ def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=
 def _c7(full_time, per_token_time=None):
     """``full_time``: TimeRatio full / none per step; ``per_token_time``: seconds per token, best
     checkpointed run at its largest batch under a budget / best plain run."""
-    u = _unsettled(full_time, tr("full / none step time"))
-    if u:
+    if u := _unsettled(full_time, tr("full / none step time")):
         return u
     text = full_time.describe(tr("per step, full / none"))
     if full_time.verdict == "faster":  # more work cannot be faster: the load changed
@@ -435,8 +432,7 @@ def _c19(hw, fp8_time=None, why_not=None):
             raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).",
                                 claim="C19"))
         return "not measured here", why_not
-    u = _unsettled(fp8_time, tr("FP8 / bf16 step time"))
-    if u:
+    if u := _unsettled(fp8_time, tr("FP8 / bf16 step time")):
         return u
     speedup = 1 / fp8_time.ratio
     return ("held" if speedup >= 1.2 else "busted",
@@ -448,9 +444,8 @@ def _c20(per_token_time, budget_bytes=None):
     """``per_token_time``: seconds per token, best checkpointed / best plain configuration, each
     at its largest batch under the budget. Held when faster, else depends (the claim says *can*:
     one machine and budget cannot generalise)."""
-    u = _unsettled(per_token_time, tr("time per token, checkpointed / plain at their largest "
-                                      "batch"))
-    if u:
+    if u := _unsettled(per_token_time, tr("time per token, checkpointed / plain at their largest "
+                                          "batch")):
         return u
     what = (tr("at the largest batch under {budget:,.1f} MiB, time per token",
                budget=budget_bytes / MiB) if budget_bytes
@@ -483,10 +478,8 @@ def _jsonable(v):
 
 
 def verdict(claim: str, where: str = "", record: bool | None = None, **measured) -> Verdict:
-    """Judge ``claim`` from ``measured``, the inputs of its rule (``help(claims._c5)``).
-
-    ``record``: write the verdict and its inputs to the results store (section ``"verdicts"``);
-    default: only inside a notebook kernel (`course_utils.store.in_notebook`).
+    """Judge ``claim`` from ``measured``, the inputs of its rule (``help(claims._c5)``);
+    ``record`` it in the results store (default: inside a notebook kernel only).
 
     Raises:
         ValueError: an unknown claim ID, or inputs the rule cannot judge.
@@ -501,20 +494,18 @@ def verdict(claim: str, where: str = "", record: bool | None = None, **measured)
     if record or (record is None and store.in_notebook()):
         store.record("verdicts", claim, {"status": v.status, "evidence": v.evidence,
                                          "where": v.where, "basis": v.basis,
-                                         "inputs": _jsonable(measured)}, this_context())
+                                         "inputs": _jsonable(measured)}, _context())
     return v
 
 
-def this_context(size: str | None = None, hw=None) -> str:
-    """The results store's key of this run (`course_utils.store.context_key`): ``hw`` (default
-    ``detect()``), this torch and ``size`` (default `course_utils.config.size_profile`)."""
-    return store.context_key(size or size_profile(), hw or detect())
+def _context() -> str:
+    return store.context_key(size_profile(), detect())
 
 
 def _recorded(claim: str, key: str | None) -> dict | None:
     if claim not in CLAIMS:
         raise _unknown_claim(claim)
-    return store.lookup("verdicts", claim, key or this_context())
+    return store.lookup("verdicts", claim, key or _context())
 
 
 def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:

@@ -245,18 +245,16 @@ def clip_order(config: RunConfig | None = None, max_grad_norm: float = 1.0) -> d
         seen = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).item()
         if not unscale_first:
             scaler.unscale_(opt)
-        true = torch.linalg.vector_norm(torch.stack(
-            [p.grad.norm() for p in model.parameters()])).item()
         before = [p.detach().clone() for p in model.parameters()]
         scaler.step(opt)
         moved = torch.linalg.vector_norm(torch.stack(
             [(p.detach() - b).norm() for p, b in zip(model.parameters(), before)])).item()
-        return seen, true, moved, scaler.get_scale()
+        return seen, moved, scaler.get_scale()
 
-    seen_bad, _, sgd_bad, scale = update(torch.optim.SGD, False)
-    seen_ok, _, sgd_ok, _ = update(torch.optim.SGD, True)
-    _, _, adam_bad, _ = update(torch.optim.AdamW, False)
-    _, _, adam_ok, _ = update(torch.optim.AdamW, True)
+    seen_bad, sgd_bad, scale = update(torch.optim.SGD, False)
+    seen_ok, sgd_ok, _ = update(torch.optim.SGD, True)
+    _, adam_bad, _ = update(torch.optim.AdamW, False)
+    _, adam_ok, _ = update(torch.optim.AdamW, True)
     return {"clip_saw_ratio": seen_bad / seen_ok, "scale": scale,
             "sgd_update_ratio": sgd_bad / sgd_ok, "adamw_update_ratio": adam_bad / adam_ok}
 
@@ -265,9 +263,8 @@ def clip_order(config: RunConfig | None = None, max_grad_norm: float = 1.0) -> d
 
 def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
     """C17: ``step_fn`` (default `course_utils.training.train_step`, fp32) on ``k`` micro-batches
-    against one batch of ``k`` times as many sequences: the gradients each hands the optimizer
-    (`course_utils.learner_checks.step_gradients`), the norm without the division by ``k``, and
-    each step's peak bytes above its start (`course_utils.memory_timeline.peak_during`).
+    against one batch of ``k`` times as many: the gradients each hands the optimizer, their norm
+    undivided by ``k``, and each step's peak (`course_utils.memory_timeline.peak_during`).
 
     Raises:
         ValueError: ``k`` < 2.
@@ -313,9 +310,8 @@ def _row(df, label: str):
 
 
 def time_between(df, label: str, reference: str) -> TimeRatio:
-    """Step time of row ``label`` over row ``reference`` of a `compare` table, from their
-    per-round ratios (`course_utils.step_timing.time_ratio`), through the first row's so that it
-    equals the quotient of the times `course_utils.experiments.summary` prints.
+    """Step time of row ``label`` over row ``reference`` of a `compare` table, through the first
+    row so that it equals the quotient of the times `course_utils.experiments.summary` prints.
 
     Raises:
         ValueError: a label that is not in the table.
@@ -342,9 +338,8 @@ def memory_between(df, label: str, reference: str) -> dict:
 
 
 def training_state(df, label: str, settings: dict | None = None) -> dict:
-    """C9: weights + gradients + AdamW bytes and autocast weight copies per parameter on row
-    ``label`` of a `compare` table, and for each of ``settings`` (``{name: RunConfig}``) its
-    estimated peak / (16 bytes per parameter) - 1.
+    """C9: weights + gradients + AdamW bytes and autocast copies per parameter on row ``label``
+    of a `compare` table, and each of ``settings``' (``{name: RunConfig}``) estimated overhead.
 
     Raises:
         ValueError: a label that is not in the table.

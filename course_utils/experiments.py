@@ -65,19 +65,12 @@ def ladder(base: RunConfig, hw=None) -> list[RunConfig]:
 def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = None,
             steps: int | None = None, timed: bool = True, progress: bool = True,
             force: bool = False, step_fn=train_step, hw=None) -> pd.DataFrame:
-    """Measure and estimate each configuration; one row each, ratios to the first row.
-
-    Every configuration passes the run guard (`course_utils.measure.accept`) before anything
-    runs; one step each measures memory (`course_utils.measure.measure_memory`), then the native
-    ones are timed in alternation for about ``budget_s`` seconds (default: per size profile) or
-    ``steps`` rounds, an emulated one with one step.
-
-    Columns: ``label``, the config fields, each memory field ``F`` (bytes) and ``est_F``,
-    ``saved_total`` / ``est_saved_total``, ``est_recompute``, ``step_time_s``,
-    ``step_time_iqr_s``, ``tokens_per_s``, ``emulated``, ``timing``, ``time_ratio``,
-    ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``paired_step_time_s``
-    (`paired_step_s`), ``peak_ratio``, ``saved_ratio``, ``oom``, ``error``, ``notes``;
-    ``df.attrs["measurements"]`` holds the `Measurement` objects.
+    """Measure and estimate each configuration (all pass the run guard,
+    `course_utils.measure.accept`, before anything runs): memory with one step each, then time
+    in alternation for about ``budget_s`` seconds (default: per size profile) or ``steps``
+    rounds. One row each: the config fields, each memory field ``F`` (bytes) and ``est_F``, step
+    times, ``time_ratio*`` and ``peak_ratio`` / ``saved_ratio`` to the first row,
+    ``paired_step_time_s`` (`paired_step_s`); ``df.attrs["measurements"]``: the `Measurement`s.
 
     Raises:
         ValueError: an empty list, a non-positive budget or step count, a device this machine

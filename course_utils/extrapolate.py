@@ -101,7 +101,7 @@ class Extrapolation:
         return self.fits[policy]
 
     def peak(self, batch: int, policy: str = "none") -> int:
-        """Predicted peak bytes of one step at ``batch`` with ``policy`` (a measured one).
+        """Predicted peak bytes of one step at ``batch`` with ``policy``.
 
         Raises:
             KeyError: ``policy`` was not measured.
@@ -120,19 +120,12 @@ class Extrapolation:
             ValueError: an unknown policy.
         """
         mode, k = parse_model_policy(policy, self.n_blocks)
-        L, S, In, C = self.n_blocks, self.block_saved, self.block_input, self.block_const
-        out = self.outside[0] + self.outside[1] * batch
-        if mode == "none":
-            plain, ckpt = L, 0
-        elif mode == "full":
-            plain, ckpt = 0, L
-        elif mode == "every-k":
-            ckpt = math.ceil(L / k)
-            plain = L - ckpt
-        elif mode in ("offload", "offload+checkpoint"):
-            plain = ckpt = 0
-        else:
+        if mode not in ("none", "full", "every-k", "offload", "offload+checkpoint"):
             return None
+        L, S, In, C = self.n_blocks, self.block_saved, self.block_input, self.block_const
+        ckpt = L if mode == "full" else math.ceil(L / k) if mode == "every-k" else 0
+        plain = 0 if mode.startswith("offload") else L - ckpt
+        out = self.outside[0] + self.outside[1] * batch
         return int(round(out + plain * (C + S * batch) + ckpt * In * batch))
 
     def table(self, batches) -> pd.DataFrame:
@@ -160,8 +153,8 @@ class PredictionCheck:
     measured_saved: int | None = None
 
 
-#: On a CPU, `check_prediction` does not run a step whose predicted peak exceeds this fraction of
-#: the RAM free now (nothing would stop it short of the kernel's out-of-memory killer).
+#: On a CPU, `check_prediction` does not run a step predicted to need more than this share of the
+#: RAM free now (nothing would stop it short of the kernel's out-of-memory killer).
 RAM_FRACTION = 0.8
 
 #: On CUDA, the share of a budget a predicted (allocated) peak may fill: the budget caps the
@@ -214,9 +207,8 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
                 precision: str = "fp32", policies=("none", "full"), batches=(2, 4),
                 device: str | None = None, blocks=None, forward: Callable | None = None,
                 seed: int = 0, lr: float = 1e-3, name: str | None = None) -> Extrapolation:
-    """Measure one step at ``batches`` ``(b1, b2)`` per policy (``none`` always) in ``precision``;
-    return the `Extrapolation` that predicts the peak at any batch. The other arguments are
-    `course_utils.profiling.profile`'s.
+    """One step at each of ``batches`` ``(b1, b2)`` per policy (``none`` always) in ``precision``:
+    the `Extrapolation` that predicts the peak at any batch. The rest as `profiling.profile`.
 
     Raises:
         ValueError: ``batches`` not two increasing positive integers, an unknown precision or
@@ -241,7 +233,6 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
     _, unit, per = _batch_info(spec.batch(b[0]))
     ex = Extrapolation(spec.name, precision, spec.device, unit, per, L, 0.0, 0.0, (0.0, 0.0),
                        spec=spec)
-    blocks_path = spec.blocks
     for policy in policies:
         ms = []
         for n in b:
@@ -265,7 +256,7 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
             per_block, outside = [], []
             for m in ms:
                 df = m.saved_modules
-                inside = df["module"].map(lambda name: block_of(name, blocks_path) is not None)
+                inside = df["module"].map(lambda name: block_of(name, spec.blocks) is not None)
                 per_block.append(df.loc[inside, "nbytes"].sum() / L)
                 outside.append(df.loc[~inside, "nbytes"].sum())
             ex.block_saved = (per_block[1] - per_block[0]) / (b[1] - b[0])
@@ -278,11 +269,9 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
 
 def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
                      batch_size: int | None = None) -> PredictionCheck:
-    """Run one real step at the largest batch ``ex`` predicts to fit ``budget_bytes`` with
-    ``policy`` (or at ``batch_size``) and compare its peak with the prediction. On CUDA the batch
-    is planned for `CUDA_PLANNING_SHARE` of the budget and the budget is enforced
-    (`course_utils.guard.cuda_memory_cap`); on a CPU a step predicted to need more than
-    `RAM_FRACTION` of the RAM free now is not run.
+    """One real step at ``batch_size`` or the largest batch ``ex`` predicts to fit
+    ``budget_bytes`` with ``policy`` (on CUDA: `CUDA_PLANNING_SHARE` of it, enforced by
+    `course_utils.guard.cuda_memory_cap`; on a CPU not run above `RAM_FRACTION` of the free RAM).
 
     Raises:
         ValueError: a non-positive budget, or a budget where not even batch 1 is predicted to

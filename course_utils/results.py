@@ -154,11 +154,9 @@ def committed_runs(folder: str | Path | None = None,
                    devices: tuple[str, ...] | None = ("cuda",),
                    newest: bool = True) -> list[tuple[str, pd.DataFrame]]:
     """The committed `course-bench` runs on ``devices`` as lesson 02 shows them, ``(title,
-    table)`` each: the newest run (by the date in its folder name, then the name) of each class
-    of `RUN_CLASSES`, or with ``newest=False`` every run in path order. The title names the GPU,
-    size profile, torch, date and folder; the table gives per configuration in words ``step
-    ms``, the time against the run's recommended precision without checkpointing
-    (`course_utils.experiments.time_cell`), ``peak MiB`` and ``saved MiB``.
+    table)`` each: the newest run (by the date in its folder name) of each of `RUN_CLASSES`, or
+    every run with ``newest=False``; each row's time is against the run's recommended precision
+    without checkpointing (`course_utils.experiments.time_cell`).
 
     Raises:
         ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
@@ -223,14 +221,9 @@ def _gpu_model(setup: str, run_dir: Path | None = None) -> str | None:
 
 
 def committed_memory_tools(folder: str | Path | None = None) -> dict | None:
-    """What lesson 04's ``cuda-memory-tools`` cell measured on the newest GPU run committed under
-    ``results/lesson-timings-*/transcripts/04_scaling_out.txt``, for a machine without a GPU.
-
-    Returns:
-        ``{"run", "device", "torch", "model", "peak_allocated", "reserved", "split_blocks",
-        "outside_allocator"}`` (MiB; ``model`` in words, or None), or None when no committed
-        transcript holds the cell's table.
-    """
+    """``{"run", "device", "torch", "model", "peak_allocated", "reserved", "split_blocks",
+    "outside_allocator"}`` (MiB) that lesson 04's ``cuda-memory-tools`` cell measured in the newest
+    ``results/lesson-timings-*/transcripts/04_scaling_out.txt``; None where none holds it."""
     root = Path(folder) if folder is not None else find_results()
     paths = sorted(root.glob("lesson-timings-*/transcripts/04_scaling_out.txt")) if root else []
     for path in reversed(paths):
@@ -280,21 +273,17 @@ def bench_rows(df: pd.DataFrame) -> list[dict]:
 
 
 def check_out_dir(folder: str | Path) -> Path:
-    """`course_utils.cli_args.check_out_folder`: ``folder`` can receive result files.
+    """``folder``, checked before any work by `course_utils.cli_args.check_out_folder`.
 
     Raises:
-        ValueError: it cannot (the message says why).
+        ValueError: it cannot receive result files (the message says why).
     """
     return check_out_folder(folder)
 
 
 def write_bench(folder: str | Path, payload: dict, figure=None) -> list[Path]:
-    """Write ``bench.json`` (``payload``) and, if given, ``bench.png`` (``figure``) into
-    ``folder`` (made if missing); returns the paths written.
-
-    Raises:
-        ValueError: as `check_out_dir`.
-    """
+    """Write ``bench.json`` (``payload``) and ``bench.png`` (``figure``, if given) into ``folder``
+    (made if missing, else ValueError as `check_out_dir`); returns the paths written."""
     out = check_out_dir(folder)
     out.mkdir(exist_ok=True)
     paths = [out / "bench.json"]
