@@ -56,11 +56,7 @@ def _rank(policy: str) -> int:
 
 def budget_from_device(device: str, fraction: float = 0.9) -> tuple[int, str]:
     """``(bytes, where they come from)``: ``fraction`` of the GPU memory free now
-    (``torch.cuda.mem_get_info``).
-
-    Raises:
-        ValueError: ``device`` is not an available CUDA device.
-    """
+    (``torch.cuda.mem_get_info``); ValueError where ``device`` is not an available CUDA device."""
     try:
         return memory_budget(fraction, device), tr("{fraction:.0%} of the GPU memory free now",
                                                    fraction=fraction)

@@ -60,10 +60,7 @@ class Verdict:
     """What this machine's numbers say about one claim: its ID (``"C2"``), a status of
     `STATUSES`, the evidence in words generated from the numbers, where it is tested (``"01 §6"``)
     and the basis: ``"measured"``, ``"derived"`` (arithmetic) or ``"none"`` (not measured here).
-
-    Raises:
-        ValueError: an unknown claim ID, status or basis.
-    """
+    An unknown claim ID, status or basis raises ValueError."""
 
     claim: str
     status: str
@@ -132,8 +129,6 @@ def _unsettled(t, what: str) -> tuple[str, str] | None:
                                   described=t.describe(what))
     return None
 
-
-# --- the rules: one per claim ------------------------------------------------------------
 
 def _c1(hw, bf16_time=None, bf16_vs_tf32=None):
     """``bf16_time``: TimeRatio bf16 / fp32 step (fp32 matmuls in full fp32); ``bf16_vs_tf32``:
@@ -510,11 +505,7 @@ def _recorded(claim: str, key: str | None) -> dict | None:
 
 def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
     """The verdict on ``claim`` a lesson recorded under ``key`` (default: this run's context),
-    as that lesson printed it; None if none did.
-
-    Raises:
-        ValueError: an unknown claim ID.
-    """
+    as that lesson printed it; None if none did. ValueError: an unknown claim ID."""
     rec = _recorded(claim, key)
     if not rec or rec.get("status") not in STATUSES:
         return None
@@ -525,10 +516,7 @@ def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
 def recorded_time(claim: str, name: str, lesson: str, key: str | None = None) -> TimeRatio | None:
     """The `TimeRatio` input ``name`` (``"full_time"``) of the verdict on ``claim`` that lesson
     ``lesson`` (``"02"``) recorded here; None where it has not, or a later lesson replaced it.
-
-    Raises:
-        ValueError: an unknown claim ID.
-    """
+    ValueError: an unknown claim ID."""
     rec = _recorded(claim, key)
     if not rec or not str(rec.get("where", "")).startswith(lesson):
         return None
@@ -542,11 +530,7 @@ def recorded_or_measure(claim: str, where: str, measure: Callable[[], dict], mod
                         key: str | None = None) -> Verdict:
     """The verdict a lesson recorded here (`recorded_verdict`) at ``where``; else the claim
     judged now from ``measure()`` (the rule's inputs), ``where`` saying it was measured again on
-    ``model`` (or judged here, when not measured here).
-
-    Raises:
-        ValueError, TypeError: as `verdict`.
-    """
+    ``model`` (or judged here, when not measured here). Raises as `verdict`."""
     v = recorded_verdict(claim, key)
     if v is not None:
         return replace(v, where=where)

@@ -44,8 +44,6 @@ def _batch(config: RunConfig, step: int = 0, batch_size: int | None = None):
                      step=step, device=config.device)
 
 
-# --- lesson 02: activation checkpointing ------------------------------------------------------
-
 def sqrt_segments(config: RunConfig | None = None, n_layers: int = 4, ratio: int = 4) -> dict:
     """C6: saved activation bytes of ``n_layers`` and ``ratio * n_layers`` blocks, plain and
     with round(sqrt(N)) checkpointed segments, and the segment count (of those dividing the
@@ -154,8 +152,6 @@ def attention_growth(config: RunConfig | None = None, seq_lens: tuple = (64, 128
             "sdpa_slope": math.log(saved["sdpa", b] / saved["sdpa", a]) / span}
 
 
-# --- lesson 01: number formats and loss scaling -----------------------------------------------
-
 @functools.lru_cache(maxsize=4)
 def _gradients(config: RunConfig, loss_scale: float) -> torch.Tensor:
     """All parameter gradients of one fp32 backward, the loss multiplied by ``loss_scale``."""
@@ -259,16 +255,11 @@ def clip_order(config: RunConfig | None = None, max_grad_norm: float = 1.0) -> d
             "sgd_update_ratio": sgd_bad / sgd_ok, "adamw_update_ratio": adam_bad / adam_ok}
 
 
-# --- lesson 03: gradient accumulation with the production step --------------------------------
-
 def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
     """C17: ``step_fn`` (default `course_utils.training.train_step`, fp32) on ``k`` micro-batches
     against one batch of ``k`` times as many: the gradients each hands the optimizer, their norm
     undivided by ``k``, and each step's peak (`course_utils.memory_timeline.peak_during`).
-
-    Raises:
-        ValueError: ``k`` < 2.
-    """
+    ValueError: ``k`` < 2."""
     check_positive_int("k (micro-batches)", k, minimum=2)
     step_fn = step_fn or train_step
     cfg = config.replace(precision="fp32", grad_accum_steps=1)
@@ -299,8 +290,6 @@ def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
             "peak_vs_big": peak_acc / peak_big}
 
 
-# --- reading a compare() table ----------------------------------------------------------------
-
 def _row(df, label: str):
     labels = list(df["label"])
     if label not in labels:
@@ -312,10 +301,7 @@ def _row(df, label: str):
 def time_between(df, label: str, reference: str) -> TimeRatio:
     """Step time of row ``label`` over row ``reference`` of a `compare` table, through the first
     row so that it equals the quotient of the times `course_utils.experiments.summary` prints.
-
-    Raises:
-        ValueError: a label that is not in the table.
-    """
+    ValueError: a label that is not in the table."""
     ms = df.attrs["measurements"]
     a, b = ms[_row(df, label)], ms[_row(df, reference)]
     first = ms[0]
@@ -326,11 +312,7 @@ def time_between(df, label: str, reference: str) -> TimeRatio:
 
 def memory_between(df, label: str, reference: str) -> dict:
     """``{"peak_ratio", "saved_ratio", "activations_ratio"}`` of row ``label`` over row
-    ``reference`` of a `compare` table.
-
-    Raises:
-        ValueError: a label that is not in the table.
-    """
+    ``reference`` of a `compare` table. ValueError: a label that is not in the table."""
     a, b = df.iloc[_row(df, label)], df.iloc[_row(df, reference)]
     return {"peak_ratio": a["peak_allocated"] / b["peak_allocated"],
             "saved_ratio": a["saved_total"] / b["saved_total"],
@@ -340,10 +322,7 @@ def memory_between(df, label: str, reference: str) -> dict:
 def training_state(df, label: str, settings: dict | None = None) -> dict:
     """C9: weights + gradients + AdamW bytes and autocast copies per parameter on row ``label``
     of a `compare` table, and each of ``settings``' (``{name: RunConfig}``) estimated overhead.
-
-    Raises:
-        ValueError: a label that is not in the table.
-    """
+    ValueError: a label that is not in the table."""
     i = _row(df, label)
     row = df.iloc[i]
     n = df.attrs["measurements"][i].config.shape.n_parameters

@@ -44,11 +44,8 @@ def size_of(config: RunConfig) -> str:
 def ladder(base: RunConfig, hw=None) -> list[RunConfig]:
     """The comparison this machine should run (`course_utils.hardware.recommend_precision`'s
     recipe): fp32, the recipe (and fp16 beside bf16 on a GPU), the recipe + ``full``, the recipe
-    + ``selective``; where the recipe is fp32, the low precision last (emulated).
-
-    Raises:
-        ValueError: a device this machine lacks.
-    """
+    + ``selective``; where the recipe is fp32, the low precision last (emulated). ValueError: a
+    device this machine lacks."""
     hw = hw or detect(base.device)
     rec = recommend_precision(hw)
     plain = base.replace(precision="fp32", checkpoint="none", compile=False)

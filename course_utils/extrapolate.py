@@ -101,11 +101,7 @@ class Extrapolation:
         return self.fits[policy]
 
     def peak(self, batch: int, policy: str = "none") -> int:
-        """Predicted peak bytes of one step at ``batch`` with ``policy``.
-
-        Raises:
-            KeyError: ``policy`` was not measured.
-        """
+        """Predicted peak bytes of one step at ``batch`` with ``policy`` (KeyError: not measured)."""
         return self._fit(policy).peak(batch)
 
     def largest_batch(self, budget_bytes: int, policy: str = "none") -> int:
@@ -114,11 +110,7 @@ class Extrapolation:
 
     def saved(self, batch: int, policy: str = "none") -> int | None:
         """Saved-tensor bytes on the device predicted from one block; None for a policy the block
-        model cannot predict (``selective``, ``hf``).
-
-        Raises:
-            ValueError: an unknown policy.
-        """
+        model cannot predict (``selective``, ``hf``); ValueError for an unknown policy."""
         mode, k = parse_model_policy(policy, self.n_blocks)
         if mode not in ("none", "full", "every-k", "offload", "offload+checkpoint"):
             return None

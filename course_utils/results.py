@@ -62,12 +62,8 @@ class BenchRun:
 def _bench_runs(folder, devices) -> list[BenchRun]:
     """The runs under ``folder`` (default `find_results`) on ``devices`` (None: all), in path
     order, in both layouts: ``<run>/bench.json`` (mode ``t4`` for a stand-in, else ``native``)
-    and ``<run>/<mode>/course-bench/bench.json`` (``tools/gpu_results.sh``).
-
-    Raises:
-        ValueError: a file that is not JSON, has no ``hardware``, or sits under a mode folder
-            not in `RUN_CLASSES` (the file is named).
-    """
+    and ``<run>/<mode>/course-bench/bench.json`` (``tools/gpu_results.sh``). ValueError, naming
+    the file: not JSON, no ``hardware``, or a mode folder not in `RUN_CLASSES`."""
     root = Path(folder) if folder is not None else find_results()
     if root is None or not root.is_dir():
         return []
@@ -156,11 +152,8 @@ def committed_runs(folder: str | Path | None = None,
     """The committed `course-bench` runs on ``devices`` as lesson 02 shows them, ``(title,
     table)`` each: the newest run (by the date in its folder name) of each of `RUN_CLASSES`, or
     every run with ``newest=False``; each row's time is against the run's recommended precision
-    without checkpointing (`course_utils.experiments.time_cell`).
-
-    Raises:
-        ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
-    """
+    without checkpointing (`course_utils.experiments.time_cell`). ValueError: a ``bench.json``
+    that is not `course-bench` output (the file is named)."""
     runs = _bench_runs(folder, devices)
     if newest:
         latest = {}
@@ -273,11 +266,8 @@ def bench_rows(df: pd.DataFrame) -> list[dict]:
 
 
 def check_out_dir(folder: str | Path) -> Path:
-    """``folder``, checked before any work by `course_utils.cli_args.check_out_folder`.
-
-    Raises:
-        ValueError: it cannot receive result files (the message says why).
-    """
+    """``folder``, checked before any work (`course_utils.cli_args.check_out_folder`): ValueError,
+    saying why, where it cannot receive result files."""
     return check_out_folder(folder)
 
 
