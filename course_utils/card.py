@@ -1,19 +1,15 @@
-"""The recommendation card of lesson 05 and ``course-profile``: which recipe to train a model
-with under a memory budget, every sentence generated from what `course_utils.profiling.profile`
-timed and `course_utils.extrapolate.extrapolate` predicts. The rule, in order:
+"""The recommendation card of lesson 05 and ``course-profile``: the recipe to train a model with
+under a memory budget, every sentence generated from what `course_utils.profiling.profile` timed
+and `course_utils.extrapolate.extrapolate` predicts. The rule: (1) this machine's recipe if
+profiled natively; (2) among the policies whose largest micro-batch under the budget reaches the
+target (at most the measured batch), one measured slower than another drops out
+(docs/method.md#verdict-words) and the tie goes to the larger micro-batch, then `PREFERENCE`;
+offloading off CUDA and a policy that changed the first step's gradients are no candidates;
+(3) ``accum = ceil(target / min(largest, target))``, ``micro = ceil(target / accum)``, planned on
+CUDA to `course_utils.extrapolate.CUDA_PLANNING_SHARE` of the budget; (4) one real step checks
+it, and on CUDA an out-of-memory step steps down by `BACK_OFF`, at most `CHECKS` times.
 
-1. **Precision**: this machine's recipe if profiled natively (`_precision`).
-2. **Policy**: among the policies whose largest micro-batch under the budget reaches the target
-   (at most the measured batch), one measured slower than another (its noise band excludes
-   1.00x, docs/method.md#verdict-words) drops out; the tie goes to the larger micro-batch, then
-   to fewer recomputed FLOPs (`PREFERENCE`). Offloading is no candidate off CUDA (one memory),
-   nor a policy that changed the first step's gradients beyond rounding.
-3. **Micro-batch**: ``accum = ceil(target / min(largest, target))``, ``micro = ceil(target /
-   accum)``; on CUDA planned against `course_utils.extrapolate.CUDA_PLANNING_SHARE` of the budget.
-4. **Check**: one real step (`course_utils.extrapolate.check_prediction`); on CUDA an
-   out-of-memory step steps the micro-batch down by `BACK_OFF`, at most `CHECKS` times.
-
-Over 400 lines because the rule's four steps and the sentences that state them read one set of
+Over 400 lines because the rule's four steps and the sentences stating them read one set of
 numbers and must not drift apart.
 """
 from __future__ import annotations
@@ -37,10 +33,9 @@ from .terms import MiB, check_positive_int, default_device
 __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "recommend",
            "budget_from_device", "profile_and_recommend"]
 
-#: Policies from the fewest recomputed FLOPs to the most (offload recomputes nothing but copies
-#: every saved tensor to the host and back: after selective), the tie rule's last key. Fewer FLOPs
-#: is not less time (lessons 02 and 05 measured selective slower than full), so it only breaks
-#: ties that time cannot.
+#: Policies from the fewest recomputed FLOPs to the most (offload, copying every saved tensor to
+#: the host and back, after selective): the tie rule's last key. Fewer FLOPs is not less time
+#: (lessons 02 and 05 measured selective slower than full): it only breaks ties time cannot.
 PREFERENCE = ("none", "selective", "offload", "every-", "full", "hf", "offload+checkpoint")
 
 #: After a real step ran out of memory, the next micro-batch tried is this share of the last one.
@@ -68,11 +63,9 @@ def budget_from_device(device: str, fraction: float = 0.9) -> tuple[int, str]:
 
 @dataclass
 class Card:
-    """A recommended recipe and why (bytes, seconds). ``predicted_peak``: extrapolated at
-    ``micro_batch``; ``measured_peak``: one real step's (None if not checked or out of memory);
-    ``time_ratio*``: the policy's step time against no checkpointing, at ``measured_batch``;
-    ``throughput``: ``unit`` per second there; ``options``: one dict per (precision, policy)
-    considered; ``reasons``: the card's sentences."""
+    """A recommended recipe and why (bytes, seconds): ``measured_peak`` is one real step's (None
+    if not checked or out of memory); ``time_ratio*`` and ``throughput`` (``unit`` per second) at
+    ``measured_batch``, against no checkpointing; ``options``, one dict per option considered."""
 
     model: str
     device_name: str
@@ -190,9 +183,8 @@ def _flops_order(policies) -> str:
 
 @dataclass
 class _Pick:
-    """The choice among the candidates (option dicts): ``beaten`` maps a policy another was
-    measured faster than to ``(that option, TimeRatio to it)``; ``tied``, the rest in the tie
-    rule's order (the choice first); ``versus``, each other tied one's `TimeRatio` to the choice."""
+    """``beaten``: policy -> (the option measured faster, TimeRatio to it); ``tied``: the rest, the
+    choice first; ``versus``: each other tied policy's `TimeRatio` to the choice."""
 
     chosen: dict
     beaten: dict
@@ -221,9 +213,8 @@ def _pick(cands: list, profile, want: int) -> _Pick:
 
 
 def _options(profile, extrapolations: dict, plan_bytes: int, measured_batch: int) -> list:
-    """One dict per (precision, policy) profiled and extrapolated: the largest micro-batch under
-    ``plan_bytes``, the peak at it, the step time at the measured micro-batch, and ``m``, the
-    measurement (removed before the card is returned)."""
+    """One dict per (precision, policy) profiled and extrapolated, with ``m``, the measurement
+    (removed before the card is returned)."""
     options = []
     for pr, e in extrapolations.items():
         for policy in e.fits:
@@ -287,8 +278,7 @@ def _why_policy(profile, pick: _Pick | None, mine: list, ex, want: int, need: in
                           comparison=_ratio_words(profile.ratio(chosen["m"]))))
     if pick is None:
         return reasons
-    for other, (ref, r) in pick.beaten.items():   # told by the pair's own rounds: a verdict and
-        # its band, no point ratio (the table's times are each against none, not against ref)
+    for other, (ref, r) in pick.beaten.items():  # the pair's own band; no point ratio
         words = tr("a step time slower than {other}'s, round by round ({band})",
                    other=_name(ref["policy"]), band=r.band_text())
         reasons.append(tr("No checkpointing fits too, but measured {comparison}.", comparison=words)

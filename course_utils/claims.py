@@ -118,6 +118,12 @@ def _gpu(hw) -> str:
     return f"{hw.name} ({hw.device})"
 
 
+def _why_not(claim: str, why_not) -> tuple[str, str]:
+    if not why_not:
+        raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).", claim=claim))
+    return "not measured here", why_not
+
+
 def _unsettled(t, what: str) -> tuple[str, str] | None:
     """(status, evidence) when the time comparison ``t`` (of ``what``) cannot decide, else None."""
     if t is None or t.ratio is None:
@@ -168,10 +174,7 @@ def _c2(peak_ratio, activations_ratio=None, low="bf16"):
 def _c3(compile_time=None, why_not=None, precision="bf16"):
     """``compile_time``: TimeRatio compiled / eager step, or ``why_not``. Held from 1.5x faster."""
     if compile_time is None:
-        if not why_not:
-            raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).",
-                                claim="C3"))
-        return "not measured here", why_not
+        return _why_not("C3", why_not)
     if u := _unsettled(compile_time, tr("compiled / eager {precision} step time",
                                         precision=precision)):
         return u
@@ -423,10 +426,7 @@ def _c18(clip_saw_ratio, scale, sgd_update_ratio=None, adamw_update_ratio=None):
 def _c19(hw, fp8_time=None, why_not=None):
     """``fp8_time``: TimeRatio FP8 / bf16 step; ``why_not`` when not measured."""
     if fp8_time is None:
-        if not why_not:
-            raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).",
-                                claim="C19"))
-        return "not measured here", why_not
+        return _why_not("C19", why_not)
     if u := _unsettled(fp8_time, tr("FP8 / bf16 step time")):
         return u
     speedup = 1 / fp8_time.ratio
@@ -541,9 +541,8 @@ def recorded_or_measure(claim: str, where: str, measure: Callable[[], dict], mod
 
 
 def claims_table(verdicts) -> pd.DataFrame:
-    """Verdicts as a table indexed by claim, in claim order (a later verdict on a claim replaces
-    an earlier one): ``says`` (in the learner's language), ``status``, ``basis`` (the constants,
-    which `course_utils.plots.styled_claims` colours by), ``evidence``, ``where``."""
+    """Verdicts as a table indexed by claim, in claim order, the latest per claim: ``says`` (in the
+    learner's language), ``status``, ``basis`` (constants), ``evidence``, ``where``."""
     latest = {v.claim: v for v in verdicts}
     rows = [{"claim": v.claim, "says": tr(CLAIMS[v.claim]), "status": v.status, "basis": v.basis,
              "evidence": v.evidence, "where": v.where} for v in latest.values()]

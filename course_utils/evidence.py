@@ -45,9 +45,8 @@ def _batch(config: RunConfig, step: int = 0, batch_size: int | None = None):
 
 
 def sqrt_segments(config: RunConfig | None = None, n_layers: int = 4, ratio: int = 4) -> dict:
-    """C6: saved activation bytes of ``n_layers`` and ``ratio * n_layers`` blocks, plain and
-    with round(sqrt(N)) checkpointed segments, and the segment count (of those dividing the
-    blocks) with the lowest forward + backward peak at ``ratio * n_layers`` blocks."""
+    """C6: saved activations of ``n_layers`` and ``ratio * n_layers`` blocks, plain and in
+    round(sqrt(N)) checkpointed segments, and the segment count with the lowest peak."""
     cfg = config or small_config()
     x, y = _batch(cfg)
 

@@ -62,12 +62,11 @@ def ladder(base: RunConfig, hw=None) -> list[RunConfig]:
 def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = None,
             steps: int | None = None, timed: bool = True, progress: bool = True,
             force: bool = False, step_fn=train_step, hw=None) -> pd.DataFrame:
-    """Measure and estimate each configuration (all pass the run guard,
-    `course_utils.measure.accept`, before anything runs): memory with one step each, then time
-    in alternation for about ``budget_s`` seconds (default: per size profile) or ``steps``
-    rounds. One row each: the config fields, each memory field ``F`` (bytes) and ``est_F``, step
-    times, ``time_ratio*`` and ``peak_ratio`` / ``saved_ratio`` to the first row,
-    ``paired_step_time_s`` (`paired_step_s`); ``df.attrs["measurements"]``: the `Measurement`s.
+    """Measure and estimate each configuration (all pass `course_utils.measure.accept` first):
+    memory with one step each, then time in alternation for about ``budget_s`` seconds (default:
+    per size profile) or ``steps`` rounds. One row each: the config fields, each memory field
+    ``F`` (bytes) and ``est_F``, step times, ``paired_step_time_s`` (`paired_step_s`), ratios to
+    the first row; ``df.attrs["measurements"]``: the `Measurement`s.
 
     Raises:
         ValueError: an empty list, a non-positive budget or step count, a device this machine
@@ -124,10 +123,8 @@ def _plan_words(n: int, budget_s: float | None, emulated: list[str]) -> str:
 
 
 def paired_step_s(own_s, reference_s, r) -> float | None:
-    """A row's step time as the tables print it (seconds): the reference's median ``reference_s``
-    times the row's ratio ``r`` (a `course_utils.step_timing.TimeRatio`), so that the
-    milliseconds and the ratio beside them agree (docs/method.md#time); ``own_s``, the row's own
-    median, where ``r`` has no band."""
+    """A row's step time as the tables print it (seconds, docs/method.md#time): ``reference_s``
+    times the row's `course_utils.step_timing.TimeRatio` ``r``; ``own_s`` where ``r`` has no band."""
     if r is None or r.ratio is None or r.low is None or reference_s is None:
         return own_s
     return reference_s * r.ratio
@@ -164,13 +161,12 @@ def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
 
 
 def _policy_words(token: str) -> str | None:
-    if token == "full":
+    if token in ("full", "every-1"):
         return tr("full checkpointing")
     if token == "selective":
         return tr("selective checkpointing")
     if m := re.fullmatch(r"every-(\d+)", token):
-        return tr("checkpointing every {k} blocks", k=m.group(1)) if m.group(1) != "1" else \
-            tr("full checkpointing")
+        return tr("checkpointing every {k} blocks", k=m.group(1))
     if m := re.fullmatch(r"segments:(\d+)", token):
         return tr("{n} checkpointed segments", n=m.group(1))
     if m := re.fullmatch(r"memory-budget:(.+)", token):
@@ -258,13 +254,11 @@ def _per_token(ratio, low, high, verdicts, tokens):
 
 
 def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
-    """A readable view of `compare`'s table (and of the dashboard's history): one row per
-    configuration in words (`plain_label`, with the micro-batch where batches differ), and
-    ``step ms`` (`paired_step_s`; empty for an emulated row), ``time vs first`` (`time_cell`;
-    ``time per token vs first`` where the tokens per step differ), ``peak MiB``, ``est peak
-    MiB``, ``saved MiB``, ``est saved MiB``, as `sig_text`. ``detail=True`` adds the noise band,
-    tokens/s, each row's own median, the ratios to the first row, the saved activations and the
-    autocast weight copies."""
+    """A readable view of `compare`'s table (and of the dashboard's history), one row per
+    configuration in words (`plain_label`): ``step ms`` (`paired_step_s`), ``time vs first``
+    (`time_cell`; per token where the tokens per step differ), measured and estimated peak and
+    saved MiB, as `sig_text`; ``detail=True`` adds the noise band, tokens/s, each row's own
+    median, the ratios to the first row, the saved activations and autocast weight copies."""
     def mib(col):
         return [sig_text(None if v is None or pd.isna(v) else v / MiB) for v in df[col]]
 

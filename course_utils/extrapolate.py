@@ -1,19 +1,16 @@
 """Lesson 05's estimate for a model `course_utils.memory_model.estimate` does not know: measure
 small, extrapolate, check.
 
-1. Per policy, one step at two small batches ``b1 < b2``: the forward + backward peak is a line in
-   the batch, ``P0 + s b``, and the optimizer step's peak ``O`` does not grow with it, so
-   ``peak(b) = max(P0 + s b, O)`` (`PolicyFit`).
-2. From the ``none`` run's saved tensors by module: one block's ``C + S b``, a block input's
-   ``I b`` and what is saved outside the blocks, ``out``; with ``L`` blocks, ``none`` saves
-   ``out + L (C + S b)``, ``full`` ``out + L I b``, ``every-K`` ``out + c I b + (L - c)(C + S b)``
-   (``c = ceil(L / K)``), offloading ``out`` (`Extrapolation.saved`).
-3. `check_prediction` runs one real step at the largest batch predicted to fit a budget (on CUDA
-   under the allocator's cap, catching the out-of-memory error).
+1. Per policy, one step at two small batches ``b1 < b2``: the forward + backward peak is a line
+   ``P0 + s b`` and the optimizer step's peak ``O`` does not grow, so ``peak(b) = max(P0 + s b, O)``.
+2. From the ``none`` run's saved tensors by module: a block's ``C + S b``, a block input's ``I b``
+   and ``out`` outside the blocks; with ``L`` blocks ``none`` saves ``out + L (C + S b)``, ``full``
+   ``out + L I b``, ``every-K`` ``out + c I b + (L - c)(C + S b)`` (``c = ceil(L / K)``),
+   offloading ``out``.
+3. `check_prediction` runs one real step at the largest batch predicted to fit a budget.
 
 Assumes the peak is linear in the batch at a fixed sequence length; on the course's GPT the
-prediction at 4x the larger batch agrees with the analytic estimate within 5 %
-(tests/test_extrapolate.py).
+prediction at 4x the larger batch is within 5 % of the analytic estimate (tests/test_extrapolate.py).
 """
 from __future__ import annotations
 
@@ -47,9 +44,8 @@ __all__ = ["RAM_FRACTION", "CUDA_PLANNING_SHARE", "ALLOC_CONF_HINT", "PolicyFit"
 
 @dataclass(frozen=True)
 class PolicyFit:
-    """The peak of one policy as a line in the batch (bytes): the forward + backward ``peaks``
-    at ``batches`` ``(b1, b2)``, ``per_sample`` ``s``, ``intercept`` ``P0``, ``optimizer_peak``
-    ``O`` (the larger measured) and the whole step's ``measured_peak`` at ``b2``."""
+    """One policy's peak as a line in the batch (bytes): forward + backward ``peaks`` at ``batches``,
+    ``per_sample`` ``s``, ``intercept`` ``P0``, ``optimizer_peak`` ``O``, ``measured_peak`` at b2."""
 
     policy: str
     batches: tuple
@@ -74,11 +70,9 @@ class PolicyFit:
 
 @dataclass
 class Extrapolation:
-    """What `extrapolate` measured and predicts (the module docstring's symbols): ``unit`` and
-    ``items_per_sample`` (``tokens`` and the sequence length, or ``samples`` and 1), ``n_blocks``
-    ``L``, ``block_saved`` ``S``, ``block_input`` ``I``, ``outside`` ``(intercept, per sample)``,
-    ``block_const`` ``C`` (autocast's weight copies, for one), ``fits`` (`PolicyFit` per policy)
-    and every `course_utils.profiling.ProfileMeasurement` taken."""
+    """What `extrapolate` measured and predicts, in the module docstring's symbols: ``n_blocks``
+    ``L``, ``block_saved`` ``S``, ``block_input`` ``I``, ``block_const`` ``C``, ``outside``
+    ``(intercept, per sample)``; ``fits``, a `PolicyFit` per policy."""
 
     name: str
     precision: str

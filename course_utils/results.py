@@ -26,9 +26,8 @@ _COURSE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def find_results(start: str | Path | None = None) -> Path | None:
-    """The ``results/`` folder beside the imported `course_utils` (on Colab, the clone in
-    ``/content``), else beside a ``course_utils/`` folder in ``start`` (default: the working
-    folder) or one of its parents; None if there is none."""
+    """The ``results/`` folder beside the imported `course_utils`, else beside a ``course_utils/``
+    folder in ``start`` (default: the working folder) or one of its parents; else None."""
     here = Path.cwd() if start is None else Path(start)
     for folder in (_COURSE_ROOT, here, *here.parents):
         if (folder / "results").is_dir() and (folder / "course_utils").is_dir():
@@ -47,9 +46,8 @@ RUN_CLASSES = ("native", "t4")
 
 @dataclass(frozen=True)
 class BenchRun:
-    """One committed ``bench.json``: ``name``, the run's folder (``NVIDIA-H200-2026-11-27``);
-    ``mode``, one of `RUN_CLASSES`; ``date``, the ``YYYY-MM-DD`` in ``name`` or ""; ``payload``,
-    the parsed file, and its ``hardware`` record."""
+    """One committed ``bench.json``: ``name``, the run's folder; ``mode``, one of `RUN_CLASSES`;
+    ``date``, the ``YYYY-MM-DD`` in ``name`` or ""; ``payload``, the parsed file."""
 
     path: Path
     name: str
@@ -189,9 +187,8 @@ def _section(text: str, cell_id: str) -> str:
 
 
 def _gpu_model(setup: str, run_dir: Path | None = None) -> str | None:
-    """The model lesson 04's GPU cell trained, in words, from a transcript's setup section; None
-    where it names no size profile. Its dimensions are read from the same run's
-    ``run_dir/bench.json`` where committed (a profile's change between releases), else today's."""
+    """The model lesson 04's GPU cell trained, in words, from a transcript's setup section (None
+    without a size profile), its dimensions from the same run's ``run_dir/bench.json`` if any."""
     size = re.search(r"size profile '([^']+)'", setup)
     recipe = re.search(r"^recipe\s*:\s*(\S+)", setup, re.MULTILINE)
     if not size or size.group(1) not in SIZE_PROFILES:

@@ -22,8 +22,6 @@ import torch
 __all__ = ["store_dir", "store_path", "context_key", "load", "record", "lookup",
            "in_notebook"]
 
-_FILE = "results.json"
-
 
 def store_dir() -> Path:
     """The folder of the store (the module docstring); not created here."""
@@ -36,7 +34,7 @@ def store_dir() -> Path:
 
 def store_path() -> Path:
     """``store_dir() / "results.json"``."""
-    return store_dir() / _FILE
+    return store_dir() / "results.json"
 
 
 def context_key(size: str, hw) -> str:
