@@ -92,8 +92,7 @@ class Card:
 
     @property
     def recipe(self) -> str:
-        """``bf16 autocast + full checkpointing, micro-batch 12 x 3 accumulation steps`` (in the
-        learner's language)."""
+        """``bf16 autocast + full checkpointing, micro-batch 12 x 3 accumulation steps``."""
         prec = "fp32" if self.precision == "fp32" else f"{self.precision} autocast"
         if self.precision == "fp16":
             prec += " + GradScaler"
@@ -132,8 +131,7 @@ class Card:
         return "\n".join(lines)
 
     def options_table(self) -> pd.DataFrame:
-        """The options considered, one row each, labelled in words (``emulated`` only where a
-        row is)."""
+        """The options considered, one row each, labelled in words."""
         df = pd.DataFrame(self.options)
         df["config"] = [plain_label(c) for c in df["config"]]
         drop = ["precision", "policy", "m"] + ([] if df["emulated"].any() else ["emulated"])
@@ -147,8 +145,7 @@ class Card:
 
 
 def _ratio_words(r) -> str:
-    """A step-time comparison against no checkpointing in words, with its noise band; the ratio
-    only outside the noise."""
+    """A step time against no checkpointing in words, with its noise band."""
     of = tr("no checkpointing")
     if r.ratio is None:
         return tr("a step time that was not measured")
@@ -193,8 +190,7 @@ class _Pick:
 
 
 def _pick(cands: list, profile, want: int) -> _Pick:
-    """The module's rule 2 among ``cands``, every pair compared round by round
-    (`course_utils.step_timing.time_ratio`)."""
+    """The module's rule 2 among ``cands``, every pair compared round by round."""
     def versus(o, ref):
         return time_ratio(o["m"].step_times_s, ref["m"].step_times_s, size=profile.size,
                           emulated=o["m"].emulated or ref["m"].emulated)
@@ -213,8 +209,7 @@ def _pick(cands: list, profile, want: int) -> _Pick:
 
 
 def _options(profile, extrapolations: dict, plan_bytes: int, measured_batch: int) -> list:
-    """One dict per (precision, policy) profiled and extrapolated, with ``m``, the measurement
-    (removed before the card is returned)."""
+    """One dict per (precision, policy) profiled and extrapolated; ``m`` goes before returning."""
     options = []
     for pr, e in extrapolations.items():
         for policy in e.fits:
@@ -317,8 +312,7 @@ def _tie_words(pick: _Pick, policy: str, want: int) -> str:
 
 def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str, hw,
                 measured_batch: int, stated=()) -> list[str]:
-    """The sentences after the choice: each policy's largest micro-batch, the same policy in
-    another precision, what offloading moves (its time unless in ``stated``), the planning share."""
+    """The sentences after the choice (offloading's time unless in ``stated``)."""
     reasons = []
     policy = chosen["policy"]
     others = sorted((o for o in mine if o is not chosen), key=lambda o: -o["largest batch"])
@@ -361,8 +355,7 @@ def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str
 
 
 def _outside_blocks_note(profile, chosen: dict) -> list[str]:
-    """One sentence when a language model saves more outside its blocks than inside them under
-    the chosen policy: the logits, which a chunked cross-entropy reaches (issue 26)."""
+    """A sentence where a language model saves more outside its blocks than inside (issue 26)."""
     try:  # outside the blocks is the same under every policy: read it from none's by-module count
         m = profile.get(chosen["precision"], chosen["policy"])
         by_none = profile.saved_by_block(chosen["precision"], "none")["MiB"]

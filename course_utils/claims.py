@@ -57,10 +57,9 @@ STATUSES = ("held", "busted", "depends", "inconclusive", "not measured here")
 
 @dataclass(frozen=True)
 class Verdict:
-    """What this machine's numbers say about one claim: its ID (``"C2"``), a status of
-    `STATUSES`, the evidence in words generated from the numbers, where it is tested (``"01 §6"``)
-    and the basis: ``"measured"``, ``"derived"`` (arithmetic) or ``"none"`` (not measured here).
-    An unknown claim ID, status or basis raises ValueError."""
+    """What this machine's numbers say about one claim (``"C2"``): a status of `STATUSES`, the
+    evidence in words, where it is tested (``"01 §6"``) and the basis, ``"measured"``,
+    ``"derived"`` or ``"none"``. ValueError: an unknown claim ID, status or basis."""
 
     claim: str
     status: str
@@ -233,8 +232,7 @@ def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=
 
 
 def _c7(full_time, per_token_time=None):
-    """``full_time``: TimeRatio full / none per step; ``per_token_time``: seconds per token, best
-    checkpointed run at its largest batch under a budget / best plain run."""
+    """``full_time``: TimeRatio full / none per step; ``per_token_time``: as C20's."""
     if u := _unsettled(full_time, tr("full / none step time")):
         return u
     text = full_time.describe(tr("per step, full / none"))
@@ -436,9 +434,8 @@ def _c19(hw, fp8_time=None, why_not=None):
 
 
 def _c20(per_token_time, budget_bytes=None):
-    """``per_token_time``: seconds per token, best checkpointed / best plain configuration, each
-    at its largest batch under the budget. Held when faster, else depends (the claim says *can*:
-    one machine and budget cannot generalise)."""
+    """``per_token_time``: seconds per token, best checkpointed / best plain at the largest batch
+    under the budget. Held when faster, else depends (the claim says *can*)."""
     if u := _unsettled(per_token_time, tr("time per token, checkpointed / plain at their largest "
                                           "batch")):
         return u

@@ -87,9 +87,8 @@ def checkpoint_keeps(config: RunConfig | None = None) -> dict:
 
 
 def reentrant_pitfalls(config: RunConfig | None = None) -> dict:
-    """C14: does one block checkpointed with ``use_reentrant=True`` lose its gradients when its
-    input does not require grad, and which of ``torch.autograd.grad``, keyword arguments and
-    ``context_fn`` fail with it, while ``use_reentrant=False`` handles them all?"""
+    """C14: does a block checkpointed with ``use_reentrant=True`` lose its gradients when its input
+    does not require grad, and which features fail with it that ``use_reentrant=False`` handles?"""
     cfg = config or small_config()
     block = build_model(cfg).layers[0]
     shape = (2, cfg.seq_len, cfg.d_model)
@@ -256,9 +255,8 @@ def clip_order(config: RunConfig | None = None, max_grad_norm: float = 1.0) -> d
 
 def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
     """C17: ``step_fn`` (default `course_utils.training.train_step`, fp32) on ``k`` micro-batches
-    against one batch of ``k`` times as many: the gradients each hands the optimizer, their norm
-    undivided by ``k``, and each step's peak (`course_utils.memory_timeline.peak_during`).
-    ValueError: ``k`` < 2."""
+    against one batch ``k`` times as large: gradients, their norm undivided by ``k``, and each
+    step's peak. ValueError: ``k`` < 2."""
     check_positive_int("k (micro-batches)", k, minimum=2)
     step_fn = step_fn or train_step
     cfg = config.replace(precision="fp32", grad_accum_steps=1)

@@ -33,8 +33,7 @@ __all__ = ["ladder", "compare", "summary", "size_of", "size_text", "time_cell", 
 
 
 def size_of(config: RunConfig) -> str:
-    """The size profile whose model and batch ``config`` has, else the profile in force
-    (`course_utils.config.size_profile`)."""
+    """The size profile whose model and batch ``config`` has, else the profile in force."""
     for name, dims in SIZE_PROFILES.items():
         if all(getattr(config, k) == v for k, v in dims.items()):
             return name
@@ -42,10 +41,9 @@ def size_of(config: RunConfig) -> str:
 
 
 def ladder(base: RunConfig, hw=None) -> list[RunConfig]:
-    """The comparison this machine should run (`course_utils.hardware.recommend_precision`'s
-    recipe): fp32, the recipe (and fp16 beside bf16 on a GPU), the recipe + ``full``, the recipe
-    + ``selective``; where the recipe is fp32, the low precision last (emulated). ValueError: a
-    device this machine lacks."""
+    """This machine's comparison: fp32, the recipe (and fp16 beside bf16 on a GPU), the recipe +
+    ``full``, + ``selective``; where the recipe is fp32, the low precision last (emulated).
+    ValueError: a device this machine lacks."""
     hw = hw or detect(base.device)
     rec = recommend_precision(hw)
     plain = base.replace(precision="fp32", checkpoint="none", compile=False)
@@ -237,8 +235,7 @@ def time_cell(ratio, verdict) -> str:
 
 
 def _per_token(ratio, low, high, verdicts, tokens):
-    """Step-time ratios to the first row as time-per-token ratios (times ``tokens[0] /
-    tokens[i]``), the verdict drawn again from the scaled band."""
+    """Step-time ratios to the first row as time-per-token ratios, verdicts from the scaled band."""
     out = [[], [], [], []]
     for i, (r, lo, hi, v) in enumerate(zip(ratio, low, high, verdicts)):
         c = tokens[0] / tokens[i]

@@ -124,8 +124,7 @@ class Extrapolation:
 @dataclass(frozen=True)
 class PredictionCheck:
     """One real step at the batch the prediction picked (`check_prediction`); bytes, None where
-    not measured. ``error``: ``(predicted - measured) / measured``; ``fits``: measured within the
-    budget; ``oom``: out of device memory under the enforced budget; ``note``: in words."""
+    not measured; ``error``: ``(predicted - measured) / measured``."""
 
     policy: str
     batch_size: int
@@ -157,7 +156,7 @@ ALLOC_CONF_HINT = ("if much memory is reserved but unallocated, PYTORCH_ALLOC_CO
 
 
 def _oom_gist(error: str | None) -> str:
-    """What the step asked for, from an out-of-memory message (the course's or torch's), or ""."""
+    """What the step asked for, from an out-of-memory message, or ""."""
     ours = re.search(r"(the step asked for .*?)(?:;|\. |\.?$)", error or "")
     if ours:
         return f" ({ours.group(1).rstrip('.')})"
@@ -166,8 +165,8 @@ def _oom_gist(error: str | None) -> str:
 
 
 def block_input_bytes(spec: ModelSpec, batch_size: int, precision: str = "fp32") -> int:
-    """Bytes of block 0's first tensor argument in one forward at ``batch_size`` (its storage),
-    under ``precision``'s autocast, read by a forward pre-hook; no backward is run."""
+    """Storage bytes of block 0's first tensor argument in one forward at ``batch_size`` under
+    ``precision``'s autocast."""
     model = spec.fresh("none")
     _, container = find_blocks(model, spec.blocks)
     seen = []
@@ -260,8 +259,7 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
     `course_utils.guard.cuda_memory_cap`; on a CPU not run above `RAM_FRACTION` of the free RAM).
 
     Raises:
-        ValueError: a non-positive budget, or a budget where not even batch 1 is predicted to
-            fit (the message gives the predicted peak at batch 1).
+        ValueError: a non-positive budget, or one not even batch 1 is predicted to fit.
         KeyError: ``policy`` was not measured by ``ex``.
     """
     if not budget_bytes or budget_bytes <= 0:

@@ -148,10 +148,9 @@ def committed_runs(folder: str | Path | None = None,
                    devices: tuple[str, ...] | None = ("cuda",),
                    newest: bool = True) -> list[tuple[str, pd.DataFrame]]:
     """The committed `course-bench` runs on ``devices`` as lesson 02 shows them, ``(title,
-    table)`` each: the newest run (by the date in its folder name) of each of `RUN_CLASSES`, or
-    every run with ``newest=False``; each row's time is against the run's recommended precision
-    without checkpointing (`course_utils.experiments.time_cell`). ValueError: a ``bench.json``
-    that is not `course-bench` output (the file is named)."""
+    table)`` each: the newest (by the date in its folder name) of each of `RUN_CLASSES`, or all
+    with ``newest=False``, timed against the recommended precision without checkpointing.
+    ValueError: a ``bench.json`` that is not `course-bench` output (the file is named)."""
     runs = _bench_runs(folder, devices)
     if newest:
         latest = {}
