@@ -1,50 +1,16 @@
-"""The recommendation card: which recipe to train your model with, under a memory budget.
+"""The recommendation card of lesson 05 and ``course-profile``: the recipe to train a model with
+under a memory budget, every sentence generated from what `course_utils.profiling.profile` timed
+and `course_utils.extrapolate.extrapolate` predicts. The rule: (1) this machine's recipe if
+profiled natively; (2) among the policies whose largest micro-batch under the budget reaches the
+target (at most the measured batch), one measured slower than another drops out
+(docs/method.md#verdict-words) and the tie goes to the larger micro-batch, then `PREFERENCE`;
+offloading off CUDA and a policy that changed the first step's gradients are no candidates;
+(3) ``accum = ceil(target / min(largest, target))``, ``micro = ceil(target / accum)``, planned on
+CUDA to `course_utils.extrapolate.CUDA_PLANNING_SHARE` of the budget; (4) one real step checks
+it, and on CUDA an out-of-memory step steps down by `BACK_OFF`, at most `CHECKS` times.
 
-`recommend(profile, extrapolations, budget_bytes, target_batch)` reads what
-`course_utils.profiling.profile` timed and what `course_utils.extrapolate.extrapolate` predicts,
-and picks a precision, a checkpoint policy, a micro-batch and a number of accumulation steps for
-a target effective batch. Every sentence of the card is generated from those numbers.
-
-The rule, in order:
-
-1. **Precision**: this machine's recipe (`course_utils.hardware.recommend_precision`) if it was
-   profiled, else the first precision profiled. A precision that is only emulated here is never
-   recommended for speed; its memory is reported.
-2. **Policy**: the largest micro-batch each policy fits under the budget comes from the
-   extrapolation (``largest_batch``). Policies whose micro-batch reaches ``min(target, measured
-   batch)`` qualify (at the measured batch the step time is known). Every two qualifying
-   policies are compared round by round (`course_utils.step_timing.time_ratio`, the per-round
-   ratio and its noise band); a policy that another one is measured **faster** than (the band
-   excludes 1.00x, `course_utils.step_timing.band_verdict`) drops out. The rest are tied: within
-   noise of each other, or not told apart (too few rounds, the ``smoke`` size, emulated). The
-   tie goes to the **larger micro-batch under the budget, up to the target**, then to **fewer
-   recomputed FLOPs** (the order `PREFERENCE`). A difference of medians that the band calls noise
-   never decides; the card prints the tie, its bands and the rule. When no policy qualifies, the
-   one with the largest micro-batch wins. Off CUDA the offloading policies are not candidates:
-   device and host are the same memory there, so they save nothing (the card gives the bytes
-   they would move instead).
-3. **Micro-batch and accumulation**: ``accumulation = ceil(target / min(largest batch,
-   target))``, ``micro = ceil(target / accumulation)``; effective batch ``micro x
-   accumulation``. Without a target, the target is the largest micro-batch of the first policy in
-   `PREFERENCE` that fits at all (no accumulation).
-4. **Check**: one real step at the chosen micro-batch (`course_utils.extrapolate.check_prediction`)
-   gives the measured peak next to the predicted one. On CUDA a micro-batch whose step runs out
-   of memory under the budget is not recommended: the card steps down by `BACK_OFF` and checks
-   again (at most `CHECKS` steps), and says so.
-
-A policy whose first step changed the gradients beyond rounding
-(`course_utils.profiling.ProfileMeasurement.gradients_changed`) is never a candidate: the card
-says so, since it would train another model.
-
-On CUDA the budget caps the caching allocator's *reserved* memory
-(``torch.cuda.set_per_process_memory_fraction``), which holds more than the *allocated* peak that
-the extrapolation predicts (freed blocks stay cached and split). The micro-batch is therefore
-planned against `course_utils.extrapolate.CUDA_PLANNING_SHARE` of the budget (its comment gives
-the runs that set it).
-
-Over 400 lines because the card is one rule in four steps, each a function here, and its record
-(`Card`) whose every sentence and table is generated from the same numbers; split into modules,
-the rule's steps and the sentences that state them would drift apart.
+Over 400 lines because the rule's four steps and the sentences stating them read one set of
+numbers and must not drift apart.
 """
 from __future__ import annotations
 
@@ -67,12 +33,9 @@ from .terms import MiB, check_positive_int, default_device
 __all__ = ["PREFERENCE", "CUDA_PLANNING_SHARE", "BACK_OFF", "CHECKS", "Card", "recommend",
            "budget_from_device", "profile_and_recommend"]
 
-#: Policies from the fewest recomputed FLOPs to the most, the tie rule's last key: none; selective
-#: (recomputes pointwise ops); offload (recomputes nothing, but copies every saved tensor to the
-#: host and back: ranked after selective's cheap recomputation); every-K; full and HF's own
-#: (recompute whole blocks); offload+checkpoint (both). Fewer FLOPs is not less time: lessons 02
-#: and 05 measured ``selective`` slower than ``full`` on a CPU and an H100 (its save list costs
-#: more than the matmuls it spares), so this order only breaks ties that time cannot.
+#: Policies from the fewest recomputed FLOPs to the most (offload, copying every saved tensor to
+#: the host and back, after selective): the tie rule's last key. Fewer FLOPs is not less time
+#: (lessons 02 and 05 measured selective slower than full): it only breaks ties time cannot.
 PREFERENCE = ("none", "selective", "offload", "every-", "full", "hf", "offload+checkpoint")
 
 #: After a real step ran out of memory, the next micro-batch tried is this share of the last one.
@@ -87,13 +50,8 @@ def _rank(policy: str) -> int:
 
 
 def budget_from_device(device: str, fraction: float = 0.9) -> tuple[int, str]:
-    """A budget (bytes) and where it comes from: ``fraction`` of the GPU memory free now
-    (``torch.cuda.mem_get_info``).
-
-    Raises:
-        ValueError: ``device`` is not an available CUDA device (a CPU has no device memory to
-            budget: give a number of bytes).
-    """
+    """``(bytes, where they come from)``: ``fraction`` of the GPU memory free now
+    (``torch.cuda.mem_get_info``); ValueError where ``device`` is not an available CUDA device."""
     try:
         return memory_budget(fraction, device), tr("{fraction:.0%} of the GPU memory free now",
                                                    fraction=fraction)
@@ -105,21 +63,9 @@ def budget_from_device(device: str, fraction: float = 0.9) -> tuple[int, str]:
 
 @dataclass
 class Card:
-    """A recommended recipe and why (bytes, seconds; see the module docstring for the rule).
-
-    Attributes:
-        model, device_name, unit: what was profiled, where, and what a throughput counts.
-        budget_bytes, budget_source: the memory budget and where it came from.
-        precision, policy, micro_batch, accum_steps, target_batch, effective_batch: the recipe.
-        predicted_peak: the extrapolated peak at ``micro_batch`` (bytes); ``measured_peak``: one
-            real step's (None if not checked or out of memory); ``check_note``: that check in words.
-        time_ratio, time_ratio_low, time_ratio_high, time_verdict: the policy's step time
-            against no checkpointing in the same precision, at the measured batch.
-        throughput: items (``unit``) per second measured at ``measured_batch``.
-        options: one dict per (precision, policy) considered: largest batch, predicted peak at
-            it, step time, verdict.
-        reasons: the card's sentences.
-    """
+    """A recommended recipe and why (bytes, seconds): ``measured_peak`` is one real step's (None
+    if not checked or out of memory); ``time_ratio*`` and ``throughput`` (``unit`` per second) at
+    ``measured_batch``, against no checkpointing; ``options``, one dict per option considered."""
 
     model: str
     device_name: str
@@ -146,8 +92,7 @@ class Card:
 
     @property
     def recipe(self) -> str:
-        """``bf16 autocast + full checkpointing, micro-batch 12 x 3 accumulation steps`` (in the
-        learner's language)."""
+        """``bf16 autocast + full checkpointing, micro-batch 12 x 3 accumulation steps``."""
         prec = "fp32" if self.precision == "fp32" else f"{self.precision} autocast"
         if self.precision == "fp16":
             prec += " + GradScaler"
@@ -186,10 +131,7 @@ class Card:
         return "\n".join(lines)
 
     def options_table(self) -> pd.DataFrame:
-        """The options considered, one row each, labelled in words: the largest micro-batch under
-        the budget, the predicted peak at it, the step time at the measured micro-batch (as
-        `Profile.step_s`; its column says which batch) and the time against no checkpointing
-        with its noise band; ``emulated`` only where a row is."""
+        """The options considered, one row each, labelled in words."""
         df = pd.DataFrame(self.options)
         df["config"] = [plain_label(c) for c in df["config"]]
         drop = ["precision", "policy", "m"] + ([] if df["emulated"].any() else ["emulated"])
@@ -202,11 +144,9 @@ class Card:
         return json.loads(json.dumps(d, default=str))
 
 
-def _ratio_words(r, of: str | None = None) -> str:
-    """A step-time comparison in words: the ratio only where it is outside the noise (a
-    speed-up as ``"1.43x faster"``), always with its noise band (`TimeRatio.band_text`);
-    ``of`` names the other policy (default: no checkpointing)."""
-    of = of or _name("none")
+def _ratio_words(r) -> str:
+    """A step time against no checkpointing in words, with its noise band."""
+    of = tr("no checkpointing")
     if r.ratio is None:
         return tr("a step time that was not measured")
     band = r.band_text()
@@ -230,7 +170,7 @@ def _name(policy: str) -> str:
 
 
 def _flops_order(policies) -> str:
-    """``policies`` in `PREFERENCE` order, as the tie rule's last key is printed."""
+    """``policies`` in `PREFERENCE` order, in words."""
     order = sorted(policies, key=_rank)
     if "offload" in order and "selective" in order:
         return tr("{order} (offload recomputes nothing but copies every saved tensor to the host "
@@ -240,10 +180,8 @@ def _flops_order(policies) -> str:
 
 @dataclass
 class _Pick:
-    """The choice among the candidates (option dicts) and why: ``beaten`` maps each candidate
-    that another one was measured faster than to ``(that option, TimeRatio of the beaten to
-    it)``; ``tied`` are the candidates no other was measured faster than, in the tie rule's order
-    (the choice first); ``versus`` the `TimeRatio` of each other tied candidate to the choice."""
+    """``beaten``: policy -> (the option measured faster, TimeRatio to it); ``tied``: the rest, the
+    choice first; ``versus``: each other tied policy's `TimeRatio` to the choice."""
 
     chosen: dict
     beaten: dict
@@ -252,11 +190,7 @@ class _Pick:
 
 
 def _pick(cands: list, profile, want: int) -> _Pick:
-    """The module's rule 2 among ``cands``: every pair compared round by round
-    (`course_utils.step_timing.time_ratio`); a candidate another one is measured faster than
-    (its band excludes 1.00x) drops out; the rest are tied, ranked by the larger micro-batch
-    under the budget (up to ``want``), then `PREFERENCE` (fewer recomputed FLOPs). A difference
-    of medians inside the noise never ranks them."""
+    """The module's rule 2 among ``cands``, every pair compared round by round."""
     def versus(o, ref):
         return time_ratio(o["m"].step_times_s, ref["m"].step_times_s, size=profile.size,
                           emulated=o["m"].emulated or ref["m"].emulated)
@@ -275,10 +209,7 @@ def _pick(cands: list, profile, want: int) -> _Pick:
 
 
 def _options(profile, extrapolations: dict, plan_bytes: int, measured_batch: int) -> list:
-    """One dict per (precision, policy) both profiled and extrapolated: the largest micro-batch
-    under ``plan_bytes``, the predicted peak at it, the step time and its ratio to ``none`` at
-    the measured micro-batch (`Profile.step_s`, `Profile.time_text`), and the measurement
-    (``m``, removed before the card is returned)."""
+    """One dict per (precision, policy) profiled and extrapolated; ``m`` goes before returning."""
     options = []
     for pr, e in extrapolations.items():
         for policy in e.fits:
@@ -299,8 +230,7 @@ def _options(profile, extrapolations: dict, plan_bytes: int, measured_batch: int
 
 
 def _precision(profile, extrapolations: dict, hw) -> str:
-    """Rule 1: this machine's recipe if profiled natively, else the first native precision,
-    else the first extrapolated one."""
+    """Rule 1: the recipe if profiled natively, else the first native, else the first one."""
     recipe = recommend_precision(hw).precision
     native = [p for p in extrapolations if not any(
         m.emulated for m in profile.measurements if m.config.precision == p)]
@@ -343,8 +273,7 @@ def _why_policy(profile, pick: _Pick | None, mine: list, ex, want: int, need: in
                           comparison=_ratio_words(profile.ratio(chosen["m"]))))
     if pick is None:
         return reasons
-    for other, (ref, r) in pick.beaten.items():   # told by the pair's own rounds: a verdict and
-        # its band, no point ratio (the table's times are each against none, not against ref)
+    for other, (ref, r) in pick.beaten.items():  # the pair's own band; no point ratio
         words = tr("a step time slower than {other}'s, round by round ({band})",
                    other=_name(ref["policy"]), band=r.band_text())
         reasons.append(tr("No checkpointing fits too, but measured {comparison}.", comparison=words)
@@ -356,8 +285,7 @@ def _why_policy(profile, pick: _Pick | None, mine: list, ex, want: int, need: in
 
 
 def _tie_words(pick: _Pick, policy: str, want: int) -> str:
-    """The sentences of a tie: the tied policies' bands (or verdicts) against the choice, and the
-    rule that broke the tie."""
+    """The sentences of a tie: the tied policies' bands against the choice, and the rule."""
     rest = ", ".join(pick.versus)
     told = all(r.verdict == "within noise" for r in pick.versus.values())
     bands = "; ".join(tr("{policy} against {chosen}: {band}", policy=p, chosen=policy,
@@ -384,9 +312,7 @@ def _tie_words(pick: _Pick, policy: str, want: int) -> str:
 
 def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str, hw,
                 measured_batch: int, stated=()) -> list[str]:
-    """The sentences after the choice: every policy's largest micro-batch, the same policy in
-    another precision, what offloading moves (its step time only if not in ``stated``, the
-    policies whose time the sentences before gave), the CUDA planning share."""
+    """The sentences after the choice (offloading's time unless in ``stated``)."""
     reasons = []
     policy = chosen["policy"]
     others = sorted((o for o in mine if o is not chosen), key=lambda o: -o["largest batch"])
@@ -429,12 +355,8 @@ def _side_notes(profile, options: list, chosen: dict, mine: list, precision: str
 
 
 def _outside_blocks_note(profile, chosen: dict) -> list[str]:
-    """One sentence when, under the chosen policy, a language model saves more outside its
-    repeated blocks than inside them: there the head's logits and the loss's copies (B x T x V
-    values) set the saved bytes, which no checkpoint policy reaches, and a chunked
-    cross-entropy does (issue 26; `course_utils.chunked_loss`, lesson 03 §6)."""
-    try:  # what is saved outside the blocks does not depend on the policy: read it from none,
-        # whose saved tensors the meter files by module (selective's cache has no module name)
+    """A sentence where a language model saves more outside its blocks than inside (issue 26)."""
+    try:  # outside the blocks is the same under every policy: read it from none's by-module count
         m = profile.get(chosen["precision"], chosen["policy"])
         by_none = profile.saved_by_block(chosen["precision"], "none")["MiB"]
     except (KeyError, AttributeError, TypeError, ValueError):
@@ -455,9 +377,7 @@ def _outside_blocks_note(profile, chosen: dict) -> list[str]:
 
 def _checked(ex, budget_bytes: int, policy: str, micro: int, accum: int, want: int,
              target_given: bool, on_cuda: bool) -> tuple:
-    """Rule 4: one real step at ``micro``; on CUDA, after an out-of-memory step, the micro-batch
-    steps down by `BACK_OFF` (at most `CHECKS` steps). Returns ``(micro, accum, want,
-    measured peak or None, note, sentences)``."""
+    """Rule 4. Returns ``(micro, accum, want, measured peak or None, note, sentences)``."""
     reasons, measured, note = [], None, tr("not checked")
     for _ in range(CHECKS if on_cuda else 1):
         c = check_prediction(ex, budget_bytes, policy, batch_size=micro)
@@ -466,7 +386,6 @@ def _checked(ex, budget_bytes: int, policy: str, micro: int, accum: int, want: i
                        if c.measured_peak or c.oom else tr("Not checked: {note}", note=note))
         if not (c.oom and on_cuda and micro > 1):
             break
-        # the step ran out of memory: never recommend it; step down and check again
         smaller = max(1, int(micro * BACK_OFF))
         if not target_given:  # the target was the largest micro-batch: it shrinks too
             want = smaller
@@ -484,18 +403,10 @@ def _checked(ex, budget_bytes: int, policy: str, micro: int, accum: int, want: i
 
 def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch: int | None = None,
               budget_source: str = "given", check: bool = True, hw=None) -> Card:
-    """The card for ``profile`` (timed at one batch) and its ``extrapolations`` (one
-    `course_utils.extrapolate.Extrapolation` per precision, fitted for the same policies).
-
-    Args:
-        profile: a `course_utils.profiling.Profile`.
-        extrapolations: ``{precision: Extrapolation}``.
-        budget_bytes: the memory budget in bytes (`budget_from_device` reads a GPU's).
-        target_batch: the effective batch wanted (default: the largest micro-batch of the
-            policy first in `PREFERENCE`, no accumulation).
-        budget_source: where the budget comes from, in words.
-        check: run one real step at the chosen micro-batch.
-        hw: `course_utils.hardware.HardwareInfo` (default: detected).
+    """The card for ``profile`` (a `course_utils.profiling.Profile`, timed at one batch) and its
+    ``extrapolations`` (``{precision: Extrapolation}``, fitted for the same policies), under
+    ``budget_bytes``. ``target_batch``: the effective batch wanted (default: the largest
+    micro-batch of the policy first in `PREFERENCE`); ``check``: run one real step.
 
     Raises:
         ValueError: a non-positive budget or target; no configuration fits the budget even at
@@ -524,7 +435,6 @@ def recommend(profile, extrapolations: dict, budget_bytes: int, *, target_batch:
                             "shorter sequence, or profile 'full' and 'offload'.",
                             budget=budget_bytes / MiB, precision=precision,
                             smallest=smallest / MiB))
-    # no target: the largest micro-batch of the policy first in PREFERENCE (no accumulation)
     want = target_batch or min(mine, key=lambda o: _rank(o["policy"]))["largest batch"]
     need = min(want, measured_batch)
     qualified = [o for o in mine if o["largest batch"] >= need]
@@ -562,20 +472,10 @@ def profile_and_recommend(model, make_batch, loss_fn=None, *, budget_bytes: int 
                           device: str | None = None, blocks=None, forward=None,
                           budget_s: float | None = None, name: str | None = None,
                           check: bool = True, progress: bool = True):
-    """Profile, extrapolate and recommend in one call (what ``course-profile`` runs).
-
-    Runs `course_utils.profiling.profile` at ``batch_size`` (time and memory of every precision
-    and policy), `course_utils.extrapolate.extrapolate` per precision at batches
-    ``(batch_size // 2, batch_size)`` (``(1, 2)`` for a batch of 1), then `recommend`.
-
-    Args:
-        budget_bytes: the memory budget; default on CUDA: `budget_from_device`.
-        precisions: default: fp32 and this machine's recipe precision (fp16 on a CPU left out:
-            emulated, minutes per step at real sizes).
-        the rest: as `profile`.
-
-    Returns:
-        ``(profile, {precision: Extrapolation}, Card)``.
+    """What ``course-profile`` runs: `course_utils.profiling.profile` at ``batch_size``,
+    `extrapolate` per precision (default: fp32 and the recipe) at ``(batch_size // 2,
+    batch_size)`` (``(1, 2)`` for 1), then `recommend` (``budget_bytes`` by default
+    `budget_from_device`); returns ``(profile, {precision: Extrapolation}, Card)``.
 
     Raises:
         ValueError: no budget on a device without GPU memory, and what `profile`,

@@ -1,27 +1,13 @@
 """The claims the course tests, as popular tutorials state them, and the one engine that judges them.
 
-`verdict(claim_id, where=..., **measured)` applies the claim's rule to numbers measured (or, for
-arithmetic claims, computed) in a lesson and returns a `Verdict`. Every lesson calls the same
-rule, so two lessons that measure the same numbers give the same label. A rule never returns a
-label without the numbers behind it: a claim about hardware this machine lacks is "not measured
-here" with the reason; a time comparison inside the measured noise is "inconclusive" (time
-inputs are `course_utils.step_timing.TimeRatio`, which know their noise band).
+`verdict(claim_id, where=..., **measured)` applies the claim's one rule (its inputs and thresholds
+in its docstring) to numbers a lesson measured or computed, so two lessons that measure the same
+numbers get the same status (`STATUSES`, docs/method.md#claims-and-verdicts). Inside a notebook
+kernel each verdict is recorded in this machine's results store (`course_utils.store`), where
+lesson 03's ledger reads it (`recorded_or_measure`).
 
-Statuses, worded for claims that may be myths: ``held``, ``busted`` (the numbers contradict
-the claim), ``depends`` (true for some hardware or setting, or for part of the claim, shown by
-the numbers), ``inconclusive`` (the measurement cannot decide: within noise, too few rounds, or
-too small a size), ``not measured here`` (with why). ``basis`` says whether the numbers were
-``measured`` or ``derived`` (arithmetic).
-
-**One ledger.** Run inside a notebook kernel, `verdict` records each verdict with its evidence
-in this machine's results store (`course_utils.store`, keyed by machine, torch version and
-size profile). `recorded_or_measure` gives lesson 03's ledger the verdict a lesson recorded
-here, as that lesson printed it, and measures again only what no lesson recorded, saying on
-which model.
-
-Over 400 lines because it holds one rule per claim (twenty) and the one engine that applies
-them: the rules are read side by side so that two lessons that measure the same numbers get the
-same label.
+Over 400 lines because it holds one rule per claim (twenty), read side by side with the engine
+that applies them.
 """
 from __future__ import annotations
 
@@ -40,7 +26,7 @@ from .step_timing import TOO_SMALL, TimeRatio
 from .terms import GiB, KiB, MiB
 
 __all__ = ["CLAIMS", "STATUSES", "Verdict", "verdict", "claims_table", "recorded_or_measure",
-           "recorded_verdict", "recorded_time", "this_context"]
+           "recorded_verdict", "recorded_time"]
 
 #: Claim ID -> the claim as popular tutorials state it.
 CLAIMS: dict[str, str] = {
@@ -71,19 +57,9 @@ STATUSES = ("held", "busted", "depends", "inconclusive", "not measured here")
 
 @dataclass(frozen=True)
 class Verdict:
-    """What this machine's numbers say about one claim.
-
-    Attributes:
-        claim: the claim ID (``"C2"``).
-        status: one of `STATUSES`.
-        evidence: the numbers behind the status, in words (generated from them).
-        where: the lesson and section that tests it (e.g. ``"01 §6"``).
-        basis: ``"measured"``, ``"derived"`` (arithmetic, nothing run) or ``"none"`` (not
-            measured here).
-
-    Raises:
-        ValueError: an unknown claim ID, status or basis.
-    """
+    """What this machine's numbers say about one claim (``"C2"``): a status of `STATUSES`, the
+    evidence in words, where it is tested (``"01 §6"``) and the basis, ``"measured"``,
+    ``"derived"`` or ``"none"``. ValueError: an unknown claim ID, status or basis."""
 
     claim: str
     status: str
@@ -117,8 +93,7 @@ def _pct(x: float) -> str:
 
 
 def _bytes(n: float) -> str:
-    """A byte count for a sentence, three significant figures: "4.01 MiB", "66.8 KiB",
-    "812 bytes"."""
+    """Three significant figures: "4.01 MiB", "66.8 KiB", "812 bytes"."""
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if abs(n) >= size:
             return f"{round_sig(n / size, 3):,g} {unit}"
@@ -126,8 +101,7 @@ def _bytes(n: float) -> str:
 
 
 def _times(x: float) -> str:
-    """A large or small factor in words: 65536.2 -> "65,536x", 1.3e-05 -> "1/77,000 of",
-    0.42 -> "0.42x"."""
+    """65536.2 -> "65,536x", 1.3e-05 -> "1/77,000 of", 0.42 -> "0.42x"."""
     if abs(x) >= 100:
         return f"{x:,.0f}x"
     if 0 < abs(x) < 0.01:
@@ -143,9 +117,14 @@ def _gpu(hw) -> str:
     return f"{hw.name} ({hw.device})"
 
 
+def _why_not(claim: str, why_not) -> tuple[str, str]:
+    if not why_not:
+        raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).", claim=claim))
+    return "not measured here", why_not
+
+
 def _unsettled(t, what: str) -> tuple[str, str] | None:
-    """(status, evidence) when the time comparison ``t`` cannot decide, else None; ``what``
-    names the time compared, in the learner's language."""
+    """(status, evidence) when the time comparison ``t`` (of ``what``) cannot decide, else None."""
     if t is None or t.ratio is None:
         return "not measured here", tr("{what}: not timed in this run", what=what)
     if t.verdict in ("within noise", "too few rounds", TOO_SMALL):
@@ -156,21 +135,16 @@ def _unsettled(t, what: str) -> tuple[str, str] | None:
     return None
 
 
-# --- the rules: one per claim ------------------------------------------------------------
-
 def _c1(hw, bf16_time=None, bf16_vs_tf32=None):
-    """``bf16_time``: TimeRatio of the bf16 step / the fp32 step (same model and policy, fp32
-    matmuls in full fp32). ``bf16_vs_tf32``: a bf16 matmul's time / an fp32 matmul's with TF32
-    (one probe each, no noise band). Held from 1.5x faster, on an Ampere+ GPU only; depends when
-    bf16 is 1.5x faster than full fp32 but a bf16 matmul is less than 1.5x faster than a TF32
-    one: the speed-up is then one of the baseline."""
+    """``bf16_time``: TimeRatio bf16 / fp32 step (fp32 matmuls in full fp32); ``bf16_vs_tf32``:
+    a bf16 matmul's time / a TF32 one's (one probe each). Held from 1.5x faster, on an Ampere+ GPU
+    only; depends when a bf16 matmul is less than 1.5x faster than TF32 (a baseline's speed-up)."""
     here = (tr(" Here: {described}", described=bf16_time.describe(tr("the bf16 step")))
             if bf16_time and bf16_time.ratio else "")
     if not (hw.device == "cuda" and hw.native_bf16):
         return "not measured here", tr("a claim about Ampere+ GPUs; this is {gpu}.{here}",
                                        gpu=_gpu(hw), here=here)
-    u = _unsettled(bf16_time, tr("bf16 / fp32 step time"))
-    if u:
+    if u := _unsettled(bf16_time, tr("bf16 / fp32 step time")):
         return u
     speedup = 1 / bf16_time.ratio
     text = tr("{gpu}: {described}", gpu=_gpu(hw),
@@ -197,15 +171,11 @@ def _c2(peak_ratio, activations_ratio=None, low="bf16"):
 
 
 def _c3(compile_time=None, why_not=None, precision="bf16"):
-    """``compile_time``: TimeRatio compiled / eager step (same precision). ``why_not``: why it
-    was not measured. Held from 1.5x faster."""
+    """``compile_time``: TimeRatio compiled / eager step, or ``why_not``. Held from 1.5x faster."""
     if compile_time is None:
-        if not why_not:
-            raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).",
-                                claim="C3"))
-        return "not measured here", why_not
-    u = _unsettled(compile_time, tr("compiled / eager {precision} step time", precision=precision))
-    if u:
+        return _why_not("C3", why_not)
+    if u := _unsettled(compile_time, tr("compiled / eager {precision} step time",
+                                        precision=precision)):
         return u
     speedup = 1 / compile_time.ratio
     return ("held" if speedup >= 1.5 else "busted",
@@ -214,8 +184,8 @@ def _c3(compile_time=None, why_not=None, precision="bf16"):
 
 
 def _c4(peak_ratio, saved_ratio):
-    """Full checkpointing / none, same precision: held when the peak drops 50% or more;
-    depends when only the saved tensors do."""
+    """Full checkpointing / none: held when the peak drops 50% or more; depends when only the
+    saved tensors do."""
     peak_drop, saved_drop = 1 - peak_ratio, 1 - saved_ratio
     text = tr("full checkpointing: saved tensors {saved}, peak {peak} (the peak keeps "
               "parameters, gradients, AdamW state and logits)", saved=_pct(-saved_drop),
@@ -226,13 +196,10 @@ def _c4(peak_ratio, saved_ratio):
 
 
 def _c5(full_time, flops_ratio=None):
-    """``full_time``: TimeRatio full / none, same precision. Held when the whole noise band, as
-    printed, lies from 1.20 to 1.40 (+20% to +40%: the span of the published time measurements
-    lesson 02 cites: Hugging Face 20%, Bekman 20-25%, NeMo 30%, the Ultra-Scale Playbook
-    30-40%); busted when it lies wholly outside; inconclusive when it straddles an edge (the run
-    cannot tell). The claim's 33% is the FLOPs of one extra forward."""
-    u = _unsettled(full_time, tr("full / none step time"))
-    if u:
+    """``full_time``: TimeRatio full / none. Held when the whole printed band lies in 1.20-1.40
+    (the published measurements lesson 02 cites: Hugging Face 20%, Bekman 20-25%, NeMo 30%, the
+    Ultra-Scale Playbook 30-40%); busted when wholly outside; else inconclusive."""
+    if u := _unsettled(full_time, tr("full / none step time")):
         return u
     cost = full_time.ratio - 1
     flops = tr("; FLOPs {change}", change=_pct(flops_ratio - 1)) if flops_ratio is not None else ""
@@ -253,8 +220,8 @@ def _c5(full_time, flops_ratio=None):
 
 
 def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=4):
-    """Saved bytes when the layers grow ``n_layers_ratio``-fold: plain growth, growth with
-    sqrt(N) checkpointed segments; ``best_segments`` (lowest measured peak) vs sqrt(N)."""
+    """Growth of saved bytes when the layers grow ``n_layers_ratio``-fold, plain and with sqrt(N)
+    segments (busted above 1.5 sqrt(ratio)); held when the lowest peak is at sqrt(N) segments."""
     text = tr("{ratio}x the layers: plain saved x{plain:.1f}, sqrt(N) segments x{grown:.1f} "
               "(sqrt = {sqrt:.1f}); lowest peak at {best} segments, sqrt(N) is {segments}",
               ratio=n_layers_ratio, plain=plain_growth, grown=sqrt_growth,
@@ -265,14 +232,11 @@ def _c6(plain_growth, sqrt_growth, best_segments, sqrt_segments, n_layers_ratio=
 
 
 def _c7(full_time, per_token_time=None):
-    """``full_time``: per-step TimeRatio full / none. ``per_token_time``: TimeRatio of seconds
-    per token, best checkpointed run at its largest batch under a budget / best plain run."""
-    u = _unsettled(full_time, tr("full / none step time"))
-    if u:
+    """``full_time``: TimeRatio full / none per step; ``per_token_time``: as C20's."""
+    if u := _unsettled(full_time, tr("full / none step time")):
         return u
     text = full_time.describe(tr("per step, full / none"))
-    if full_time.verdict == "faster":  # the same step plus a recomputed forward cannot be
-        # faster: the load changed while it was timed (lesson 03 on a busy laptop, 5 rounds)
+    if full_time.verdict == "faster":  # more work cannot be faster: the load changed
         return "inconclusive", tr("{described}: faster than the same step without its "
                                   "recomputation, which only adds work; the machine's load "
                                   "changed while it was timed: run it again", described=text)
@@ -284,8 +248,8 @@ def _c7(full_time, per_token_time=None):
 
 
 def _c8(kept_bytes=None, expected_bytes=None, param_bytes=None, batch_ratio=None):
-    """What full checkpointing keeps: ``kept_bytes`` vs the block inputs ``expected_bytes``,
-    or ``batch_ratio`` (kept bytes at 2x the batch / at 1x): activations, not parameters."""
+    """``kept_bytes`` vs the block inputs ``expected_bytes``, or ``batch_ratio`` (kept bytes at 2x
+    the batch / at 1x): busted when full checkpointing keeps activations, not parameters."""
     if kept_bytes is not None and expected_bytes is not None:
         same = kept_bytes == expected_bytes
         text = (tr("kept {kept} = the block inputs and token ids", kept=_bytes(kept_bytes))
@@ -304,8 +268,8 @@ def _c8(kept_bytes=None, expected_bytes=None, param_bytes=None, batch_ratio=None
 
 
 def _c9(bytes_per_param, overheads=None, copies_per_param=None):
-    """``bytes_per_param``: measured weights + grads + AdamW per parameter under autocast;
-    ``overheads``: {setting: estimated peak / (16 N) - 1}."""
+    """``bytes_per_param``: weights + grads + AdamW per parameter under autocast (held at 16);
+    ``overheads``: {setting: estimated peak / (16 N) - 1} (held within 0.2-0.3)."""
     text = tr("weights + gradients + AdamW = {bytes:.2f} bytes/param (4 + 4 + 8, fp32)",
               bytes=bytes_per_param)
     if copies_per_param:
@@ -321,9 +285,8 @@ def _c9(bytes_per_param, overheads=None, copies_per_param=None):
 
 
 def _c10(n_params=7e9):
-    """Arithmetic: fp32 weights 4 N bytes, AdamW's two fp32 moments 8 N bytes (GB = 1e9). The
-    claim has two parts (28 GB of weights, 84 GB of Adam states): held when both are right,
-    depends when one is, busted when neither is."""
+    """Arithmetic: fp32 weights 4 N bytes, AdamW's moments 8 N bytes (GB = 1e9); held when both
+    of the claim's figures are right, depends when one is."""
     w, adam = 4 * n_params / 1e9, 8 * n_params / 1e9
     w_ok, adam_ok = round(w) == 28, round(adam) == 84
     text = tr("{n:,.3g}B parameters: fp32 weights {weights:.0f} GB{weights_said}; AdamW moments "
@@ -336,10 +299,8 @@ def _c10(n_params=7e9):
 
 
 def _c11(flushed_unscaled, flushed_scaled, scale, overflow_scaled=0.0, which="gradients"):
-    """Fractions of nonzero gradients flushed to 0 in fp16, unscaled and at loss scale
-    ``scale``; ``overflow_scaled``: fraction that overflowed at that scale. ``which``: the
-    gradients counted, in words (``"activation gradients"``; shown translated where the
-    catalog has it)."""
+    """Fractions of nonzero gradients (``which``, in words) flushed to 0 in fp16, unscaled and
+    at loss scale ``scale``, and that overflowed at it."""
     text = tr("fp16 flushed {unscaled:.3%} of the {which} unscaled, {scaled:.3%} at scale "
               "{scale:g}", unscaled=flushed_unscaled, which=tr(which), scaled=flushed_scaled,
               scale=scale)
@@ -353,8 +314,8 @@ def _c11(flushed_unscaled, flushed_scaled, scale, overflow_scaled=0.0, which="gr
 
 
 def _c12(backoffs_ok, growth_after, growth_interval, clean_taken=True):
-    """A GradScaler trace: each injected inf/NaN skipped and backed off (``backoffs_ok``),
-    each growth after ``growth_after`` clean steps (should equal ``growth_interval``)."""
+    """A GradScaler trace: each injected inf/NaN skipped and backed off (``backoffs_ok``), each
+    growth after ``growth_interval`` clean steps (``growth_after``)."""
     ok = (bool(backoffs_ok) and all(backoffs_ok) and bool(growth_after)
           and all(g == growth_interval for g in growth_after) and clean_taken)
     return ("held" if ok else "busted",
@@ -365,9 +326,8 @@ def _c12(backoffs_ok, growth_after, growth_interval, clean_taken=True):
 
 
 def _c13(same_range, flushed_bf16, val_loss_gap=None, which="gradients"):
-    """bf16's exponent range equals fp32's (``same_range``), the fraction of gradients bf16
-    flushes (``which``: those gradients, in words), and (optional) bf16's relative gap to fp32's
-    validation loss without a scaler."""
+    """bf16's range equals fp32's, the fraction of gradients (``which``) bf16 flushes, and
+    bf16's relative gap to fp32's validation loss without a scaler (held under 2%)."""
     text = tr("bf16 range = fp32's: {same}; bf16 flushed {flushed:.3%} of the {which}",
               same=same_range, flushed=flushed_bf16, which=tr(which))
     ok = same_range and flushed_bf16 == 0
@@ -381,8 +341,8 @@ def _c13(same_range, flushed_bf16, val_loss_gap=None, which="gradients"):
 
 
 def _c14(reentrant_lost_grads, reentrant_failures=(), nonreentrant_ok=True):
-    """Reentrant checkpointing lost the block's gradients (an input without requires_grad)
-    and/or failed at ``reentrant_failures``; the non-reentrant version handled everything."""
+    """Reentrant checkpointing lost the block's gradients or failed at ``reentrant_failures``;
+    the non-reentrant version handled everything."""
     names = (f" ({', '.join(tr(f) for f in reentrant_failures)})" if reentrant_failures
              else "")
     text = tr("reentrant: block gradients lost: {lost}; fails at {n} of the features "
@@ -393,8 +353,7 @@ def _c14(reentrant_lost_grads, reentrant_failures=(), nonreentrant_ok=True):
 
 
 def _c15(naive_extra_slope, sdpa_slope):
-    """Log-log slopes of saved bytes vs sequence length: naive attention's extra bytes, and
-    SDPA's saved bytes."""
+    """Log-log slopes of saved bytes vs sequence length (quadratic from 1.8)."""
     text = tr("naive attention's extra saved bytes grow with slope {naive:.2f}, SDPA's with "
               "slope {sdpa:.2f}", naive=naive_extra_slope, sdpa=sdpa_slope)
     if sdpa_slope >= 1.8:
@@ -405,8 +364,8 @@ def _c15(naive_extra_slope, sdpa_slope):
 
 
 def _c16(hw, bf16_vs_fp16=None, recipe=""):
-    """``bf16_vs_fp16``: bf16 matmul time / fp16's, measured on this GPU. A stand-in GPU
-    (``hw.stand_in``) plans as the smaller card but times at its own speed: not measured."""
+    """``bf16_vs_fp16``: bf16 matmul time / fp16's on this GPU; a stand-in GPU times at its own
+    speed, not the smaller card's: not measured."""
     if hw.device != "cuda":
         return "not measured here", (
             tr("a claim about NVIDIA GPUs; this is {gpu}, whose recipe is {recipe}",
@@ -429,13 +388,9 @@ def _c16(hw, bf16_vs_fp16=None, recipe=""):
 
 
 def _c17(grad_rel_err, undivided_ratio, k, extra_peak_bytes, grad_buffer_bytes, peak_vs_big):
-    """Accumulation over ``k`` micro-batches vs one big batch: gradient difference, the norm
-    ratio without the division, the peak above one micro-batch's and the peak relative to the
-    big batch's. The claim has two parts: "divide the loss" (gradients equal the big batch's,
-    ``k`` times too large undivided) and "no extra memory". Held when both are true (the peak
-    exceeds one micro-batch's by at most 1 % of the .grad buffer); depends when the gradients
-    are right and the extra is the .grad buffer (at most 1.05x it): memory above one
-    micro-batch, far below the big batch's; busted otherwise."""
+    """Accumulation over ``k`` micro-batches vs one big batch. Held when the gradients equal the
+    big batch's (``k`` times too large undivided) and the peak exceeds one micro-batch's by at
+    most 1% of the .grad buffer; depends when the extra is the .grad buffer (at most 1.05x it)."""
     divided_ok = grad_rel_err < 1e-4 and abs(undivided_ratio - k) < 0.01 * k
     text = tr("{k} micro-batches: gradients within {err:.2g} of the big batch's, x{undivided:.2f} "
               "without the division; peak {peak:.2f}x the big batch's, {extra:+.2f} MiB above "
@@ -453,9 +408,8 @@ def _c17(grad_rel_err, undivided_ratio, k, extra_peak_bytes, grad_buffer_bytes, 
 
 
 def _c18(clip_saw_ratio, scale, sgd_update_ratio=None, adamw_update_ratio=None):
-    """Clipping before ``unscale_``: ``clip_saw_ratio`` is the norm clipping saw / the true
-    norm (the scale, if wrong); the update norms clipped-wrong / clipped-right under SGD and
-    AdamW."""
+    """Clipping before ``unscale_``: the norm clipping saw / the true norm (held from half the
+    scale), and the update norms clipped wrong / right under SGD and AdamW."""
     text = tr("clipping before unscale_ saw {times} the true norm (scale {scale:,.0f})",
               times=_times(clip_saw_ratio), scale=scale)
     if sgd_update_ratio is not None:
@@ -470,12 +424,8 @@ def _c18(clip_saw_ratio, scale, sgd_update_ratio=None, adamw_update_ratio=None):
 def _c19(hw, fp8_time=None, why_not=None):
     """``fp8_time``: TimeRatio FP8 / bf16 step; ``why_not`` when not measured."""
     if fp8_time is None:
-        if not why_not:
-            raise ValueError(tr("{claim} not measured: say exactly why not (why_not=...).",
-                                claim="C19"))
-        return "not measured here", why_not
-    u = _unsettled(fp8_time, tr("FP8 / bf16 step time"))
-    if u:
+        return _why_not("C19", why_not)
+    if u := _unsettled(fp8_time, tr("FP8 / bf16 step time")):
         return u
     speedup = 1 / fp8_time.ratio
     return ("held" if speedup >= 1.2 else "busted",
@@ -484,18 +434,14 @@ def _c19(hw, fp8_time=None, why_not=None):
 
 
 def _c20(per_token_time, budget_bytes=None):
-    """``per_token_time``: TimeRatio of seconds per token, the best checkpointed configuration
-    at its largest batch under the budget / the best plain one at its largest batch. Held when
-    faster; "depends" when slower (the claim says *can*: this hardware and budget is one case)."""
-    u = _unsettled(per_token_time, tr("time per token, checkpointed / plain at their largest "
-                                      "batch"))
-    if u:
+    """``per_token_time``: seconds per token, best checkpointed / best plain at the largest batch
+    under the budget. Held when faster, else depends (the claim says *can*)."""
+    if u := _unsettled(per_token_time, tr("time per token, checkpointed / plain at their largest "
+                                          "batch")):
         return u
     what = (tr("at the largest batch under {budget:,.1f} MiB, time per token",
                budget=budget_bytes / MiB) if budget_bytes
             else tr("at the largest batch, time per token"))
-    # "can outweigh": a claim of what is possible. Faster here holds it; slower here shows it
-    # does not on this hardware and budget, which one machine cannot generalise: "depends".
     return ("held" if per_token_time.verdict == "faster" else "depends",
             per_token_time.describe(what))
 
@@ -508,7 +454,7 @@ _DERIVED = {"C10"}
 
 
 def _jsonable(v):
-    """A rule input as JSON: TimeRatio and dataclasses as dicts, the rest as is or as text."""
+    """A rule input as JSON: dataclasses (TimeRatio) as dicts, the rest as is or as text."""
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return {f.name: _jsonable(getattr(v, f.name)) for f in dataclasses.fields(v)}
     if isinstance(v, (list, tuple)):
@@ -524,16 +470,8 @@ def _jsonable(v):
 
 
 def verdict(claim: str, where: str = "", record: bool | None = None, **measured) -> Verdict:
-    """Judge ``claim`` from ``measured`` inputs with the claim's one rule.
-
-    Each rule's inputs and thresholds are in its docstring (``help(claims._c5)``), e.g.
-    ``verdict("C5", full_time=time_ratio, flops_ratio=1.22, where="02 §3")``.
-
-    Args:
-        record: write the verdict, its evidence and inputs to this machine's results store
-            (`course_utils.store`, section ``"verdicts"``); default: only inside a notebook
-            kernel (`course_utils.store.in_notebook`), so that lesson 03's ledger shows what
-            each lesson found here.
+    """Judge ``claim`` from ``measured``, the inputs of its rule (``help(claims._c5)``);
+    ``record`` it in the results store (default: inside a notebook kernel only).
 
     Raises:
         ValueError: an unknown claim ID, or inputs the rule cannot judge.
@@ -548,31 +486,23 @@ def verdict(claim: str, where: str = "", record: bool | None = None, **measured)
     if record or (record is None and store.in_notebook()):
         store.record("verdicts", claim, {"status": v.status, "evidence": v.evidence,
                                          "where": v.where, "basis": v.basis,
-                                         "inputs": _jsonable(measured)}, this_context())
+                                         "inputs": _jsonable(measured)}, _context())
     return v
 
 
-def this_context(size: str | None = None, hw=None) -> str:
-    """The results store's key (`course_utils.store.context_key`) of this run: ``hw`` (default
-    ``detect()``: the GPU if there is one, else the CPU), this torch and ``size`` (default
-    `course_utils.config.size_profile`). A verdict is recorded and looked up under it."""
-    return store.context_key(size or size_profile(), hw or detect())
+def _context() -> str:
+    return store.context_key(size_profile(), detect())
 
 
 def _recorded(claim: str, key: str | None) -> dict | None:
-    """The store's record of ``claim`` under ``key`` (default: this run's context)."""
     if claim not in CLAIMS:
         raise _unknown_claim(claim)
-    return store.lookup("verdicts", claim, key or this_context())
+    return store.lookup("verdicts", claim, key or _context())
 
 
 def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
-    """The verdict on ``claim`` that a lesson recorded for this machine, torch version and size
-    profile (`course_utils.store`), exactly as that lesson printed it; None if none did.
-
-    Raises:
-        ValueError: an unknown claim ID.
-    """
+    """The verdict on ``claim`` a lesson recorded under ``key`` (default: this run's context),
+    as that lesson printed it; None if none did. ValueError: an unknown claim ID."""
     rec = _recorded(claim, key)
     if not rec or rec.get("status") not in STATUSES:
         return None
@@ -581,14 +511,9 @@ def recorded_verdict(claim: str, key: str | None = None) -> Verdict | None:
 
 
 def recorded_time(claim: str, name: str, lesson: str, key: str | None = None) -> TimeRatio | None:
-    """The time comparison ``name`` (a `TimeRatio` input of the rule, e.g. ``"full_time"``) of
-    the verdict on ``claim`` that lesson ``lesson`` (``"02"``) recorded for this machine, torch
-    version and size profile; None where that lesson has not run here, or a later lesson's
-    verdict on the same claim replaced its record.
-
-    Raises:
-        ValueError: an unknown claim ID.
-    """
+    """The `TimeRatio` input ``name`` (``"full_time"``) of the verdict on ``claim`` that lesson
+    ``lesson`` (``"02"``) recorded here; None where it has not, or a later lesson replaced it.
+    ValueError: an unknown claim ID."""
     rec = _recorded(claim, key)
     if not rec or not str(rec.get("where", "")).startswith(lesson):
         return None
@@ -600,14 +525,9 @@ def recorded_time(claim: str, name: str, lesson: str, key: str | None = None) ->
 
 def recorded_or_measure(claim: str, where: str, measure: Callable[[], dict], model: str,
                         key: str | None = None) -> Verdict:
-    """The verdict a lesson recorded here (`recorded_verdict`), its ``where`` replaced by
-    ``where`` (a link to that lesson); else the claim measured again now with ``measure()``
-    (the rule's inputs), its ``where`` saying so: ``"<where>; measured again here on <model>"``
-    (``"<where>; judged here"`` when the claim cannot be measured on this machine).
-
-    Raises:
-        ValueError, TypeError: as `verdict`.
-    """
+    """The verdict a lesson recorded here (`recorded_verdict`) at ``where``; else the claim
+    judged now from ``measure()`` (the rule's inputs), ``where`` saying it was measured again on
+    ``model`` (or judged here, when not measured here). Raises as `verdict`."""
     v = recorded_verdict(claim, key)
     if v is not None:
         return replace(v, where=where)
@@ -618,10 +538,8 @@ def recorded_or_measure(claim: str, where: str, measure: Callable[[], dict], mod
 
 
 def claims_table(verdicts) -> pd.DataFrame:
-    """A table of verdicts (claim, the claim's text, status, basis, evidence, where), in claim
-    order, one row per claim (a later verdict on the same claim replaces an earlier one). The
-    claim's text is in the learner's language; ``status`` and ``basis`` stay the constants code
-    reads (`STATUSES`: `course_utils.plots.styled_claims` colours by them)."""
+    """Verdicts as a table indexed by claim, in claim order, the latest per claim: ``says`` (in the
+    learner's language), ``status``, ``basis`` (constants), ``evidence``, ``where``."""
     latest = {v.claim: v for v in verdicts}
     rows = [{"claim": v.claim, "says": tr(CLAIMS[v.claim]), "status": v.status, "basis": v.basis,
              "evidence": v.evidence, "where": v.where} for v in latest.values()]

@@ -1,22 +1,10 @@
-"""Small measurements behind the claims ledger: one function per measurement, each returning
-the inputs of its claim's rule in `course_utils.claims`, so that a ledger is one call per claim::
+"""Small measurements behind the claims ledger, one function per claim, each returning the inputs
+of its rule in `course_utils.claims`: ``verdict("C6", where="02 §4", **evidence.sqrt_segments())``.
 
-    verdict("C6", where="02 §4", **evidence.sqrt_segments())
-
-Lessons 01 and 02 teach claims C6, C8, C11-C15 and C18 in depth and record their verdicts in this
-machine's results store (`course_utils.store`); lesson 03's ledger shows those, and measures a
-claim again here, on a tiny model (``smoke``: well under a second each on a laptop CPU), only
-where no lesson recorded it (`course_utils.claims.recorded_or_measure`, which says so).
-`accumulation` (C17) measures the production step itself,
-and `time_between` / `memory_between` read the rule inputs of C1, C2, C4, C5 and C7 off a
-`course_utils.experiments.compare` table.
-
-Checking a learner's code (exercise 03's step probe) is `course_utils.learner_checks`'s subject;
-`accumulation` uses its `step_gradients` to see what the production step hands its optimizer.
-
-Over 400 lines because it holds one small function per claim measurement (each a few dozen
-lines, C6 to C18) and the readers of a compare table: split by lesson, the ledger's inputs would
-be spread over as many modules as it has claims.
+Lesson 03's ledger measures a claim here, on the ``smoke`` model, only where no lesson recorded it
+(`course_utils.claims.recorded_or_measure`); `accumulation` (C17) runs the production step, and
+`time_between` / `memory_between` / `training_state` read a `course_utils.experiments.compare`
+table.
 """
 from __future__ import annotations
 
@@ -40,28 +28,14 @@ from .step_timing import TimeRatio, time_ratio
 from .terms import check_positive_int
 from .training import train_step
 
-__all__ = [
-    "accumulation",
-    "attention_growth",
-    "bf16_range",
-    "checkpoint_keeps",
-    "clip_order",
-    "fp16_underflow",
-    "memory_between",
-    "reentrant_pitfalls",
-    "scaler_trace",
-    "small_config",
-    "sqrt_segments",
-    "time_between",
-    "training_state",
-]
+__all__ = ["accumulation", "attention_growth", "bf16_range", "checkpoint_keeps", "clip_order",
+           "fp16_underflow", "memory_between", "reentrant_pitfalls", "scaler_trace", "small_config",
+           "sqrt_segments", "time_between", "training_state"]
 
 
 def small_config(device: str = "cpu", **overrides) -> RunConfig:
-    """The ``smoke`` profile's model (2 blocks, width 64, 32 tokens, batch 4) on ``device``
-    (the CPU in place of MPS, which has no peak-memory counter:
-    `course_utils.hardware.memory_device`), fp32, no checkpointing, with ``overrides``: the
-    size of every measurement here."""
+    """The ``smoke`` profile's model with ``overrides`` on ``device`` (the CPU in place of MPS:
+    `course_utils.hardware.memory_device`): the size of every measurement here."""
     return config_for("smoke", device=memory_device(device), **overrides)
 
 
@@ -70,19 +44,9 @@ def _batch(config: RunConfig, step: int = 0, batch_size: int | None = None):
                      step=step, device=config.device)
 
 
-# --- lesson 02: activation checkpointing ------------------------------------------------------
-
 def sqrt_segments(config: RunConfig | None = None, n_layers: int = 4, ratio: int = 4) -> dict:
-    """C6: saved activation bytes of ``n_layers`` and ``ratio * n_layers`` blocks, plain and
-    with round(sqrt(N)) checkpointed segments (every segment checkpointed,
-    `course_utils.checkpointing` ``segments:N``), and the segment count with the lowest
-    measured peak of forward + backward at ``ratio * n_layers`` blocks (segment counts that
-    divide the blocks evenly).
-
-    Returns:
-        the inputs of ``verdict("C6", ...)``: ``plain_growth``, ``sqrt_growth``,
-        ``best_segments``, ``sqrt_segments``, ``n_layers_ratio``.
-    """
+    """C6: saved activations of ``n_layers`` and ``ratio * n_layers`` blocks, plain and in
+    round(sqrt(N)) checkpointed segments, and the segment count with the lowest peak."""
     cfg = config or small_config()
     x, y = _batch(cfg)
 
@@ -110,13 +74,8 @@ def sqrt_segments(config: RunConfig | None = None, n_layers: int = 4, ratio: int
 
 
 def checkpoint_keeps(config: RunConfig | None = None) -> dict:
-    """C8: what full (per-block) checkpointing keeps after a forward: the saved activation bytes,
-    the block inputs + token ids + positions they should equal, and the parameter bytes.
-
-    Returns:
-        the inputs of ``verdict("C8", ...)``: ``kept_bytes``, ``expected_bytes``,
-        ``param_bytes``.
-    """
+    """C8: the bytes full checkpointing keeps after a forward, the block inputs + token ids +
+    positions they should equal, and the parameter bytes."""
     cfg = (config or small_config()).replace(checkpoint="full", precision="fp32")
     model = build_model(cfg)
     x, y = _batch(cfg)
@@ -128,15 +87,8 @@ def checkpoint_keeps(config: RunConfig | None = None) -> dict:
 
 
 def reentrant_pitfalls(config: RunConfig | None = None) -> dict:
-    """C14: one block checkpointed with ``use_reentrant=True`` and ``False``: does the reentrant
-    version lose the block's gradients when its input does not require grad (an embedding of
-    frozen layers), and which of ``torch.autograd.grad``, keyword arguments and ``context_fn``
-    (selective checkpointing) fail with it while the non-reentrant one handles them all?
-
-    Returns:
-        the inputs of ``verdict("C14", ...)``: ``reentrant_lost_grads``,
-        ``reentrant_failures`` (names), ``nonreentrant_ok``.
-    """
+    """C14: does a block checkpointed with ``use_reentrant=True`` lose its gradients when its input
+    does not require grad, and which features fail with it that ``use_reentrant=False`` handles?"""
     cfg = config or small_config()
     block = build_model(cfg).layers[0]
     shape = (2, cfg.seq_len, cfg.d_model)
@@ -180,13 +132,8 @@ def reentrant_pitfalls(config: RunConfig | None = None) -> dict:
 
 
 def attention_growth(config: RunConfig | None = None, seq_lens: tuple = (64, 128)) -> dict:
-    """C15: saved bytes of one block when the sequence grows from ``seq_lens[0]`` to
-    ``seq_lens[1]``: log-log slope of SDPA's saved bytes, and of the extra bytes naive
-    attention (softmax(QK^T)V written out) saves on top of SDPA (the seq x seq matrices).
-
-    Returns:
-        the inputs of ``verdict("C15", ...)``: ``naive_extra_slope``, ``sdpa_slope``.
-    """
+    """C15: log-log slopes, from ``seq_lens[0]`` to ``seq_lens[1]``, of one block's saved bytes
+    under SDPA and of the extra bytes naive attention saves on top (the seq x seq matrices)."""
     cfg = config or small_config()
     saved = {}
     for attention in ("sdpa", "naive"):
@@ -203,12 +150,9 @@ def attention_growth(config: RunConfig | None = None, seq_lens: tuple = (64, 128
             "sdpa_slope": math.log(saved["sdpa", b] / saved["sdpa", a]) / span}
 
 
-# --- lesson 01: number formats and loss scaling -----------------------------------------------
-
 @functools.lru_cache(maxsize=4)
 def _gradients(config: RunConfig, loss_scale: float) -> torch.Tensor:
-    """All parameter gradients of one fp32 backward of ``config``'s model, the loss multiplied
-    by ``loss_scale`` (a small loss stands for the small gradients of deeper models)."""
+    """All parameter gradients of one fp32 backward, the loss multiplied by ``loss_scale``."""
     model = build_model(config)
     x, y = _batch(config, step=2)
     _, loss = model(x, y)
@@ -222,14 +166,8 @@ def _flushed(g: torch.Tensor, dtype) -> float:
 
 
 def fp16_underflow(config: RunConfig | None = None, loss_scale: float = 1.0) -> dict:
-    """C11: the fraction of nonzero fp32 gradients (of a loss scaled by ``loss_scale``) that
-    become 0 when cast to fp16, unscaled and multiplied by GradScaler's default initial scale,
-    and the fraction that overflow to inf at that scale.
-
-    Returns:
-        the inputs of ``verdict("C11", ...)``: ``flushed_unscaled``, ``flushed_scaled``,
-        ``scale``, ``overflow_scaled``, ``which`` (``"parameter gradients"``).
-    """
+    """C11: the fraction of nonzero fp32 gradients (of the loss times ``loss_scale``) that fp16
+    flushes to 0, unscaled and at GradScaler's default initial scale, and that overflow there."""
     cfg = config or small_config()
     g = _gradients(cfg, loss_scale)
     scale = torch.amp.GradScaler("cpu").get_scale()  # the default init_scale
@@ -241,12 +179,8 @@ def fp16_underflow(config: RunConfig | None = None, loss_scale: float = 1.0) -> 
 
 
 def bf16_range(config: RunConfig | None = None, loss_scale: float = 1.0) -> dict:
-    """C13: whether bf16's exponent range equals fp32's (smallest normal and largest value),
-    and the fraction of the same gradients as `fp16_underflow` that bf16 flushes to 0 unscaled.
-
-    Returns:
-        the inputs of ``verdict("C13", ...)``: ``same_range``, ``flushed_bf16``, ``which``.
-    """
+    """C13: whether bf16's range equals fp32's, and the fraction of `fp16_underflow`'s
+    gradients that bf16 flushes to 0."""
     cfg = config or small_config()
     b, f = torch.finfo(torch.bfloat16), torch.finfo(torch.float32)
     same = b.tiny == f.tiny and b.max / f.max > 0.99
@@ -256,14 +190,8 @@ def bf16_range(config: RunConfig | None = None, loss_scale: float = 1.0) -> dict
 
 
 def scaler_trace(growth_interval: int = 2, clean_steps: int = 4) -> dict:
-    """C12: GradScaler on a linear layer, an inf injected into a gradient at the first step,
-    then ``clean_steps`` clean steps with ``growth_interval`` set small (default 2000).
-
-    Returns:
-        the inputs of ``verdict("C12", ...)``: ``backoffs_ok`` (per injected step: skipped and
-        the scale multiplied by ``backoff_factor``), ``growth_after`` (clean steps before each
-        growth), ``growth_interval``, ``clean_taken`` (every clean step changed the weights).
-    """
+    """C12: GradScaler on a linear layer, an inf injected at the first step, then
+    ``clean_steps`` clean steps with a small ``growth_interval`` (default 2000)."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
@@ -295,14 +223,8 @@ def scaler_trace(growth_interval: int = 2, clean_steps: int = 4) -> dict:
 
 
 def clip_order(config: RunConfig | None = None, max_grad_norm: float = 1.0) -> dict:
-    """C18: one GradScaler step of the small model (fp32 arithmetic: the order of the calls is
-    what matters), clipping after ``unscale_`` (right) and before it (wrong).
-
-    Returns:
-        the inputs of ``verdict("C18", ...)``: ``clip_saw_ratio`` (the norm clipping saw when
-        wrong / the true norm), ``scale``, ``sgd_update_ratio`` and ``adamw_update_ratio``
-        (update norm when wrong / when right).
-    """
+    """C18: one GradScaler step (fp32: the order of the calls is what matters), clipping after
+    ``unscale_`` (right) and before it (wrong), under SGD and AdamW."""
     cfg = config or small_config()
     x, y = _batch(cfg, step=3)
 
@@ -317,39 +239,24 @@ def clip_order(config: RunConfig | None = None, max_grad_norm: float = 1.0) -> d
         seen = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm).item()
         if not unscale_first:
             scaler.unscale_(opt)
-        true = torch.linalg.vector_norm(torch.stack(
-            [p.grad.norm() for p in model.parameters()])).item()
         before = [p.detach().clone() for p in model.parameters()]
         scaler.step(opt)
         moved = torch.linalg.vector_norm(torch.stack(
             [(p.detach() - b).norm() for p, b in zip(model.parameters(), before)])).item()
-        return seen, true, moved, scaler.get_scale()
+        return seen, moved, scaler.get_scale()
 
-    seen_bad, _, sgd_bad, scale = update(torch.optim.SGD, False)
-    seen_ok, _, sgd_ok, _ = update(torch.optim.SGD, True)
-    _, _, adam_bad, _ = update(torch.optim.AdamW, False)
-    _, _, adam_ok, _ = update(torch.optim.AdamW, True)
+    seen_bad, sgd_bad, scale = update(torch.optim.SGD, False)
+    seen_ok, sgd_ok, _ = update(torch.optim.SGD, True)
+    _, adam_bad, _ = update(torch.optim.AdamW, False)
+    _, adam_ok, _ = update(torch.optim.AdamW, True)
     return {"clip_saw_ratio": seen_bad / seen_ok, "scale": scale,
             "sgd_update_ratio": sgd_bad / sgd_ok, "adamw_update_ratio": adam_bad / adam_ok}
 
 
-# --- lesson 03: gradient accumulation with the production step --------------------------------
-
 def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
-    """C17: ``step_fn`` (default `course_utils.training.train_step`) on ``k`` micro-batches of
-    ``config.batch_size`` against one batch of ``k * config.batch_size`` sequences (fp32, no
-    clipping, a `StepProbe` as the optimizer): the gradients each hands the optimizer, the
-    gradient norm of the same loop without the division by ``k``, and the peak bytes of each
-    step above its start (`course_utils.memory_timeline.peak_during`) next to one micro-batch's.
-
-    Returns:
-        the inputs of ``verdict("C17", ...)``: ``grad_rel_err``, ``undivided_ratio``, ``k``,
-        ``extra_peak_bytes`` (accumulated peak - one micro-batch's), ``grad_buffer_bytes``
-        (the ``.grad`` tensors: 4 bytes per parameter), ``peak_vs_big``.
-
-    Raises:
-        ValueError: ``k`` < 2.
-    """
+    """C17: ``step_fn`` (default `course_utils.training.train_step`, fp32) on ``k`` micro-batches
+    against one batch ``k`` times as large: gradients, their norm undivided by ``k``, and each
+    step's peak. ValueError: ``k`` < 2."""
     check_positive_int("k (micro-batches)", k, minimum=2)
     step_fn = step_fn or train_step
     cfg = config.replace(precision="fp32", grad_accum_steps=1)
@@ -380,8 +287,6 @@ def accumulation(config: RunConfig, k: int = 4, step_fn=None) -> dict:
             "peak_vs_big": peak_acc / peak_big}
 
 
-# --- reading a compare() table ----------------------------------------------------------------
-
 def _row(df, label: str):
     labels = list(df["label"])
     if label not in labels:
@@ -391,33 +296,20 @@ def _row(df, label: str):
 
 
 def time_between(df, label: str, reference: str) -> TimeRatio:
-    """Step time of row ``label`` over row ``reference`` of a `compare` table, from the steps
-    the two were timed in the same rounds (`course_utils.step_timing.time_ratio`: "within noise"
-    when the spread of the per-round ratios contains 1; "emulated" when either precision is).
-    The ratio is the quotient of the two rows' ratios to the first row, so it equals the
-    quotient of the times `course_utils.experiments.summary` prints for them.
-
-    Raises:
-        ValueError: a label that is not in the table.
-    """
+    """Step time of row ``label`` over row ``reference`` of a `compare` table, through the first
+    row so that it equals the quotient of the times `course_utils.experiments.summary` prints.
+    ValueError: a label that is not in the table."""
     ms = df.attrs["measurements"]
     a, b = ms[_row(df, label)], ms[_row(df, reference)]
-    first = ms[0]   # summary prints each row against the first: the ratio is their quotient
+    first = ms[0]
     return time_ratio(a.step_times_s, b.step_times_s, size=df.attrs.get("size", ""),
                       emulated=a.emulated or b.emulated,
                       through=None if first.emulated else first.step_times_s)
 
 
 def memory_between(df, label: str, reference: str) -> dict:
-    """Peak allocated and saved-tensor bytes of row ``label`` over row ``reference``, and of
-    the saved activations alone.
-
-    Returns:
-        ``{"peak_ratio", "saved_ratio", "activations_ratio"}`` (floats).
-
-    Raises:
-        ValueError: a label that is not in the table.
-    """
+    """``{"peak_ratio", "saved_ratio", "activations_ratio"}`` of row ``label`` over row
+    ``reference`` of a `compare` table. ValueError: a label that is not in the table."""
     a, b = df.iloc[_row(df, label)], df.iloc[_row(df, reference)]
     return {"peak_ratio": a["peak_allocated"] / b["peak_allocated"],
             "saved_ratio": a["saved_total"] / b["saved_total"],
@@ -425,18 +317,9 @@ def memory_between(df, label: str, reference: str) -> dict:
 
 
 def training_state(df, label: str, settings: dict | None = None) -> dict:
-    """C9: bytes per parameter of weights + gradients + AdamW state measured on row ``label``
-    of a `compare` table (autocast keeps all three fp32), the autocast weight copies per
-    parameter, and for each estimated setting (``{name: RunConfig}``, e.g. a 7B model) how far
-    its estimated peak lies above 16 bytes per parameter.
-
-    Returns:
-        the inputs of ``verdict("C9", ...)``: ``bytes_per_param``, ``copies_per_param``,
-        ``overheads`` (``{name: estimated peak / (16 N) - 1}``).
-
-    Raises:
-        ValueError: a label that is not in the table.
-    """
+    """C9: weights + gradients + AdamW bytes and autocast copies per parameter on row ``label``
+    of a `compare` table, and each of ``settings``' (``{name: RunConfig}``) estimated overhead.
+    ValueError: a label that is not in the table."""
     i = _row(df, label)
     row = df.iloc[i]
     n = df.attrs["measurements"][i].config.shape.n_parameters

@@ -1,12 +1,6 @@
-"""Configurations compared side by side: measured next to estimated, timed fairly.
-
-`ladder(base)` plans the comparison this machine should run (from the recipe of
-`course_utils.hardware.recommend_precision`): pairs that differ by one technique only.
-`compare(configs)` measures each configuration's memory with one step, then times all of them
-step by step in alternation (`course_utils.step_timing.interleaved`) and returns one row per
-configuration with the estimate of each memory field beside the measurement and noise-aware
-ratios to the first row. `summary(df)` is the readable table of it, used by every lesson, the
-dashboard and ``course-bench``.
+"""Configurations compared side by side, measured next to estimated, timed fairly
+(docs/method.md#time): `ladder` plans this machine's comparison, `compare` measures it and
+`summary` is the readable table every lesson, the dashboard and ``course-bench`` print.
 """
 from __future__ import annotations
 
@@ -39,8 +33,7 @@ __all__ = ["ladder", "compare", "summary", "size_of", "size_text", "time_cell", 
 
 
 def size_of(config: RunConfig) -> str:
-    """The size profile whose model and batch ``config`` has, else the profile in force
-    (`course_utils.config.size_profile`)."""
+    """The size profile whose model and batch ``config`` has, else the profile in force."""
     for name, dims in SIZE_PROFILES.items():
         if all(getattr(config, k) == v for k, v in dims.items()):
             return name
@@ -48,19 +41,9 @@ def size_of(config: RunConfig) -> str:
 
 
 def ladder(base: RunConfig, hw=None) -> list[RunConfig]:
-    """The comparison this machine should run: fp32 first, then pairs that differ by one
-    technique only.
-
-    * Where the recipe is a low precision (bf16 on Ampere+ or a CPU with bf16 instructions,
-      fp16 + GradScaler on a T4/V100): fp32, the recipe, recipe + ``full``, recipe +
-      ``selective`` (on an Ampere+ GPU also fp16, next to bf16).
-    * Where the recipe is fp32 (a CPU without bf16 instructions): fp32, fp32 + ``full``,
-      fp32 + ``selective``, and the low precision (bf16), whose memory is measured as
-      everywhere but whose time, emulated, is taken with one step and labelled.
-
-    Raises:
-        ValueError: a device this machine lacks.
-    """
+    """This machine's comparison: fp32, the recipe (and fp16 beside bf16 on a GPU), the recipe +
+    ``full``, + ``selective``; where the recipe is fp32, the low precision last (emulated).
+    ValueError: a device this machine lacks."""
     hw = hw or detect(base.device)
     rec = recommend_precision(hw)
     plain = base.replace(precision="fp32", checkpoint="none", compile=False)
@@ -77,26 +60,11 @@ def ladder(base: RunConfig, hw=None) -> list[RunConfig]:
 def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = None,
             steps: int | None = None, timed: bool = True, progress: bool = True,
             force: bool = False, step_fn=train_step, hw=None) -> pd.DataFrame:
-    """Measure and estimate each configuration; one row each, ratios to the first row.
-
-    Each configuration is checked once by the run guard (`course_utils.measure.accept`; an
-    `Accepted` one is not checked again), all before anything runs. Then each is built, warmed
-    up, and one step measures its memory (saved tensors, gradients, optimizer state, peak:
-    `course_utils.measure.measure_memory`, the core `measure` uses too). Then every
-    configuration whose precision runs natively here is timed step by step in alternation,
-    round after round, for about ``budget_s`` seconds (default: per size profile) or exactly
-    ``steps`` rounds; an emulated one is timed with one step. Time ratios use the per-round
-    ratios: a difference within their noise band is "within noise"
-    (`course_utils.step_timing.time_ratio`).
-
-    Columns: ``label``, the config fields, for each memory field ``F`` (bytes) ``F`` measured
-    and ``est_F`` estimated, ``saved_total`` / ``est_saved_total``, ``est_recompute``,
-    ``step_time_s``, ``step_time_iqr_s``, ``tokens_per_s``, ``emulated``, ``timing``,
-    ``time_ratio``, ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``,
-    ``paired_step_time_s`` (`paired_step_s`: the first row's median times the row's ratio, the
-    step time the tables print), ``peak_ratio``, ``saved_ratio``, ``oom``, ``error``,
-    ``notes``. ``df.attrs["measurements"]``
-    holds the `Measurement` objects.
+    """Measure and estimate each configuration (all pass `course_utils.measure.accept` first):
+    memory with one step each, then time in alternation for about ``budget_s`` seconds (default:
+    per size profile) or ``steps`` rounds. One row each: the config fields, each memory field
+    ``F`` (bytes) and ``est_F``, step times, ``paired_step_time_s`` (`paired_step_s`), ratios to
+    the first row; ``df.attrs["measurements"]``: the `Measurement`s.
 
     Raises:
         ValueError: an empty list, a non-positive budget or step count, a device this machine
@@ -141,8 +109,7 @@ def compare(configs: list[RunConfig | Accepted], *, budget_s: float | None = Non
 
 
 def _plan_words(n: int, budget_s: float | None, emulated: list[str]) -> str:
-    """What `compare` is about to do, in one line: ``n`` configurations, timed for about
-    ``budget_s`` seconds (None: memory only), the ``emulated`` precisions timed with one step."""
+    """What `compare` is about to do, in one line (``budget_s`` None: memory only)."""
     if budget_s is None:
         return tr("measuring {n} configuration(s): memory with one step each", n=n)
     if not emulated:
@@ -154,18 +121,8 @@ def _plan_words(n: int, budget_s: float | None, emulated: list[str]) -> str:
 
 
 def paired_step_s(own_s, reference_s, r) -> float | None:
-    """A row's step time as the course's tables and charts print it (seconds): the reference
-    row's median step times the row's ratio to it (``r``, a `course_utils.step_timing.TimeRatio`:
-    the median of the per-round ratios), so that the milliseconds and the ratio beside them
-    agree (as `course_utils.profiling.Profile.step_s` does for lesson 05).
-
-    Each row's own median can come from a different round: under a load that changes during
-    the timing (a shared machine) the ratio of two medians compares steps taken at different
-    loads, the per-round ratio steps taken seconds apart. Lesson 02 on a 2-core machine printed
-    164 ms and 170 ms against 137 ms (1.20x and 1.24x) beside per-round ratios of 1.26x and
-    1.25x: the slower row by its milliseconds had the smaller ratio. A row without a paired
-    ratio (no band: not timed in the same rounds, e.g. an emulated precision's one step) keeps
-    its own median ``own_s``."""
+    """A row's step time as the tables print it (seconds, docs/method.md#time): ``reference_s``
+    times the row's `course_utils.step_timing.TimeRatio` ``r``; ``own_s`` where ``r`` has no band."""
     if r is None or r.ratio is None or r.low is None or reference_s is None:
         return own_s
     return reference_s * r.ratio
@@ -184,9 +141,7 @@ def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     first = ms[0]
     ratios = [time_ratio(m.step_times_s, first.step_times_s, size=size,
-                         emulated=m.emulated or first.emulated) if m is not first
-              else time_ratio(m.step_times_s, m.step_times_s, size=size, emulated=m.emulated)
-              for m in ms]
+                         emulated=m.emulated or first.emulated) for m in ms]
     df["time_ratio"] = [r.ratio for r in ratios]
     df["time_ratio_low"] = [r.low for r in ratios]
     df["time_ratio_high"] = [r.high for r in ratios]
@@ -195,7 +150,7 @@ def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
     df["paired_step_time_s"] = [paired_step_s(m.step_time_s, first.step_time_s, r)
                                 if m is not first else m.step_time_s for r, m in zip(ratios, ms)]
     for col, name in (("peak_allocated", "peak_ratio"), ("saved_total", "saved_ratio")):
-        base = first.peak_allocated if col == "peak_allocated" else first.saved_total
+        base = getattr(first, col)
         df[name] = [(v / base) if (v is not None and base and pd.notna(v)) else None
                     for v in df[col]]
     df.attrs["measurements"] = ms
@@ -204,13 +159,12 @@ def _table(ms: list[Measurement], size: str) -> pd.DataFrame:
 
 
 def _policy_words(token: str) -> str | None:
-    if token == "full":
+    if token in ("full", "every-1"):
         return tr("full checkpointing")
     if token == "selective":
         return tr("selective checkpointing")
     if m := re.fullmatch(r"every-(\d+)", token):
-        return tr("checkpointing every {k} blocks", k=m.group(1)) if m.group(1) != "1" else \
-            tr("full checkpointing")
+        return tr("checkpointing every {k} blocks", k=m.group(1))
     if m := re.fullmatch(r"segments:(\d+)", token):
         return tr("{n} checkpointed segments", n=m.group(1))
     if m := re.fullmatch(r"memory-budget:(.+)", token):
@@ -219,9 +173,8 @@ def _policy_words(token: str) -> str | None:
 
 
 def plain_label(label: str) -> str:
-    """A configuration's short label (`course_utils.config.RunConfig.label`) in words:
-    ``"bf16+full+accum2"`` -> ``"bf16 + full checkpointing, 2 micro-batches"``; anything after
-    a space (``"fp32 (baseline)"``) is kept as it is."""
+    """A `course_utils.config.RunConfig.label` in words: ``"bf16+full+accum2"`` -> ``"bf16 + full
+    checkpointing, 2 micro-batches"``; anything after a space is kept as it is."""
     head, sep, tail = str(label).partition(" ")
     words, micro = [], ""
     for token in head.split("+"):
@@ -246,10 +199,8 @@ def round_sig(v, digits: int = 3):
 
 
 def sig_text(v, digits: int = 3) -> str | None:
-    """``v`` at ``digits`` significant figures as a reader writes it, with no digit the rounding
-    did not keep (None / NaN stay None): 109.43 -> ``"109"`` (not ``"109.0"``), 23030.55 ->
-    ``"23,000"``, 67.14 -> ``"67.1"``, 0.06371 -> ``"0.0637"``. ``float(text.replace(",", ""))``
-    reads it back."""
+    """``v`` at ``digits`` significant figures with no digit the rounding did not keep (None /
+    NaN stay None): 109.43 -> ``"109"``, 23030.55 -> ``"23,000"``, 0.06371 -> ``"0.0637"``."""
     r = round_sig(v, digits)
     if r is None:
         return None
@@ -261,19 +212,15 @@ def sig_text(v, digits: int = 3) -> str | None:
 
 
 def size_text(n: int) -> str:
-    """Bytes as a reader compares them: GiB at two decimals, MiB at one decimal from 100 MiB
-    and at three significant figures below (6.45 and 6.44 MiB, not 6.5 and 6.4 beside a
-    printed +0.1%)."""
+    """Bytes as text: GiB at two decimals, MiB at one decimal from 100 MiB, else at three
+    significant figures."""
     if n >= GiB:
         return f"{n / GiB:.2f} GiB"
     return f"{n / MiB:.1f} MiB" if abs(n) >= 100 * MiB else f"{sig_text(n / MiB, 3)} MiB"
 
 def time_cell(ratio, verdict) -> str:
-    """How a table shows a time ratio: the number only when it says faster or slower
-    (``"1.31x slower"``, ``"1.43x faster"``: a speed-up, never ``"0.70x faster"``), rounded and
-    labelled when emulated (``"about 20x (emulated)"``, `step_timing.emulated_factor`: no
-    verdict word, issue 24), and the verdict alone when the difference is within the noise, the
-    rounds too few, or the size inconclusive."""
+    """A time ratio in a table cell: ``"1.31x slower"``, ``"1.43x faster"`` (a speed-up), ``"about
+    20x (emulated)"``, else the verdict alone (docs/method.md#verdict-words)."""
     if ratio is None or pd.isna(ratio) or verdict == "not timed":
         return tr("not timed")
     if verdict == "reference":
@@ -288,10 +235,7 @@ def time_cell(ratio, verdict) -> str:
 
 
 def _per_token(ratio, low, high, verdicts, tokens):
-    """Step-time ratios to the first row turned into time-per-token ratios: each per-round
-    ratio is multiplied by ``tokens[0] / tokens[i]``, so the median and the band are too; the
-    faster/slower/within-noise verdict is drawn again from the scaled band
-    (`course_utils.step_timing.printed_band`)."""
+    """Step-time ratios to the first row as time-per-token ratios, verdicts from the scaled band."""
     out = [[], [], [], []]
     for i, (r, lo, hi, v) in enumerate(zip(ratio, low, high, verdicts)):
         c = tokens[0] / tokens[i]
@@ -307,24 +251,11 @@ def _per_token(ratio, low, high, verdicts, tokens):
 
 
 def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
-    """A readable view of `compare`'s table (and of the dashboard's history).
-
-    Default: one row per configuration, labelled in words (`plain_label`; with the micro-batch
-    where the rows' batches differ), and six columns: ``step ms`` (the reference row's median
-    step time times the row's ratio to it, ``paired_step_time_s`` (`paired_step_s`), so that a
-    row's milliseconds and its ratio agree; the row's own median where it has no paired ratio or
-    the table has no such column; empty for an emulated row, whose time is said once, rounded,
-    in its ratio cell), ``time vs first`` (`time_cell`: a ratio only outside the
-    noise; ``time per token vs first`` where the rows process different numbers of tokens per
-    step), ``peak MiB`` and ``est peak MiB`` (peak allocated memory, measured and estimated),
-    ``saved MiB`` and ``est saved MiB`` (saved tensors); three significant figures, as text
-    (`sig_text`: ``"109"``, ``"23,000"``, ``"67.1"``; ``float(cell.replace(",", ""))`` reads a
-    cell back).
-    ``detail=True`` adds the
-    noise band, tokens/s (at the printed step time), each row's own median step time (``own
-    median step ms``), the ratios to the first row, the saved activations and the autocast
-    weight copies.
-    """
+    """A readable view of `compare`'s table (and of the dashboard's history), one row per
+    configuration in words (`plain_label`): ``step ms`` (`paired_step_s`), ``time vs first``
+    (`time_cell`; per token where the tokens per step differ), measured and estimated peak and
+    saved MiB, as `sig_text`; ``detail=True`` adds the noise band, tokens/s, each row's own
+    median, the ratios to the first row, the saved activations and autocast weight copies."""
     def mib(col):
         return [sig_text(None if v is None or pd.isna(v) else v / MiB) for v in df[col]]
 
@@ -348,10 +279,9 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     ratio, low, high, verdicts = (list(df[c]) if c in df else [None] * len(df)
                                   for c in ("time_ratio", "time_ratio_low", "time_ratio_high",
                                             "time_verdict"))
-    # an emulated row's time is said once, rounded, in its time cell
     out["step ms"] = ["" if v == "emulated" else sig_text(None if t is None else t * 1e3)
                       for t, v in zip(steps, verdicts)]
-    if per_token:  # per-round ratios scale exactly by the tokens: so do the median and band
+    if per_token:
         ratio, low, high, verdicts = _per_token(ratio, low, high, verdicts, tokens)
     cells = [time_cell(r, v) for r, v in zip(ratio, verdicts)]
     if "oom" in df:

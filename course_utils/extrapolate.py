@@ -1,42 +1,16 @@
-"""An estimate for models the analytic model does not know: measure small, extrapolate, check.
+"""Lesson 05's estimate for a model `course_utils.memory_model.estimate` does not know: measure
+small, extrapolate, check.
 
-`course_utils.memory_model.estimate` knows one architecture (the course's GPT) in closed form.
-For any other model, `extrapolate` measures instead:
+1. Per policy, one step at two small batches ``b1 < b2``: the forward + backward peak is a line
+   ``P0 + s b`` and the optimizer step's peak ``O`` does not grow, so ``peak(b) = max(P0 + s b, O)``.
+2. From the ``none`` run's saved tensors by module: a block's ``C + S b``, a block input's ``I b``
+   and ``out`` outside the blocks; with ``L`` blocks ``none`` saves ``out + L (C + S b)``, ``full``
+   ``out + L I b``, ``every-K`` ``out + c I b + (L - c)(C + S b)`` (``c = ceil(L / K)``),
+   offloading ``out``.
+3. `check_prediction` runs one real step at the largest batch predicted to fit a budget.
 
-1. **Two small batches** ``b1 < b2``, one training step each, per checkpoint policy: the peak
-   of forward + backward (``P(b1)``, ``P(b2)``) and the peak of the optimizer step (``O``).
-   Activation memory grows linearly with the batch, so the forward + backward peak is a line,
-   ``P(b) = P0 + s b`` with ``s = (P(b2) - P(b1)) / (b2 - b1)`` bytes per sample and
-   ``P0 = P(b1) - s b1`` (parameters, optimizer state, gradients, what does not scale). The
-   optimizer step's peak does not depend on the batch. Predicted peak::
-
-       peak(b) = max(P0 + s b, O)
-
-2. **One block's saved tensors**, from the meter's by-module records of the ``none`` run at
-   both batches (`course_utils.profiling.Profile.saved_by_block`): a line in the batch,
-   ``C + S b``, with ``S`` bytes per sample and ``C`` bytes that do not grow with it (autocast's
-   low-precision weight copies, buffers such as rotary tables); ``I`` bytes per sample of a
-   block's input; and what is saved outside the blocks (a line in the batch, like the peak).
-   With ``L`` blocks the saved tensors of a policy are predicted without running it: ``none``
-   ``out + L (C + S b)``; ``full`` ``out + L I b``; ``every-K`` ``out + c I b + (L - c)(C + S b)``
-   with ``c = ceil(L / K)`` checkpointed blocks; ``offload`` and ``offload+checkpoint`` ``out``
-   on the device.
-
-3. **A check**: `check_prediction` runs one real step at the largest batch the prediction fits
-   under a budget and reports the predicted and measured peak and the error. On CUDA the budget
-   is enforced by the allocator (``torch.cuda.set_per_process_memory_fraction``): a step that
-   needs more raises an out-of-memory error, which is caught and reported.
-
-Assumptions, and where they break: the peak is linear in the batch between and beyond the
-measured batches (allocator rounding makes small batches on CUDA noisier: measure at batches
-that are not tiny); the sequence length is fixed (attention without a fused kernel grows with
-seq^2: extrapolate in the batch only). On the course's GPT, where the analytic model is the
-reference, the prediction at 4x the larger measured batch agrees with
-`course_utils.memory_model.estimate` within 5 % (``tests/test_extrapolate.py``).
-
-Over 400 lines because the fit, the largest batch it predicts and the real step that checks the
-prediction (on CUDA under the allocator's cap, with its out-of-memory note) read one
-`Extrapolation` and must agree; each is a function of its own.
+Assumes the peak is linear in the batch at a fixed sequence length; on the course's GPT the
+prediction at 4x the larger batch is within 5 % of the analytic estimate (tests/test_extrapolate.py).
 """
 from __future__ import annotations
 
@@ -70,17 +44,8 @@ __all__ = ["RAM_FRACTION", "CUDA_PLANNING_SHARE", "ALLOC_CONF_HINT", "PolicyFit"
 
 @dataclass(frozen=True)
 class PolicyFit:
-    """The peak of one policy as a line in the batch (bytes; see the module docstring).
-
-    Attributes:
-        policy: the checkpoint policy.
-        batches: the two measured batches ``(b1, b2)``.
-        peaks: their measured forward + backward peaks (bytes, parameters and optimizer state
-            included).
-        per_sample: ``s``, bytes per sample; ``intercept``: ``P0``, bytes.
-        optimizer_peak: the optimizer step's peak ``O`` (bytes), the larger of the two measured.
-        measured_peak: the whole step's measured peak at ``b2`` (bytes).
-    """
+    """One policy's peak as a line in the batch (bytes): forward + backward ``peaks`` at ``batches``,
+    ``per_sample`` ``s``, ``intercept`` ``P0``, ``optimizer_peak`` ``O``, ``measured_peak`` at b2."""
 
     policy: str
     batches: tuple
@@ -95,8 +60,7 @@ class PolicyFit:
         return int(max(self.intercept + self.per_sample * batch, self.optimizer_peak))
 
     def largest_batch(self, budget_bytes: int, cap: int = 1 << 20) -> int:
-        """The largest batch whose predicted peak is at most ``budget_bytes`` (0 if not even 1;
-        at most ``cap`` when the peak does not grow with the batch)."""
+        """The largest batch predicted to fit ``budget_bytes`` (0 if not even 1; at most ``cap``)."""
         if self.peak(1) > budget_bytes:
             return 0
         if self.per_sample <= 0:
@@ -106,20 +70,9 @@ class PolicyFit:
 
 @dataclass
 class Extrapolation:
-    """What `extrapolate` measured and what it predicts.
-
-    Attributes:
-        name: the model; ``precision`` its autocast precision; ``device``.
-        unit, items_per_sample: what a sample is (``tokens`` and the sequence length, or
-            ``samples`` and 1).
-        n_blocks: ``L``; ``block_saved``: ``S``, saved bytes per sample of one plain block;
-            ``block_input``: ``I``, bytes per sample of a block's input; ``outside``:
-            ``(intercept, per sample)`` of the bytes saved outside the blocks;
-            ``block_const``: ``C``, the bytes one plain block saves whatever the batch
-            (autocast's weight copies, for one).
-        fits: `PolicyFit` per measured policy.
-        measurements: every `course_utils.profiling.ProfileMeasurement` taken.
-    """
+    """What `extrapolate` measured and predicts, in the module docstring's symbols: ``n_blocks``
+    ``L``, ``block_saved`` ``S``, ``block_input`` ``I``, ``block_const`` ``C``, ``outside``
+    ``(intercept, per sample)``; ``fits``, a `PolicyFit` per policy."""
 
     name: str
     precision: str
@@ -142,11 +95,7 @@ class Extrapolation:
         return self.fits[policy]
 
     def peak(self, batch: int, policy: str = "none") -> int:
-        """Predicted peak bytes of one step at ``batch`` with ``policy`` (a measured one).
-
-        Raises:
-            KeyError: ``policy`` was not measured.
-        """
+        """Predicted peak bytes of one step at ``batch`` with ``policy`` (KeyError: not measured)."""
         return self._fit(policy).peak(batch)
 
     def largest_batch(self, budget_bytes: int, policy: str = "none") -> int:
@@ -154,31 +103,19 @@ class Extrapolation:
         return self._fit(policy).largest_batch(budget_bytes)
 
     def saved(self, batch: int, policy: str = "none") -> int | None:
-        """Saved-tensor bytes on the device predicted from one block (the module docstring);
-        None for a policy the block model cannot predict (``selective``, ``hf``).
-
-        Raises:
-            ValueError: an unknown policy.
-        """
+        """Saved-tensor bytes on the device predicted from one block; None for a policy the block
+        model cannot predict (``selective``, ``hf``); ValueError for an unknown policy."""
         mode, k = parse_model_policy(policy, self.n_blocks)
-        L, S, In, C = self.n_blocks, self.block_saved, self.block_input, self.block_const
-        out = self.outside[0] + self.outside[1] * batch
-        if mode == "none":
-            plain, ckpt = L, 0
-        elif mode == "full":
-            plain, ckpt = 0, L
-        elif mode == "every-k":
-            ckpt = math.ceil(L / k)
-            plain = L - ckpt
-        elif mode in ("offload", "offload+checkpoint"):
-            plain = ckpt = 0
-        else:
+        if mode not in ("none", "full", "every-k", "offload", "offload+checkpoint"):
             return None
+        L, S, In, C = self.n_blocks, self.block_saved, self.block_input, self.block_const
+        ckpt = L if mode == "full" else math.ceil(L / k) if mode == "every-k" else 0
+        plain = 0 if mode.startswith("offload") else L - ckpt
+        out = self.outside[0] + self.outside[1] * batch
         return int(round(out + plain * (C + S * batch) + ckpt * In * batch))
 
     def table(self, batches) -> pd.DataFrame:
-        """Predicted peak (MiB) per batch (rows) and measured policy (columns, under the label
-        ``predicted peak MiB``)."""
+        """Predicted peak MiB per batch (rows) and policy (columns)."""
         return pd.DataFrame({p: [f.peak(b) / MiB for b in batches] for p, f in self.fits.items()},
                             index=pd.Index(list(batches), name="batch")).round(2).rename_axis(
                                 columns="predicted peak MiB")
@@ -186,19 +123,8 @@ class Extrapolation:
 
 @dataclass(frozen=True)
 class PredictionCheck:
-    """One real step at the batch the prediction picked (`check_prediction`).
-
-    Attributes:
-        policy, batch_size: what ran.
-        budget_bytes: the budget the batch was chosen for.
-        predicted_peak, measured_peak: bytes (measured None after an out-of-memory error).
-        error: ``(predicted - measured) / measured`` (None if not measured).
-        fits: the measured peak is at most the budget (False after an out-of-memory error).
-        oom: the step ran out of device memory (CUDA, under the enforced budget).
-        note: what happened, in words.
-        measured_saved: the step's saved tensors (bytes, the meter's count as
-            `Extrapolation.saved` predicts it; None if not measured).
-    """
+    """One real step at the batch the prediction picked (`check_prediction`); bytes, None where
+    not measured; ``error``: ``(predicted - measured) / measured``."""
 
     policy: str
     batch_size: int
@@ -212,34 +138,25 @@ class PredictionCheck:
     measured_saved: int | None = None
 
 
-#: On a CPU, `check_prediction` does not run a step whose predicted peak exceeds this fraction of
-#: the RAM free now (nothing would stop it short of the kernel's out-of-memory killer).
+#: On a CPU, `check_prediction` does not run a step predicted to need more than this share of the
+#: RAM free now (nothing would stop it short of the kernel's out-of-memory killer).
 RAM_FRACTION = 0.8
 
-#: On CUDA, the share of a budget that a predicted (allocated) peak may fill when a batch is
-#: planned for it: the budget caps the caching allocator's *reserved* memory, which also holds
-#: freed blocks it cannot hand out whole (fragmentation). Measured on an H200 (lesson 05, a
-#: Llama-style model, 2 blocks of width 1536): under an 8.32 GiB budget, batch 32 ran out of
-#: memory with 7.91 GiB allocated and 0.24 GiB reserved but unallocated, and batch 30 (7.87 GiB
-#: predicted, planned at 95 %) too, so more than 0.45 GiB went to blocks the allocator kept; on an
-#: H100 the card's plan at 99.9 % of 70.8 GiB ran out with 0.45 GiB
-#: (``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.txt``). The overhead is of the order of
-#: the largest tensors of a step, not of the budget, so the share matters most at small budgets.
+#: On CUDA, the share of a budget a predicted (allocated) peak may fill: the budget caps the
+#: allocator's *reserved* memory, which also holds freed blocks it cannot hand out whole: on an
+#: H100 a plan at 99.9 % of 70.8 GiB ran out of memory with 0.45 GiB held that way
+#: (``results/NVIDIA-H100-80GB-HBM3-2026-11-26/profile-gpt2.txt``).
 CUDA_PLANNING_SHARE = 0.9
 
-#: What to try when reserved-but-unallocated memory runs a step out of memory: the allocator
-#: setting of PyTorch's CUDA memory-management notes, under its torch 2.13 name
-#: (``PYTORCH_CUDA_ALLOC_CONF``, the older name, is still read). In English: a note shows
-#: ``tr(ALLOC_CONF_HINT)``.
+#: What to try when reserved-but-unallocated memory runs a step out of memory (PyTorch's CUDA
+#: memory-management notes; ``PYTORCH_CUDA_ALLOC_CONF``, the older name, is still read).
 ALLOC_CONF_HINT = ("if much memory is reserved but unallocated, PYTORCH_ALLOC_CONF="
                    "expandable_segments:True lets the allocator grow blocks instead of "
                    "fragmenting them")
 
 
 def _oom_gist(error: str | None) -> str:
-    """The part of an out-of-memory message worth a sentence: what the step asked for, from the
-    course's message (`course_utils.measure.describe_out_of_memory`) or torch's CUDA text,
-    else nothing."""
+    """What the step asked for, from an out-of-memory message, or ""."""
     ours = re.search(r"(the step asked for .*?)(?:;|\. |\.?$)", error or "")
     if ours:
         return f" ({ours.group(1).rstrip('.')})"
@@ -248,8 +165,8 @@ def _oom_gist(error: str | None) -> str:
 
 
 def block_input_bytes(spec: ModelSpec, batch_size: int, precision: str = "fp32") -> int:
-    """Bytes of block 0's first tensor argument in one forward at ``batch_size`` (its storage),
-    under ``precision``'s autocast, read by a forward pre-hook; no backward is run."""
+    """Storage bytes of block 0's first tensor argument in one forward at ``batch_size`` under
+    ``precision``'s autocast."""
     model = spec.fresh("none")
     _, container = find_blocks(model, spec.blocks)
     seen = []
@@ -275,15 +192,8 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
                 precision: str = "fp32", policies=("none", "full"), batches=(2, 4),
                 device: str | None = None, blocks=None, forward: Callable | None = None,
                 seed: int = 0, lr: float = 1e-3, name: str | None = None) -> Extrapolation:
-    """Measure one step at two small batches per policy and one block's saved tensors; return
-    the `Extrapolation` that predicts the peak at any batch (see the module docstring).
-
-    Args:
-        model, make_batch, loss_fn, device, blocks, forward, seed, lr, name: as
-            `course_utils.profiling.profile`.
-        precision: one precision (fp32, bf16, fp16).
-        policies: the policies to fit (``none`` is always measured: the block model needs it).
-        batches: the two batch sizes ``(b1, b2)``, ``b1 < b2``.
+    """One step at each of ``batches`` ``(b1, b2)`` per policy (``none`` always) in ``precision``:
+    the `Extrapolation` that predicts the peak at any batch. The rest as `profiling.profile`.
 
     Raises:
         ValueError: ``batches`` not two increasing positive integers, an unknown precision or
@@ -308,7 +218,6 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
     _, unit, per = _batch_info(spec.batch(b[0]))
     ex = Extrapolation(spec.name, precision, spec.device, unit, per, L, 0.0, 0.0, (0.0, 0.0),
                        spec=spec)
-    blocks_path = spec.blocks
     for policy in policies:
         ms = []
         for n in b:
@@ -332,7 +241,7 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
             per_block, outside = [], []
             for m in ms:
                 df = m.saved_modules
-                inside = df["module"].map(lambda name: block_of(name, blocks_path) is not None)
+                inside = df["module"].map(lambda name: block_of(name, spec.blocks) is not None)
                 per_block.append(df.loc[inside, "nbytes"].sum() / L)
                 outside.append(df.loc[~inside, "nbytes"].sum())
             ex.block_saved = (per_block[1] - per_block[0]) / (b[1] - b[0])
@@ -345,19 +254,12 @@ def extrapolate(model, make_batch: Callable[[int], Any], loss_fn: Callable | Non
 
 def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
                      batch_size: int | None = None) -> PredictionCheck:
-    """Run one real step at the largest batch ``ex`` predicts to fit ``budget_bytes`` with
-    ``policy`` (or at ``batch_size``), and compare its peak with the prediction.
-
-    On CUDA the batch is planned for `CUDA_PLANNING_SHARE` of the budget (the allocator reserves
-    more than it allocates), and the budget is enforced for the step
-    (``set_per_process_memory_fraction`` of the device's total, restored afterwards): an
-    out-of-memory error is caught and reported. On a CPU nothing enforces it; the measured peak
-    is compared with it, and a step predicted to need more than `RAM_FRACTION` of the RAM free
-    now is not run (``measured_peak`` None, ``note`` says why).
+    """One real step at ``batch_size`` or the largest batch ``ex`` predicts to fit
+    ``budget_bytes`` with ``policy`` (on CUDA: `CUDA_PLANNING_SHARE` of it, enforced by
+    `course_utils.guard.cuda_memory_cap`; on a CPU not run above `RAM_FRACTION` of the free RAM).
 
     Raises:
-        ValueError: a non-positive budget, or a budget where not even batch 1 is predicted to
-            fit (the message gives the predicted peak at batch 1).
+        ValueError: a non-positive budget, or one not even batch 1 is predicted to fit.
         KeyError: ``policy`` was not measured by ``ex``.
     """
     if not budget_bytes or budget_bytes <= 0:
@@ -372,7 +274,7 @@ def check_prediction(ex: Extrapolation, budget_bytes: int, policy: str = "none",
                             peak=size_text(ex.peak(1, policy))))
     predicted = ex.peak(b, policy)
     spec = ex.spec
-    if device_kind(spec.device) == "cpu":  # nothing stops a CPU step from exhausting the RAM
+    if device_kind(spec.device) == "cpu":
         free = available_memory_bytes(detect("cpu"))
         if free and predicted > RAM_FRACTION * free:
             return PredictionCheck(policy, b, budget_bytes, predicted, None, None, False, False,

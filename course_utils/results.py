@@ -18,25 +18,16 @@ from .measure import MEMORY_FIELDS
 from .step_timing import band_verdict, emulated_factor
 from .terms import MiB
 
-__all__ = ["RUN_CLASSES", "BenchRun", "committed_bench_files", "committed_results",
-           "committed_runs", "committed_memory_tools", "find_results", "bench_rows",
-           "check_out_dir", "write_bench"]
+__all__ = ["RUN_CLASSES", "BenchRun", "committed_runs", "committed_memory_tools", "find_results",
+           "bench_rows", "check_out_dir", "write_bench"]
 
-_RESULT_COLUMNS = ["run", "device", "size", "config", "step ms", "time x", "peak MiB", "peak x",
-                   "saved MiB"]
-
-
-#: The copy of the course this module was imported from (a clone, an unpacked zip, a folder;
-#: site-packages for a wheel, which has no results/).
+#: The copy of the course this module was imported from (site-packages for a wheel: no results/).
 _COURSE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def find_results(start: str | Path | None = None) -> Path | None:
-    """The ``results/`` folder committed with the course: the one beside the imported
-    `course_utils` (the clone the setup cell fetched into ``/content/<repository>`` on Colab, or
-    a checkout), else the first ``results/`` beside a ``course_utils/`` folder in ``start``
-    (default: the working folder) or one of its parents. None if there is none (a wheel install
-    run outside a copy of the course)."""
+    """The ``results/`` folder beside the imported `course_utils`, else beside a ``course_utils/``
+    folder in ``start`` (default: the working folder) or one of its parents; else None."""
     here = Path.cwd() if start is None else Path(start)
     for folder in (_COURSE_ROOT, here, *here.parents):
         if (folder / "results").is_dir() and (folder / "course_utils").is_dir():
@@ -44,68 +35,19 @@ def find_results(start: str | Path | None = None) -> Path | None:
     return None
 
 
-def committed_results(folder: str | Path | None = None,
-                      devices: tuple[str, ...] | None = ("cuda",)) -> pd.DataFrame:
-    """The `course-bench` runs committed under ``results/`` (`committed_bench_files`: both
-    layouts) on the given kinds of device (default: GPUs only; the maintainers' CPU runs sit
-    there too), one row per configuration.
-
-    Args:
-        folder: the ``results`` folder (default: `find_results`, the one committed with the
-            course this module was imported from).
-        devices: device kinds to keep (``"cuda"``, ``"cpu"``, ``"mps"``), or None for every run.
-
-    Returns:
-        Columns ``run`` (the run's folder name), ``device``, ``size``, ``config``, ``step ms``
-        (the row's own median), ``time x`` (median of the per-round ratios to the run's first
-        row), ``peak MiB``, ``peak x``, ``saved MiB``; empty (same columns) when there is no run.
-
-    Raises:
-        ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
-    """
-    rows = []
-    for run in _bench_runs(folder, devices):
-        try:
-            for r in run.payload["rows"]:
-                meas, ratios = r["measured"], r["ratios"]
-                rows.append({
-                    "run": run.name, "device": run.hardware.get("name"),
-                    "size": run.payload.get("size"), "config": r["label"],
-                    "step ms": None if meas.get("step_time_s") is None
-                    else meas["step_time_s"] * 1e3,
-                    "time x": ratios.get("time_ratio"),
-                    "peak MiB": None if meas.get("peak_allocated") is None
-                    else meas["peak_allocated"] / MiB,
-                    "peak x": ratios.get("peak_ratio"),
-                    "saved MiB": None if meas.get("saved_total") is None
-                    else meas["saved_total"] / MiB})
-        except (KeyError, TypeError) as e:
-            raise _not_bench(run.path, e) from e
-    return pd.DataFrame(rows, columns=_RESULT_COLUMNS)
-
-
 def _not_bench(path, error: Exception) -> ValueError:
     return ValueError(tr("{path} is not course-bench output ({error!r}).", path=path, error=error))
 
 
-#: The two classes of committed GPU run (``tools/gpu_results.sh``'s modes): a GPU measured at its
-#: own recipe and size profile, and a bigger GPU standing in for a Colab T4 (`course_utils.stand_in`).
+#: The classes of committed GPU run (``tools/gpu_results.sh``'s modes): a GPU at its own recipe and
+#: size profile, and a bigger GPU standing in for a Colab T4 (`course_utils.stand_in`).
 RUN_CLASSES = ("native", "t4")
 
 
 @dataclass(frozen=True)
 class BenchRun:
-    """One committed ``bench.json``.
-
-    Attributes:
-        path: the file.
-        name: the run's folder under ``results/`` (``NVIDIA-H200-2026-11-27``).
-        mode: its class, one of `RUN_CLASSES`: the folder it sits in (``<run>/<mode>/course-bench/``)
-            or, in the older layout (``<run>/bench.json``), ``t4`` when the hardware was a
-            stand-in, else ``native``.
-        date: the ``YYYY-MM-DD`` in the run's folder name, or "" when it has none.
-        payload: the parsed file; hardware: its ``hardware`` record.
-    """
+    """One committed ``bench.json``: ``name``, the run's folder; ``mode``, one of `RUN_CLASSES`;
+    ``date``, the ``YYYY-MM-DD`` in ``name`` or ""; ``payload``, the parsed file."""
 
     path: Path
     name: str
@@ -115,27 +57,16 @@ class BenchRun:
     hardware: dict
 
 
-def committed_bench_files(folder: str | Path | None = None) -> list[Path]:
-    """Every ``bench.json`` committed under ``folder`` (default `find_results`), in both layouts:
-    ``<run>/bench.json`` (``course-bench --out results/<run>``, the first GPU runs) and
-    ``<run>/<mode>/course-bench/bench.json`` (``tools/gpu_results.sh``, mode ``native`` or
-    ``t4``); sorted by path; [] where there is no ``results/`` folder."""
+def _bench_runs(folder, devices) -> list[BenchRun]:
+    """The runs under ``folder`` (default `find_results`) on ``devices`` (None: all), in path
+    order, in both layouts: ``<run>/bench.json`` (mode ``t4`` for a stand-in, else ``native``)
+    and ``<run>/<mode>/course-bench/bench.json`` (``tools/gpu_results.sh``). ValueError, naming
+    the file: not JSON, no ``hardware``, or a mode folder not in `RUN_CLASSES`."""
     root = Path(folder) if folder is not None else find_results()
     if root is None or not root.is_dir():
         return []
-    return sorted({*root.glob("*/bench.json"), *root.glob("*/*/course-bench/bench.json")})
-
-
-def _bench_runs(folder, devices) -> list[BenchRun]:
-    """The `BenchRun` of each file of `committed_bench_files` whose device kind is one of
-    ``devices`` (None: every run), in path order.
-
-    Raises:
-        ValueError: a file that is not JSON, has no ``hardware``, or sits under a mode folder
-            that is not one of `RUN_CLASSES` (the file is named).
-    """
     runs = []
-    for path in committed_bench_files(folder):
+    for path in sorted({*root.glob("*/bench.json"), *root.glob("*/*/course-bench/bench.json")}):
         try:
             payload = json.loads(path.read_text())
             hw = payload["hardware"]
@@ -156,10 +87,8 @@ def _bench_runs(folder, devices) -> list[BenchRun]:
 
 
 def _ratio_between(row: dict, ref: dict) -> tuple[float | None, str]:
-    """``row``'s step time over ``ref``'s, both stored as ratios to the run's first row, and its
-    verdict: from the two stored noise bands, the quotient lies within ``[low_r / high_ref,
-    high_r / low_ref]`` (a band at least as wide as one measured directly); a ratio is called
-    faster or slower only when that band, as printed, excludes 1.00; no band, no verdict word."""
+    """``row``'s step time over ``ref``'s (both stored as ratios to the run's first row) and its
+    verdict, from the band ``[low_r / high_ref, high_r / low_ref]``."""
     a, b = row["ratios"], ref["ratios"]
     if a.get("time_ratio") is None or not b.get("time_ratio"):
         return None, "not timed"
@@ -186,11 +115,9 @@ def _run_table(run: BenchRun) -> pd.DataFrame:
     for r in rows:
         ratio, verdict = _ratio_between(r, ref)
         meas = r["measured"]
-        if verdict == "emulated":  # printed once, rounded, with no verdict word (method.md)
+        if verdict == "emulated":
             ms, cell = None, tr("emulated: about {factor}", factor=emulated_factor(ratio))
-        else:
-            # the reference's median times the row's ratio: the milliseconds and the ratio
-            # beside them agree (a row's own median can come from another round)
+        else:  # the reference's median times the row's ratio (docs/method.md#time)
             paired = ref_s is not None and ratio is not None and verdict != "too few rounds"
             own = meas.get("step_time_s")
             ms = ref_s * ratio * 1e3 if paired else (None if own is None else own * 1e3)
@@ -220,25 +147,10 @@ def _run_title(run: BenchRun) -> str:
 def committed_runs(folder: str | Path | None = None,
                    devices: tuple[str, ...] | None = ("cuda",),
                    newest: bool = True) -> list[tuple[str, pd.DataFrame]]:
-    """The committed `course-bench` runs (`committed_bench_files`) as lesson 02 shows them,
-    ``(title, table)`` each: by default only the newest run of each class of `RUN_CLASSES` (a
-    GPU at its own recipe and size profile, then a T4 stand-in), newest by the date in the run's
-    folder name (ties: by folder name); ``newest=False`` gives every run, in path order.
-
-    The title names the GPU (for a stand-in, the stand-in's words: "NVIDIA H200 standing in for
-    a Tesla T4: ..."), the size profile, torch, the date and the folder: someone else's run, on
-    another day. The table, indexed by the configuration in words
-    (`course_utils.experiments.plain_label`), gives ``step ms``, the time against the run's
-    recommended precision without checkpointing (``time vs bf16``: a ratio only outside the
-    noise, `course_utils.experiments.time_cell`; an emulated row's time once, rounded,
-    `course_utils.step_timing.emulated_factor`), ``peak MiB`` and ``saved MiB``. ``step ms`` is
-    the reference row's median step time times the row's ratio to it (the median of the
-    per-round ratios), so a printed ratio equals the quotient of the printed times; a row with
-    no band keeps its own median.
-
-    Raises:
-        ValueError: a ``bench.json`` that is not `course-bench` output (the file is named).
-    """
+    """The committed `course-bench` runs on ``devices`` as lesson 02 shows them, ``(title,
+    table)`` each: the newest (by the date in its folder name) of each of `RUN_CLASSES`, or all
+    with ``newest=False``, timed against the recommended precision without checkpointing.
+    ValueError: a ``bench.json`` that is not `course-bench` output (the file is named)."""
     runs = _bench_runs(folder, devices)
     if newest:
         latest = {}
@@ -256,8 +168,8 @@ def committed_runs(folder: str | Path | None = None,
     return out
 
 
-#: The rows of lesson 04's ``cuda-memory-tools`` table that `committed_memory_tools` reads, by
-#: the start of their label (pandas cuts long labels short in a transcript).
+#: The rows of lesson 04's ``cuda-memory-tools`` table `committed_memory_tools` reads, by the
+#: start of their label (a transcript cuts long labels short).
 _MEMORY_TOOLS_ROWS = {"peak allocated in the step": "peak_allocated",
                       "reserved now": "reserved",
                       "of which split blocks": "split_blocks",
@@ -265,8 +177,7 @@ _MEMORY_TOOLS_ROWS = {"peak allocated in the step": "peak_allocated",
 
 
 def _section(text: str, cell_id: str) -> str:
-    """The output of cell ``cell_id`` in a lesson transcript (``--- [cell-id]`` headers, as
-    ``tools/bench_lessons.py`` writes them); "" if absent."""
+    """The output of cell ``cell_id`` in a ``tools/bench_lessons.py`` transcript; "" if absent."""
     head = f"--- [{cell_id}]\n"
     if head not in text:
         return ""
@@ -275,10 +186,8 @@ def _section(text: str, cell_id: str) -> str:
 
 
 def _gpu_model(setup: str, run_dir: Path | None = None) -> str | None:
-    """The model lesson 04's GPU cell trained (``config_for(size)`` in the recipe precision), in
-    words, from a transcript's setup section; None where it names no size profile. A profile's
-    dimensions change between releases, so they are read from the same run's ``course-bench``
-    (``run_dir/bench.json``, the same GPU and day) where it was committed, else today's."""
+    """The model lesson 04's GPU cell trained, in words, from a transcript's setup section (None
+    without a size profile), its dimensions from the same run's ``run_dir/bench.json`` if any."""
     size = re.search(r"size profile '([^']+)'", setup)
     recipe = re.search(r"^recipe\s*:\s*(\S+)", setup, re.MULTILINE)
     if not size or size.group(1) not in SIZE_PROFILES:
@@ -301,17 +210,9 @@ def _gpu_model(setup: str, run_dir: Path | None = None) -> str | None:
 
 
 def committed_memory_tools(folder: str | Path | None = None) -> dict | None:
-    """What lesson 04's ``cuda-memory-tools`` cell measured on the newest GPU run committed
-    under ``results/lesson-timings-*/transcripts/04_scaling_out.txt``, for a machine without a
-    GPU to show in one line.
-
-    Returns:
-        ``{"run", "device", "torch", "model", "peak_allocated", "reserved", "split_blocks",
-        "outside_allocator"}`` (the four values in MiB; ``model``: the model that cell trained,
-        in words, from the transcript's size profile and recipe, as "the 'h100' model (12
-        layers, d_model 1536, 342M parameters, micro-batch 16, bf16)", or None where the
-        transcript does not say), or None when no committed transcript holds the cell's table.
-    """
+    """``{"run", "device", "torch", "model", "peak_allocated", "reserved", "split_blocks",
+    "outside_allocator"}`` (MiB) that lesson 04's ``cuda-memory-tools`` cell measured in the newest
+    ``results/lesson-timings-*/transcripts/04_scaling_out.txt``; None where none holds it."""
     root = Path(folder) if folder is not None else find_results()
     paths = sorted(root.glob("lesson-timings-*/transcripts/04_scaling_out.txt")) if root else []
     for path in reversed(paths):
@@ -337,9 +238,8 @@ def committed_memory_tools(folder: str | Path | None = None) -> dict | None:
 
 
 def bench_rows(df: pd.DataFrame) -> list[dict]:
-    """`course_utils.experiments.compare`'s table as ``bench.json`` rows: per configuration its
-    ``label``, ``config``, ``measured`` and ``estimated`` bytes and seconds, ``ratios``,
-    ``time_verdict``, ``emulated``, ``oom``, ``error``, ``notes`` (JSON-ready: NaN -> None)."""
+    """`course_utils.experiments.compare`'s table as ``bench.json`` rows (JSON-ready: NaN ->
+    None)."""
     rows = []
     for rec in df.to_dict(orient="records"):
         c = {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in rec.items()}
@@ -362,23 +262,14 @@ def bench_rows(df: pd.DataFrame) -> list[dict]:
 
 
 def check_out_dir(folder: str | Path) -> Path:
-    """Check, before any work, that ``folder`` can receive result files
-    (`course_utils.cli_args.check_out_folder`, for ``--out``).
-
-    Raises:
-        ValueError: ``folder`` is an existing file, its parent is missing or not a folder, or
-            it is not writable (the message says which).
-    """
+    """``folder``, checked before any work (`course_utils.cli_args.check_out_folder`): ValueError,
+    saying why, where it cannot receive result files."""
     return check_out_folder(folder)
 
 
 def write_bench(folder: str | Path, payload: dict, figure=None) -> list[Path]:
-    """Write ``bench.json`` (``payload``) and, if given, ``bench.png`` (``figure``) into
-    ``folder`` (made if missing); returns the paths written.
-
-    Raises:
-        ValueError: as `check_out_dir`.
-    """
+    """Write ``bench.json`` (``payload``) and ``bench.png`` (``figure``, if given) into ``folder``
+    (made if missing, else ValueError as `check_out_dir`); returns the paths written."""
     out = check_out_dir(folder)
     out.mkdir(exist_ok=True)
     paths = [out / "bench.json"]

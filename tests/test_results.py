@@ -12,25 +12,6 @@ from course_utils.terms import MiB
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_committed_results_reads_course_bench_output(tmp_path):
-    from course_utils.cli import main
-    assert results.committed_results(tmp_path).empty
-    assert list(results.committed_results(tmp_path).columns)[:4] == ["run", "device", "size",
-                                                                    "config"]
-    out = tmp_path / "Some-GPU-2026-01-01"
-    assert main(["--size", "smoke", "--device", "cpu", "--precisions", "fp32",
-                 "--steps", "1", "--out", str(out)]) == 0
-    assert results.committed_results(tmp_path).empty          # a CPU run: not among the GPU runs
-    df = results.committed_results(tmp_path, devices=("cpu",))
-    assert list(df["run"]) == ["Some-GPU-2026-01-01"] and list(df["config"]) == ["fp32"]
-    assert df["peak MiB"].iloc[0] > 0 and df["time x"].iloc[0] == pytest.approx(1.0)
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "bench.json").write_text(json.dumps({"rows": []}))
-    with pytest.raises(ValueError, match="broken"):
-        results.committed_results(tmp_path, devices=None)
-    assert isinstance(df, pd.DataFrame)
-
-
 TRANSCRIPT = """--- [setup]
 device        : cuda (Some GPU 80GB)
 torch         : 2.11.0+cu130

@@ -1,5 +1,4 @@
-"""The claims ledger as a coloured HTML table (a pandas Styler, not a figure).
-"""
+"""The claims ledger as a coloured HTML table (a pandas Styler, not a figure)."""
 from __future__ import annotations
 
 import html
@@ -21,20 +20,13 @@ _BASIS_SHOWN = MappingProxyType({"measured": "measured", "derived": "derived (ar
 
 
 def styled_claims(table):
-    """`course_utils.claims.claims_table` as an HTML table: status coloured (held green, busted
-    red, depends orange, inconclusive yellow, not measured here grey), markdown links
-    ``[text](href)`` in ``where`` made clickable, text left-aligned; column labels, statuses and
-    (where there is a ``basis`` column) bases shown in the learner's language
-    (`course_utils.i18n.label`: the data stay English).
-
-    Args:
-        table: columns ``says``, ``status``, ``evidence``, ``where`` (one row per claim).
-
-    Returns:
-        A ``pandas.io.formats.style.Styler`` (display it as a cell's last expression).
+    """`course_utils.claims.claims_table` (columns ``says``, ``status``, ``evidence``, ``where``)
+    as a ``pandas`` Styler: status coloured, markdown links in ``where`` clickable, labels,
+    statuses and bases in the learner's language (`course_utils.i18n.label`; the data stay
+    English).
 
     Raises:
-        ValueError: no rows, or a column above missing.
+        ValueError: no rows, or one of those columns missing.
     """
     need = {"says", "status", "evidence", "where"}
     if len(table) == 0 or need - set(table.columns):
