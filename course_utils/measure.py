@@ -1,28 +1,14 @@
 """The meter: saved tensors, peak memory and step time of one `RunConfig`.
 
-`measure(config)` returns a `Measurement` whose memory fields have the same names as
-`course_utils.memory_model.MemoryEstimate`, so "predicted vs measured" is a subtraction.
-
-How each number is taken:
-
-* **saved tensors**: `course_utils.saved_tensors.SavedTensorMeter` (the course's one meter)
-  around the forward of one step: activations, autocast's weight copies and logits, by storage,
-  parameters excluded.
-* **peak allocated**: one training step after warm-up. CUDA: the allocator's
-  ``max_memory_allocated`` above its value at the step's start; CPU: the profiler's memory events
-  (`course_utils.memory_timeline`); both added to the bytes alive at the step's start (parameters +
-  optimizer state), so other models alive in the process do not count. MPS has no peak-memory
-  counter (``torch.mps`` reports current and driver-allocated bytes only): the step is timed on
-  MPS and its peak is taken the CPU's way on a copy of the model, optimizer state and
-  micro-batches on the CPU (`course_utils.hardware.MPS_PEAK_NOTE`; ``peak_method`` says so).
-* **step time**: forward + backward + optimizer step of the course's `train_step` (or a lesson's
-  own step), one `course_utils.step_timing.time_step` per step (the accelerator synchronised); as
-  many steps as fit a time budget, or one step where the precision is only emulated on this
-  hardware (its time is not the speed of real hardware).
+`measure(config)` returns a `Measurement` whose memory fields are those of
+`course_utils.memory_model.MemoryEstimate`; `course_utils.experiments.compare` shares its core
+(`accept`, `prepare`, `measure_memory`, `time_in_alternation`). How each number is taken:
+docs/method.md#memory and docs/method.md#time. MPS has no peak-memory counter (``torch.mps``
+reports current and driver-allocated bytes only): there the peak is taken on a CPU copy of the
+step (`course_utils.hardware.MPS_PEAK_NOTE`).
 
 Over 400 lines because it is the one meter: the `Measurement` record, its check against the
-estimate, and the measurement core that `measure` and `course_utils.experiments.compare` share
-(accept, prepare, memory step, timing, the one out-of-memory message).
+estimate, the measurement core and the one out-of-memory message.
 """
 from __future__ import annotations
 
@@ -73,28 +59,22 @@ OutOfMemory = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemory
 
 @dataclass
 class Measurement:
-    """What one configuration measured. Bytes are bytes; times are seconds.
+    """What one configuration measured, in bytes and seconds.
 
     Attributes:
-        config: the `RunConfig` measured.
         parameters, gradients, optimizer_state: bytes of the parameters, of their gradients
             after a backward, of AdamW's state (two fp32 moments + step counters).
-        activations: saved-tensor bytes of the embeddings and blocks of one forward.
-        autocast_weight_copies: saved low-precision copies of weights made by autocast (0 in fp32).
-        logits: saved-tensor bytes of the final LayerNorm, head and loss (fp32 log-softmax).
-        peak_allocated: peak bytes allocated during one step (None where the backend cannot
-            tell; ``peak_method`` says how it was taken or why not).
-        saved_method: how the saved-tensor fields were taken, or why they are None (a torch
-            whose selective-checkpointing cache the meter cannot read).
-        peak_reserved: CUDA caching-allocator peak reserved bytes above the step's start (None
-            elsewhere).
-        step_times_s: every timed step (seconds), in order.
-        step_time_s, step_time_iqr_s: their median and interquartile range (IQR None with
-            fewer than 2 steps).
+        activations, autocast_weight_copies, logits: saved-tensor bytes of one forward: the
+            embeddings and blocks; autocast's weight copies; the final LayerNorm, head and loss.
+        peak_allocated: peak bytes allocated during one step; ``peak_method`` says how, or why
+            it is None. ``saved_method`` does the same for the saved-tensor fields.
+        peak_reserved: CUDA's peak reserved bytes above the step's start (None elsewhere).
+        step_times_s: every timed step (seconds), in order; ``step_time_s`` and
+            ``step_time_iqr_s`` their median and interquartile range (None below 2 steps).
         tokens_per_s: tokens per optimizer step / median step time.
         emulated: the precision is only emulated on this hardware (`hardware.is_emulated`).
         timing: how the time was taken, in words.
-        oom: the run hit an out-of-memory error; ``error`` holds the message and a suggestion.
+        oom: the run hit an out-of-memory error; ``error`` holds the message.
         notes: notes for the learner (e.g. bf16 emulated on this CPU).
     """
 
@@ -132,14 +112,6 @@ class Measurement:
         """How many steps were timed (each round of an alternation times one)."""
         return len(self.step_times_s)
 
-    @property
-    def step_time_band_s(self) -> tuple[float, float] | None:
-        """The first and third quartile of the timed steps (seconds), None with fewer than 2."""
-        if len(self.step_times_s) < 2:
-            return None
-        q = statistics.quantiles(self.step_times_s, n=4, method="inclusive")
-        return q[0], q[2]
-
     def add_times(self, times) -> None:
         """Append timed steps (seconds) and update the median, IQR and tokens/s."""
         self.step_times_s.extend(float(t) for t in times)
@@ -163,15 +135,12 @@ class Measurement:
 
 # --- measured against estimated --------------------------------------------------------------
 
-#: How far a measurement may differ from the analytic estimate before the learner is told
-#: (fraction of the estimate). Saved tensors match the estimate byte for byte wherever the
-#: meter works (tests/test_saved_tensors.py), so 10 % only leaves room for kernels that save
-#: a little more (a GPU's attention kernel); the peak also holds allocator and library
-#: workspaces, hence 25 %.
+#: How far a measurement may differ from the estimate (fraction of it) before the learner is
+#: told: saved tensors match it byte for byte (tests/test_saved_tensors.py), 10 % leaves room for
+#: a GPU's attention kernel; the peak also holds allocator and library workspaces.
 GAP_TOLERANCE = {"saved_total": 0.10, "peak_allocated": 0.25}
 
-#: Setting this environment variable to 1 turns a gap into an error (the test suite and the
-#: support matrix set it: a gap there is a bug in the meter or the estimate, never noise).
+#: Set to 1 (tests, support matrix), this environment variable turns a gap into an error.
 STRICT_ENV = "COURSE_STRICT_ESTIMATES"
 
 
@@ -181,12 +150,9 @@ class EstimateGap(UserWarning):
 
 def estimate_gaps(m: "Measurement", est, tolerance: dict | None = None) -> list[str]:
     """Sentences for each memory field where ``m`` differs from the estimate ``est`` (a
-    `course_utils.memory_model.MemoryEstimate`) by more than ``tolerance`` (a fraction of the
-    estimate, per field; default `GAP_TOLERANCE`). Fields not measured (None) are skipped, as
-    is the ``memory-budget`` policy, whose estimate is only the budget's fraction.
-
-    Example: ``"saved tensors: measured 0.27 MiB, estimated 0.58 MiB (-54 %)"``.
-    """
+    `MemoryEstimate`) by more than ``tolerance`` (fraction per field; default `GAP_TOLERANCE`),
+    e.g. ``"saved tensors: measured 0.27 MiB, estimated 0.58 MiB (-54 %)"``. Fields not measured
+    and the ``memory-budget`` policy (its estimate is only the budget's fraction) are skipped."""
     if m.config.checkpoint.startswith("memory-budget") or m.oom:
         return []
     out = []
@@ -234,13 +200,9 @@ def _free_memory(device: str) -> None:
 
 
 def warm_up(state, steps: int = 1, tiny: bool = False, max_steps: int = 8) -> None:
-    """Run ``steps`` optimizer steps so that AdamW's state exists (more, up to ``max_steps``,
-    while GradScaler skips steps on inf/NaN gradients and no state has been made).
-
-    ``tiny``: warm up on a batch of one short sequence instead of the config's batch (enough
-    to create the optimizer state; used where a full step is slow: emulated precisions on a
-    CPU). Compiled models always warm up at the config's batch (compilation specialises).
-    """
+    """Run ``steps`` optimizer steps so that AdamW's state exists (up to ``max_steps`` while
+    GradScaler skips steps on inf/NaN gradients). ``tiny``: on one short sequence, where a step
+    is slow (emulated precisions); a compiled model warms up at its own batch (it specialises)."""
     cfg = state.config
     tiny = tiny and not cfg.compile
     done = 0
@@ -257,7 +219,7 @@ def warm_up(state, steps: int = 1, tiny: bool = False, max_steps: int = 8) -> No
 
 def memory_step(state) -> dict:
     """Run one step of ``state`` and measure its memory: the saved tensors of its first
-    forward, the gradient bytes, the optimizer state and the peak (see the module docstring).
+    forward, the gradient bytes, the optimizer state and the peak.
 
     Returns:
         ``{field: bytes}`` for `MEMORY_FIELDS` (the saved-tensor ones None when not measurable
@@ -332,12 +294,9 @@ def memory_step(state) -> dict:
 
 
 def _cpu_peak(state) -> int:
-    """Peak bytes of one step of ``state`` run on the CPU: a deep copy of its model (so a
-    customised one, e.g. with LoRA adapters, stays itself), its optimizer with the same groups
-    and state, a GradScaler as enabled as its own, and its next micro-batches; parameters +
-    optimizer state + the profiler's peak above the step's start. The step is ``state``'s own
-    step function with any wrapper that declares ``__wrapped__`` (the dashboard's step counter)
-    removed, so the copy's step is not counted as one of the run's."""
+    """Peak bytes of one step of ``state`` on a CPU copy of its model (LoRA adapters and all),
+    optimizer, GradScaler and next micro-batches. The step function is unwrapped
+    (``__wrapped__``: the dashboard's step counter) so the copy's step is not counted."""
     cfg = state.config
     module = copy.deepcopy(state.module).to("cpu")
     model = torch.compile(module) if cfg.compile else module
@@ -363,14 +322,8 @@ def _cpu_peak(state) -> int:
 
 @dataclass(frozen=True)
 class Accepted:
-    """A configuration the run guard accepted (`accept`), with what the learner should be told.
-
-    Attributes:
-        config: the `RunConfig`.
-        hw: the `HardwareInfo` of ``config.device``.
-        notes: the guard's notes (`course_utils.guard.check_feasible`), e.g. that bf16 is
-            emulated on this CPU.
-    """
+    """A ``config`` the run guard accepted (`accept`) on ``hw`` (its `HardwareInfo`), with the
+    guard's ``notes`` for the learner (e.g. that bf16 is emulated on this CPU)."""
 
     config: RunConfig
     hw: HardwareInfo
@@ -384,9 +337,8 @@ class Accepted:
 
 def accept(config: RunConfig | Accepted, hw: HardwareInfo | None = None, *,
            force: bool = False) -> Accepted:
-    """The run guard's one check of ``config`` (`course_utils.guard.check_feasible`): every entry
-    point that measures asks it once per configuration, before anything runs, and hands the
-    `Accepted` on. An `Accepted` is returned as it is (checked already).
+    """The run guard's one check of ``config`` (`course_utils.guard.check_feasible`), before
+    anything runs; an `Accepted` is returned as it is.
 
     Raises:
         ValueError: a device this machine lacks, or a configuration the guard refuses (unless
@@ -407,8 +359,7 @@ def new_measurement(accepted: Accepted) -> Measurement:
 
 def ran_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` says that memory ran out: torch's `OutOfMemory` (CUDA, MPS), or the CPU
-    allocator's ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory", which torch
-    raises without a type of its own; the one place the course reads an error's text)."""
+    allocator's ``RuntimeError`` ("can't allocate memory": torch gives it no type of its own)."""
     if isinstance(error, OutOfMemory):
         return True
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
@@ -454,9 +405,8 @@ def _oom_facts(text: str) -> dict:
 
 
 def _cap_words(allowed: int | None) -> str:
-    """What capped the allocator, after "beyond": a T4 stand-in's memory, a budget set inside
-    it, a cap set on the real device (``set_per_process_memory_fraction``; MPS's high-water
-    mark), or nothing ("")."""
+    """What capped the allocator, after "beyond": a stand-in's memory, a budget, a cap on the
+    device (``set_per_process_memory_fraction``; MPS's high-water mark), or ""."""
     card = stand_in.active()
     if card is not None:
         theirs = tr("the {size} of the {card} this GPU stands in for",
@@ -470,16 +420,11 @@ def _cap_words(allowed: int | None) -> str:
 
 
 def describe_out_of_memory(error: BaseException) -> str:
-    """What ran out, in the course's words and on one line: what the step asked for, what the
-    allocator held, and the cap it ran into (a T4 stand-in's memory, a budget in force, or the
-    device's free memory), read from torch's message (CUDA's caching allocator, MPS, the CPU
-    allocator). Torch's own text is several sentences long and, under a stand-in
-    (`course_utils.stand_in`), names the real GPU's capacity: it is never quoted whole.
-
-    Example: ``"the step asked for 24.00 MiB more with 1.17 GiB already reserved by PyTorch,
-    beyond the 14.75 GiB of the Tesla T4 this GPU stands in for"``. A message the course cannot
-    read gives its first sentence.
-    """
+    """What ran out, on one line, read from torch's message (CUDA, MPS, the CPU allocator):
+    ``"the step asked for 24.00 MiB more with 1.17 GiB already reserved by PyTorch, beyond the
+    14.75 GiB of the Tesla T4 this GPU stands in for"``. Torch's own text is never quoted whole
+    (under `course_utils.stand_in` it names the real GPU); one the course cannot read gives its
+    first sentence."""
     text = " ".join(str(error).split())
     facts = _oom_facts(text)
     if facts["asked"] is None:
@@ -500,18 +445,13 @@ def describe_out_of_memory(error: BaseException) -> str:
 
 
 def out_of_memory_message(config, hw_name: str, error: BaseException, when: str = "") -> str:
-    """The course's one out-of-memory message, on one line, e.g. ``"out of memory on NVIDIA
-    H200 as a Tesla T4 at batch 32, seq 512 (fp16): the step asked for 24.00 MiB more with
-    1.17 GiB already reserved by PyTorch, beyond the 14.75 GiB of the Tesla T4 this GPU stands
-    in for. Try a smaller batch or sequence, a low precision, or a checkpoint policy such as
-    'full'."`` (`describe_out_of_memory`: torch's own text is never quoted whole).
+    """The course's one out-of-memory message, on one line: ``"out of memory on <hw_name> at
+    batch 32, seq 512 (fp16)<when>: <describe_out_of_memory(error)>. Try a smaller batch ..."``.
 
     Args:
-        config: a `RunConfig` (or any config with ``batch_size`` and ``label``, ``seq_len`` where
-            it has one: `course_utils.profiling.ProfileConfig`).
+        config: any config with ``batch_size``, ``label`` and maybe ``seq_len``.
         hw_name: the device's name; error: what was raised.
-        when: words after the configuration, e.g. ``" while timing the configurations
-            together"`` (`TOGETHER`; shown translated where the message catalog has it).
+        when: words after the configuration (`TOGETHER`), translated where the catalog has them.
     """
     seq = getattr(config, "seq_len", None)
     where = (tr("at batch {batch}, seq {seq}", batch=config.batch_size, seq=seq) if seq
@@ -524,8 +464,8 @@ def out_of_memory_message(config, hw_name: str, error: BaseException, when: str 
 
 @contextlib.contextmanager
 def noting_out_of_memory(m: Measurement, when: str = ""):
-    """Inside the block, running out of memory (`ran_out_of_memory`) marks ``m`` (``oom=True``,
-    ``error`` = `out_of_memory_message`) instead of raising; any other error passes through."""
+    """Inside the block, running out of memory marks ``m`` (``oom``, ``error``) instead of
+    raising; any other error passes through."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
@@ -535,10 +475,8 @@ def noting_out_of_memory(m: Measurement, when: str = ""):
 
 
 def compile_failed(error: BaseException) -> bool:
-    """Whether ``error`` was raised by torch.compile's stack (TorchDynamo, Inductor), whose
-    exception classes live in ``torch._dynamo`` and ``torch._inductor``: e.g. Inductor's
-    ``InductorError`` ("InvalidCxxCompiler: No working C++ compiler found", a machine without a
-    C++ compiler) or a GPU without Triton."""
+    """Whether ``error`` was raised by torch.compile's stack (``torch._dynamo``,
+    ``torch._inductor``): e.g. no working C++ compiler, or a GPU without Triton."""
     return any(c.__module__.startswith(("torch._dynamo", "torch._inductor"))
                for c in type(error).__mro__)
 
@@ -551,10 +489,8 @@ def _compiles(config) -> bool:
 
 @contextlib.contextmanager
 def noting_failed_compile(m: Measurement):
-    """Inside the block, torch.compile failing (`compile_failed`) for a configuration that
-    compiles marks ``m``: ``error`` = ``"torch.compile failed here (InductorError: ...): bf16+compile
-    is not measured here"``, its memory and time None, instead of raising; any other error
-    passes through."""
+    """Inside the block, torch.compile failing for a configuration that compiles marks ``m``
+    (``error`` says it is not measured here) instead of raising; other errors pass through."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - re-raised unless torch.compile failed
@@ -566,12 +502,8 @@ def noting_failed_compile(m: Measurement):
 
 
 def prepare(config: RunConfig, hw: HardwareInfo, step_fn=train_step, warmup: int = 1):
-    """Set up ``config``'s model, optimizer and data (`course_utils.training.setup`) and warm
-    it up (`warm_up`: on a tiny batch where the precision is emulated on ``hw``, a CPU).
-
-    Returns:
-        The warmed-up `course_utils.training.TrainState`.
-    """
+    """The `course_utils.training.TrainState` of ``config``, warmed up (`warm_up`: on a tiny
+    batch where the precision is emulated on ``hw``, a CPU)."""
     state = setup(config, step_fn=step_fn)
     warm_up(state, warmup, tiny=is_emulated(hw, config.precision) and hw.device == "cpu")
     return state
@@ -579,14 +511,12 @@ def prepare(config: RunConfig, hw: HardwareInfo, step_fn=train_step, warmup: int
 
 def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, warmup: int = 1,
                    time_emulated: bool = True):
-    """Set-up, warm-up and one memory step of ``accepted`` (`memory_step`), written into ``m``.
-    Where the precision is emulated and ``time_emulated``, that step is also its one timed step
-    (`EMULATED_TIMING`). Running out of memory marks ``m`` (`noting_out_of_memory`), and so
-    does torch.compile failing for a configuration that compiles (`noting_failed_compile`).
+    """Set-up, warm-up and one memory step of ``accepted`` (`memory_step`), written into ``m``;
+    where the precision is emulated and ``time_emulated``, that step is its one timed step
+    (`EMULATED_TIMING`). Out of memory or a failed compile marks ``m``.
 
     Returns:
-        The live training state, for timing more steps; None after an out-of-memory error, a
-        failed compile, or when the emulated precision's time was taken already.
+        The live training state, for timing; None after an error or an emulated step.
     """
     state = None
     with noting_out_of_memory(m), noting_failed_compile(m):
@@ -607,11 +537,9 @@ def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, wa
 
 def time_in_alternation(ms: list, states: list, budget_s: float | None, rounds: int | None, *,
                         device: str, progress=None) -> None:
-    """Time ``states[i].step`` for ``ms[i]``, one step each in turn, round after round
-    (`course_utils.step_timing.interleaved`: for about ``budget_s`` seconds, or exactly ``rounds``),
-    and add the times to each measurement with the words of how they were taken. Running out of
-    memory with every model alive at once leaves the memory measured and says so in each
-    ``error``, each then "not timed"."""
+    """Time ``states[i].step`` for ``ms[i]`` in alternation (`step_timing.interleaved`: about
+    ``budget_s`` seconds, or exactly ``rounds``) and add the times to each measurement. Running
+    out of memory with every model alive leaves each "not timed", with the reason in ``error``."""
     try:
         times = interleaved([st.step for st in states], budget_s if rounds is None else None,
                             rounds=rounds, progress=progress, device=device)
@@ -637,24 +565,20 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
     """Measure one configuration: memory breakdown, peak, and step time.
 
     Args:
-        config: what to run (a fresh model is built, seeded by ``config.seed``); an `Accepted`
-            is not checked again.
+        config: what to run on a fresh model; an `Accepted` is not checked again.
         budget_s: seconds of timed steps (default `course_utils.step_timing.default_budget_s` of
             the size profile in force); a calibration step decides how many fit.
         steps: time exactly this many steps instead.
-        warmup: optimizer steps before measuring (>= 1: AdamW's state must exist; on a CPU
-            they run on a tiny batch where the precision is emulated).
+        warmup: optimizer steps before measuring (>= 1: AdamW's state must exist).
         timed: False measures memory only (one step).
         force: run configurations that `course_utils.guard.check_feasible` refuses.
         step_fn: the training step (default `course_utils.training.train_step`).
         hw: the `HardwareInfo` of ``config.device`` (default: detected).
 
     Returns:
-        A `Measurement`. Where the precision is emulated on this hardware, one step is timed
-        and ``emulated`` is True. On an out-of-memory error it is marked ``oom=True`` with
-        `out_of_memory_message` in ``error``; memory is released and no exception escapes.
-        Where torch.compile fails for a configuration that compiles, ``error`` says so and
-        that it is not measured here (`noting_failed_compile`).
+        A `Measurement`: one step timed where the precision is emulated here (``emulated``);
+        ``oom`` and ``error`` set, memory released, on an out-of-memory error; ``error`` set
+        where torch.compile fails (`noting_failed_compile`).
 
     Raises:
         ValueError: ``steps`` or ``warmup`` not a positive integer, a non-positive
