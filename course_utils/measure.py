@@ -32,7 +32,7 @@ from .data import get_batch
 from .guard import check_feasible
 from .hardware import HardwareInfo, detect, is_emulated
 from .i18n import tr
-from .memory_timeline import peak_during
+from .memory_timeline import _optimizer_state_bytes, peak_during
 from .saved_tensors import SavedTensorMeter, storage_bytes
 from .step_timing import default_budget_s, interleaved, spread, steps_for_budget, time_step
 from .terms import MiB, check_positive_int
@@ -187,11 +187,6 @@ def report_gaps(m: "Measurement", est) -> list[str]:
 
 
 # --- measure(): one configuration ---------------------------------------------------------
-
-def _optimizer_state_bytes(optimizer) -> int:
-    return storage_bytes(v for st in optimizer.state.values() for v in st.values()
-                         if isinstance(v, torch.Tensor))
-
 
 def _free_memory(device: str) -> None:
     gc.collect()
