@@ -1,39 +1,27 @@
 """Activation checkpointing for the course's model: which blocks recompute in backward.
 
-`apply_checkpointing(model, policy)` wraps blocks of ``model.layers`` in `Checkpointed`
-modules whose forward is the call the lessons teach,
-``checkpoint(run_blocks, blocks, x, use_reentrant=False, context_fn=...)``, as torchtitan's
-``apply_ac`` wraps blocks; the model's forward stays a plain loop over ``model.layers``.
-
-The policies form a closed set:
+`apply_checkpointing(model, policy)` wraps blocks of ``model.layers`` in `Checkpointed` modules
+whose forward is the call the lessons teach, ``checkpoint(run_blocks, blocks, x,
+use_reentrant=False, context_fn=...)``, as torchtitan's ``apply_ac`` wraps blocks. The policies:
 
 =====================  ================================================================
 ``none``               no checkpointing: every block keeps all its saved tensors.
 ``full``               every block checkpointed on its own: only block inputs stay saved.
 ``every-K``            blocks 0, K, 2K, ... checkpointed one by one; the others run plain.
-``segments:N``         the blocks split into N contiguous segments (`segment_bounds`), *every*
-                       segment checkpointed as one unit (`checkpoint_every_segment`; unlike
-                       ``torch.utils.checkpoint.checkpoint_sequential``, which always runs its
-                       last segment plain).
-``selective``          every block checkpointed with an op-level save list (selective
-                       activation checkpointing, SAC): the outputs of matmuls and attention
-                       (`SAVE`) are kept, the cheap pointwise ops are recomputed.
-``memory-budget:B``    all blocks compiled with ``torch.compile`` as one region, whose
-                       partitioner picks the fastest plan that saves at most B (0 to 1) times
-                       the activations of its default plan
-                       (``torch._functorch.config.activation_memory_budget``): 1.0 is the
-                       default, which already recomputes cheap ops where that is faster
-                       (it "should always use less memory than eager"), 0.0 the activation
-                       memory of checkpointing the whole compiled region.
+``segments:N``         N contiguous segments (`segment_bounds`), *every* one checkpointed
+                       (``checkpoint_sequential`` always runs its last segment plain).
+``selective``          every block checkpointed, keeping the outputs of matmuls and
+                       attention (`SAVE`); the cheap pointwise ops are recomputed.
+``memory-budget:B``    all blocks compiled as one region under the partitioner's
+                       ``activation_memory_budget`` B: 1.0 is the default plan, 0.0 the
+                       activation memory of checkpointing the whole compiled region.
 =====================  ================================================================
 
 Sources: ``torch.utils.checkpoint`` docs (``use_reentrant`` must be passed explicitly,
-pytorch#65537; ``create_selective_checkpoint_contexts``); the PyTorch blog "Current and New
-Activation Checkpointing Techniques in PyTorch" (2025); torchtitan
-``torchtitan/distributed/activation_checkpoint.py`` (one function per mode); Korthikanti et al.
-2022 (arXiv 2205.05198) for selective recomputation; the comment on
-``activation_memory_budget`` in ``torch/_functorch/config.py`` (read in torch 2.13) for what a
-budget means.
+pytorch#65537); the PyTorch blog "Current and New Activation Checkpointing Techniques in
+PyTorch" (2025); torchtitan ``torchtitan/distributed/activation_checkpoint.py``; Korthikanti et
+al. 2022 (arXiv 2205.05198); the comment on ``activation_memory_budget`` in
+``torch/_functorch/config.py`` (torch 2.13).
 """
 from __future__ import annotations
 
@@ -167,16 +155,12 @@ class Checkpointed(nn.Module):
 class CompiledUnderBudget(nn.Module):
     """Blocks compiled with ``torch.compile`` as one region under the activation memory budget
     ``budget`` (``torch._functorch.config.activation_memory_budget``, read when the graph is
-    partitioned, at the first call): the partitioner takes the fastest plan whose saved
-    activations are at most ``budget`` times those of its default, runtime-optimised plan (1.0:
-    the default, which already recomputes cheap pointwise ops; 0.0: the activation memory of
-    checkpointing the whole region, whose backward then rebuilds every block at once).
+    partitioned): 1.0 is the default plan, which already recomputes cheap pointwise ops; 0.0
+    the activation memory of checkpointing the whole region.
 
-    Each instance compiles with a backend object of its own, which patches the budget around
-    inductor's ``compile_fx``. Dynamo guards a compiled graph on its backend, so two instances
-    with different budgets never share a graph. (With one shared backend they did: dynamo's
-    cache holds the graph by code object, and the budget is not among its guards, so in one
-    process a second budget silently reused the first one's graph; measured on torch 2.13.)
+    Each instance compiles with a backend of its own: dynamo guards a graph on its backend but
+    not on the budget, so with one shared backend a second budget reused the first one's graph
+    (torch 2.13).
     """
 
     def __init__(self, blocks, budget: float):
@@ -190,8 +174,7 @@ class CompiledUnderBudget(nn.Module):
 
 
 def _budget_backend(budget: float):
-    """A ``torch.compile`` backend (a new object per call): inductor, with the activation
-    memory budget patched while the graph is compiled and partitioned."""
+    """A new ``torch.compile`` backend: inductor, with the activation memory budget patched."""
     def backend(gm, example_inputs):
         # lazy: torch.compile's stack (inductor) loads only when a memory-budget model compiles
         import torch._functorch.config as functorch_config
@@ -213,25 +196,18 @@ SAVE = {aten.mm.default, aten.addmm.default, aten.bmm.default,
 
 
 def save_matmuls_and_attention(ctx, op, *args, **kwargs):
-    # Runs for every op in the checkpointed region's forward: keep its output, or recompute it?
+    # Runs for every op of the checkpointed region's forward: keep its output, or recompute it?
     if op in SAVE:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class SelectiveContexts:
-    """``checkpoint``'s ``context_fn`` for selective checkpointing with ``policy``, whose kept
-    tensors the saved-tensor meter can count.
-
-    Calling it returns ``create_selective_checkpoint_contexts(policy)``, the pair of context
-    managers that ``torch.utils.checkpoint.checkpoint`` runs the forward and the recomputation
-    in. Tensors that SAC keeps live in the cache of the forward's context (its ``storage``), out
-    of the sight of saved-tensor hooks; while ``recording`` is a list (the meter sets one for one
-    forward; it is None otherwise), each forward context made is appended to it, and `sac_kept`
-    reads the cache after the forward.
-
-    The cache is read rather than the policy's ``ctx.op_output``, which only recent torch passes
-    (torch 2.11 has no such field, so counting from it silently gave full checkpointing's bytes).
+    """``checkpoint``'s ``context_fn`` for selective checkpointing with ``policy``
+    (``create_selective_checkpoint_contexts(policy)``), whose kept tensors the saved-tensor meter
+    can count: while ``recording`` is a list, each forward context made is appended to it, and
+    `sac_kept` reads its cache after the forward (not the policy's ``ctx.op_output``, which
+    torch 2.11 lacks).
     """
 
     def __init__(self, policy=save_matmuls_and_attention):
@@ -246,12 +222,9 @@ class SelectiveContexts:
 
 
 def sac_kept(forward_contexts) -> list[torch.Tensor] | None:
-    """The tensors that selective checkpointing's forward ``forward_contexts`` kept for backward.
-
-    Reads each context's cache (``storage``: in every torch from 2.4 on a dict whose leaves wrap
-    the kept outputs in an object with a ``val`` tensor; ops marked for recomputation leave a
-    marker instead). Returns None when a context has no readable cache (a torch whose SAC is
-    built otherwise): the caller must then report the saved bytes as not measured, never as 0.
+    """The tensors that selective checkpointing's forward ``forward_contexts`` kept for backward,
+    read from each context's cache (``storage``, since torch 2.4 a dict whose leaves hold a
+    ``val`` tensor), or None where a context has none readable: then the bytes are not measured.
     """
     kept = []
     for ctx in forward_contexts:
@@ -272,44 +245,26 @@ def selective_contexts(model: nn.Module) -> list[SelectiveContexts]:
             if isinstance(getattr(m, "context_fn", None), SelectiveContexts)]
 
 
-# --- one function per mode ----------------------------------------------------------------
-
-def _apply_none(layers, arg):
-    return list(layers)
-
-
-def _apply_full(layers, arg):
-    return [Checkpointed([b]) for b in layers]
-
-
-def _apply_every_k(layers, arg):
-    return [Checkpointed([b]) if i % arg == 0 else b for i, b in enumerate(layers)]
-
-
-def _apply_segments(layers, arg):
-    return [Checkpointed(layers[a:b]) for a, b in segment_bounds(len(layers), arg)]
-
-
-def _apply_selective(layers, arg):
-    return [Checkpointed([b], SelectiveContexts(save_matmuls_and_attention)) for b in layers]
-
-
-def _apply_memory_budget(layers, arg):
-    return [CompiledUnderBudget(list(layers), arg)]
-
-
-_APPLY = {"none": _apply_none, "full": _apply_full, "every-k": _apply_every_k,
-          "segments": _apply_segments, "selective": _apply_selective,
-          "memory-budget": _apply_memory_budget}
+def _wrapped(layers: list, p: Policy) -> list:
+    """``layers`` wrapped for policy ``p``: one branch per mode."""
+    if p.mode == "none":
+        return layers
+    if p.mode == "full":
+        return [Checkpointed([b]) for b in layers]
+    if p.mode == "every-k":
+        return [Checkpointed([b]) if i % p.arg == 0 else b for i, b in enumerate(layers)]
+    if p.mode == "segments":
+        return [Checkpointed(layers[a:b]) for a, b in segment_bounds(len(layers), p.arg)]
+    if p.mode == "selective":
+        return [Checkpointed([b], SelectiveContexts(save_matmuls_and_attention)) for b in layers]
+    return [CompiledUnderBudget(layers, p.arg)]
 
 
 def apply_checkpointing(model: nn.Module, policy: str) -> nn.Module:
     """Apply ``policy`` to ``model`` in place, by wrapping its blocks, and return it.
 
-    ``model.layers`` (an ``nn.ModuleList`` of blocks, as in the course's GPT) is replaced by the
-    wrapped units; the parameters are the same objects (an optimizer made before still works),
-    under longer names (``layers.0.blocks.0.ln1.weight`` for a wrapped block). Apply a policy
-    to a freshly built model (`course_utils.models.build_model` does).
+    ``model.layers`` (an ``nn.ModuleList`` of blocks) is replaced by the wrapped units; the
+    parameters are the same objects under longer names (``layers.0.blocks.0.ln1.weight``).
 
     Raises:
         ValueError: an unknown policy, one that does not fit ``len(model.layers)``, a model
@@ -325,5 +280,5 @@ def apply_checkpointing(model: nn.Module, policy: str) -> nn.Module:
                             "(build_model(config.replace(checkpoint=...))) to change the "
                             "policy."))
     p = parse_policy(policy, len(layers))
-    model.layers = nn.ModuleList(_APPLY[p.mode](list(layers), p.arg))
+    model.layers = nn.ModuleList(_wrapped(list(layers), p))
     return model
