@@ -24,12 +24,7 @@ IGNORE_INDEX = -100
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The head matmul's dtype: autocast's where it is on (``linear`` is on every device's
-    lower-precision list), else the inputs' own.
-
-    Raises:
-        ValueError: without autocast, ``hidden`` and ``weight`` of different dtypes (as
-            ``F.linear`` refuses them).
-    """
+    lower-precision list), else the inputs' own (ValueError if they differ, as ``F.linear``)."""
     kind = hidden.device.type
     if torch.is_autocast_enabled(kind):
         return torch.get_autocast_dtype(kind)
@@ -46,13 +41,9 @@ def _logits_fp32(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> to
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """``mean(logsumexp(h W^T + b) - (h W^T + b)[target])`` over the tokens whose target is not
-    ``ignore_index``, chunk by chunk; backward recomputes each chunk's logits.
-
-    Saves for backward: ``h`` (its storage), ``W``, ``b``, the targets and the per-token
-    log-sum-exp (fp32, 4 bytes a token). Autocast is off inside: the caller casts ``h``, ``W``
-    and ``b`` to the compute dtype, and the softmax arithmetic is fp32.
-    """
+    """``mean(logsumexp(h W^T + b) - (h W^T + b)[target])`` over the counted tokens, chunk by
+    chunk; saves ``h``, ``W``, ``b``, the targets and the fp32 log-sum-exp. Autocast is off
+    inside: the caller casts ``h``, ``W`` and ``b``; the softmax arithmetic is fp32."""
 
     @staticmethod
     def forward(ctx, h, w, b, targets, chunk, ignore_index):
@@ -120,10 +111,8 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         hidden: the final hidden states, ``(B, T, d)`` or ``(N, d)`` (``N`` tokens).
         weight: the head's weight, ``(V, d)`` (``V``: vocabulary).
         targets: int64 token ids, ``(B, T)`` or ``(N,)``; ``ignore_index`` marks tokens that do
-            not count (their gradient is zero; no counted token gives ``nan``, as
-            ``F.cross_entropy``).
-        chunk_tokens: tokens per chunk (>= 1); at least ``N`` gives one chunk.
-        bias: the head's bias ``(V,)``, or None.
+            not count (no counted token gives ``nan``, as ``F.cross_entropy``).
+        chunk_tokens: tokens per chunk (>= 1). bias: the head's bias ``(V,)``, or None.
 
     Returns:
         The loss, a 0-dim fp32 tensor.
@@ -137,12 +126,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     plain loss within rounding (tests/test_chunked_loss.py).
 
     Raises:
-        ValueError: ``chunk_tokens`` not a positive integer; shapes that do not fit (``hidden``
-            not 2-D or 3-D, ``weight`` not ``(V, d)``, ``targets`` not one per token, ``bias``
-            not ``(V,)``); ``targets`` not int64, or outside ``[0, V)`` where not
-            ``ignore_index``, as ``F.cross_entropy`` refuses them (one host-device
-            synchronisation on a GPU; not checked inside ``torch.compile``); without autocast,
-            inputs of different dtypes.
+        ValueError: ``chunk_tokens`` not a positive integer; shapes that do not fit; ``targets``
+            not int64, or outside ``[0, V)`` where not ``ignore_index`` (not checked inside
+            ``torch.compile``); without autocast, inputs of different dtypes.
     """
     check_positive_int("chunk_tokens", chunk_tokens)
     if hidden.dim() not in (2, 3):

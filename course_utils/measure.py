@@ -59,23 +59,12 @@ OutOfMemory = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemory
 
 @dataclass
 class Measurement:
-    """What one configuration measured, in bytes and seconds.
-
-    Attributes:
-        parameters, gradients, optimizer_state: bytes of the parameters, of their gradients
-            after a backward, of AdamW's state (two fp32 moments + step counters).
-        activations, autocast_weight_copies, logits: saved-tensor bytes of one forward: the
-            embeddings and blocks; autocast's weight copies; the final LayerNorm, head and loss.
-        peak_allocated: peak bytes allocated during one step; ``peak_method`` says how, or why
-            it is None. ``saved_method`` does the same for the saved-tensor fields.
-        peak_reserved: CUDA's peak reserved bytes above the step's start (None elsewhere).
-        step_times_s: every timed step (seconds), in order; ``step_time_s`` and
-            ``step_time_iqr_s`` their median and interquartile range (None below 2 steps).
-        tokens_per_s: tokens per optimizer step / median step time.
-        emulated: the precision is only emulated on this hardware (`hardware.is_emulated`).
-        timing: how the time was taken, in words.
-        oom: the run hit an out-of-memory error; ``error`` holds the message.
-        notes: notes for the learner (e.g. bf16 emulated on this CPU).
+    """What one configuration measured, in bytes and seconds: the memory fields of
+    `MEMORY_FIELDS` (None where not measurable, ``peak_method`` and ``saved_method`` say how or
+    why), CUDA's ``peak_reserved``, every timed step in ``step_times_s`` with their median
+    ``step_time_s`` and IQR ``step_time_iqr_s``, ``tokens_per_s``, ``emulated`` (the precision
+    is emulated here), ``timing`` (how, in words), ``oom`` and ``error``, and ``notes`` for
+    the learner.
     """
 
     config: RunConfig
@@ -213,14 +202,10 @@ def warm_up(state, steps: int = 1, tiny: bool = False, max_steps: int = 8) -> No
 
 
 def memory_step(state) -> dict:
-    """Run one step of ``state`` and measure its memory: the saved tensors of its first
-    forward, the gradient bytes, the optimizer state and the peak.
-
-    Returns:
-        ``{field: bytes}`` for `MEMORY_FIELDS` (the saved-tensor ones None when not measurable
-        here), plus ``peak_reserved``, ``peak_method``, ``saved_method`` and
-        ``step_s`` (seconds of that step, profiler overhead included on a CPU).
-    """
+    """Run one step of ``state`` and measure its memory: ``{field: bytes}`` for
+    `MEMORY_FIELDS` (the saved tensors of its first forward; None where not measurable), plus
+    ``peak_reserved``, ``peak_method``, ``saved_method`` and ``step_s`` (seconds of the step,
+    profiler included on a CPU)."""
     cfg = state.config
     kind = cfg.device_type
     meter = SavedTensorMeter(state.module)
@@ -441,13 +426,9 @@ def describe_out_of_memory(error: BaseException) -> str:
 
 def out_of_memory_message(config, hw_name: str, error: BaseException, when: str = "") -> str:
     """The course's one out-of-memory message, on one line: ``"out of memory on <hw_name> at
-    batch 32, seq 512 (fp16)<when>: <describe_out_of_memory(error)>. Try a smaller batch ..."``.
-
-    Args:
-        config: any config with ``batch_size``, ``label`` and maybe ``seq_len``.
-        hw_name: the device's name; error: what was raised.
-        when: words after the configuration (`TOGETHER`), translated where the catalog has them.
-    """
+    batch 32, seq 512 (fp16)<when>: <describe_out_of_memory(error)>. Try a smaller batch ..."``
+    for any ``config`` with ``batch_size``, ``label`` and maybe ``seq_len``; ``when``:
+    `TOGETHER` or "", translated where the catalog has it."""
     seq = getattr(config, "seq_len", None)
     where = (tr("at batch {batch}, seq {seq}", batch=config.batch_size, seq=seq) if seq
              else tr("at batch {batch}", batch=config.batch_size))
@@ -508,11 +489,8 @@ def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, wa
                    time_emulated: bool = True):
     """Set-up, warm-up and one memory step of ``accepted`` (`memory_step`), written into ``m``;
     where the precision is emulated and ``time_emulated``, that step is its one timed step
-    (`EMULATED_TIMING`). Out of memory or a failed compile marks ``m``.
-
-    Returns:
-        The live training state, for timing; None after an error or an emulated step.
-    """
+    (`EMULATED_TIMING`). Returns the live training state for timing, or None after an error
+    (marked in ``m``) or an emulated step."""
     state = None
     with noting_out_of_memory(m), noting_failed_compile(m):
         state = prepare(accepted.config, accepted.hw, step_fn, warmup)
@@ -561,24 +539,19 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
 
     Args:
         config: what to run on a fresh model; an `Accepted` is not checked again.
-        budget_s: seconds of timed steps (default `course_utils.step_timing.default_budget_s` of
-            the size profile in force); a calibration step decides how many fit.
-        steps: time exactly this many steps instead.
+        budget_s: seconds of timed steps (default `default_budget_s` of the size profile);
+            ``steps``: time exactly this many instead; ``timed=False``: memory only.
         warmup: optimizer steps before measuring (>= 1: AdamW's state must exist).
-        timed: False measures memory only (one step).
         force: run configurations that `course_utils.guard.check_feasible` refuses.
-        step_fn: the training step (default `course_utils.training.train_step`).
-        hw: the `HardwareInfo` of ``config.device`` (default: detected).
+        step_fn: the training step; hw: the `HardwareInfo` of ``config.device``.
 
     Returns:
-        A `Measurement`: one step timed where the precision is emulated here (``emulated``);
-        ``oom`` and ``error`` set, memory released, on an out-of-memory error; ``error`` set
-        where torch.compile fails (`noting_failed_compile`).
+        A `Measurement`, with one step timed where the precision is emulated here; an
+        out-of-memory error or a failed compile sets its ``error`` instead of raising.
 
     Raises:
-        ValueError: ``steps`` or ``warmup`` not a positive integer, a non-positive
-            ``budget_s``, a device this machine lacks, or a configuration `check_feasible`
-            refuses (unless ``force``).
+        ValueError: bad ``steps``, ``warmup`` or ``budget_s``, a device this machine lacks, or
+            a configuration `check_feasible` refuses (unless ``force``).
     """
     check_positive_int("steps", steps, allow_none=True)
     check_positive_int("warmup", warmup)

@@ -40,16 +40,10 @@ __all__ = ["MemoryEstimate", "estimate", "parameter_count", "block_bytes_per_tok
 
 @dataclass
 class MemoryEstimate:
-    """Estimated bytes of one training step; field names match `Measurement`.
-
-    Attributes:
-        parameters, gradients, optimizer_state, activations, autocast_weight_copies, logits,
-        peak_allocated: bytes.
-        recompute: bytes of the largest checkpointed segment's activations, rebuilt in backward.
-        n_parameters: the parameter count ``N``.
-        peak_moment: the moment of `peak_parts` where the estimated peak falls.
-        peak_components: bytes alive then, by part of `PEAK_PARTS`; they sum to
-            ``peak_allocated`` (up to rounding to whole bytes).
+    """Estimated bytes of one training step, in the fields of `Measurement`; ``recompute``: the
+    largest checkpointed segment's activations, rebuilt in backward; ``n_parameters``: ``N``;
+    ``peak_moment``: the moment of `peak_parts` where the peak falls, and ``peak_components``
+    the bytes alive then by part of `PEAK_PARTS` (their sum is ``peak_allocated``, to a byte).
     """
 
     config: RunConfig
@@ -175,15 +169,11 @@ PEAK_PARTS = ("weights", "AdamW state", "gradients", "saved tensors", "temporari
 
 
 def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
-    """The moments of the peak model in the order they happen in one training step:
-    ``(moment, {part: bytes})`` for every part of `PEAK_PARTS` alive then.
-
-    The moments: the start of backward (every saved tensor, plus the loss's logits and their
-    gradients); the backward of each checkpoint unit, last to first (what lower units saved,
-    the gradients of the units above, the unit's recomputation and one block's backward
-    transient, ``16 d`` a token in fp32 and ``20 d`` under autocast, measured on a CPU for
-    d = 64-384); the optimizer step. With gradient accumulation, the micro-batches after the
-    first run with every ``.grad`` buffer alive.
+    """The moments of one training step, in order, as ``(moment, {part: bytes})`` for the parts
+    of `PEAK_PARTS` alive then: the start of backward; the backward of each checkpoint unit,
+    last to first (its recomputation and one block's backward transient, ``16 d`` a token in
+    fp32 and ``20 d`` under autocast, measured on a CPU for d = 64-384); the optimizer step.
+    With accumulation, later micro-batches run with every ``.grad`` buffer alive.
 
     Raises:
         ValueError: through `RunConfig` validation only.
@@ -275,8 +265,7 @@ _LATER = " (later micro-batch)"
 
 def estimate(config: RunConfig) -> MemoryEstimate:
     """Estimate the memory of one training step of ``config`` (bytes). A checkpointed unit
-    keeps its input, ``4 d`` a token (non-reentrant ``checkpoint``); ``memory-budget:B`` about
-    a fraction B of the activations; the embedding its token indices and positions.
+    keeps its input, ``4 d`` a token; ``memory-budget:B`` about a fraction B of the activations.
 
     Raises:
         ValueError: through `RunConfig` validation only (the model covers every valid config).
@@ -363,14 +352,12 @@ def scale_table(models=None, recipes=None, seq_len: int = 2048, batch_size: int 
         models: ``{name: ModelShape}`` (default `SCALE_MODELS`).
         recipes: ``{name: (precision, checkpoint)}`` (default `SCALE_RECIPES`).
         seq_len, batch_size: tokens per sequence and sequences per micro-batch.
-        detail: every column instead of the readable seven.
+        detail: also each part of the state and of the saved tensors, ``bytes/param`` and
+            ``at peak: <part>`` for `PEAK_PARTS` (the default table's ``attrs["detail"]``).
 
     Returns:
-        One row per (model, recipe): ``model``, ``recipe``, ``params (B)`` (billions),
-        ``training state GiB`` (weights + gradients + AdamW state), ``saved GiB``, ``peak GiB``
-        and ``peak at`` (`MemoryEstimate.peak_moment`). With ``detail``: also each part of the
-        state and of the saved tensors, ``bytes/param`` and ``at peak: <part>`` for the parts of
-        `PEAK_PARTS`. The default table's ``attrs["detail"]`` holds the full one.
+        One row per (model, recipe): ``model``, ``recipe``, ``params (B)``, ``training state
+        GiB``, ``saved GiB``, ``peak GiB`` and ``peak at`` (`MemoryEstimate.peak_moment`).
 
     Raises:
         ValueError: empty ``models``/``recipes`` or invalid sizes.
@@ -409,12 +396,8 @@ def scale_table(models=None, recipes=None, seq_len: int = 2048, batch_size: int 
 
 def scale_sweep(batch_sizes=(1, 2, 4, 8, 16, 32), models=None, recipes=None,
                 seq_len: int = 2048) -> pd.DataFrame:
-    """`scale_table` over micro-batches of ``batch_sizes`` sequences: where the peak moves.
-
-    Returns:
-        One row per (model, recipe, micro-batch): ``model``, ``recipe``, ``micro-batch``,
-        ``params (B)``, ``peak GiB``, ``peak at`` and ``optimizer step GiB`` (the bytes alive at
-        the optimizer step, the same at every batch: the floor under the peak).
+    """`scale_table` over micro-batches of ``batch_sizes`` sequences: where the peak moves. One
+    row per (model, recipe, micro-batch), with ``optimizer step GiB``, the floor under the peak.
 
     Raises:
         ValueError: no batch sizes, a batch size below 1, or as `scale_table`.
@@ -486,10 +469,9 @@ def sharded_state_bytes(n_parameters: int, world_size: int, stage: int,
     3 (FSDP)   ``ceil(4N/K)``       ``ceil(4N/K)``       ``ceil(8N/K) + 4T``
     =========  ===================  ===================  =================================
 
-    FSDP splits every tensor, so every rank keeps every 4-byte step counter;
-    ``ZeroRedundancyOptimizer`` hands whole tensors to ranks. Real shards differ by padding and
-    greedy balancing (a few percent). Source: Rajbhandari et al. 2020, ZeRO (arXiv 1910.02054),
-    Figure 1 and Section 5; PyTorch docs of ``fully_shard`` and ``ZeroRedundancyOptimizer``.
+    FSDP splits every tensor (every rank keeps every step counter); ``ZeroRedundancyOptimizer``
+    hands whole tensors to ranks. Source: Rajbhandari et al. 2020, ZeRO (arXiv 1910.02054),
+    Section 5; PyTorch docs of ``fully_shard`` and ``ZeroRedundancyOptimizer``.
 
     Raises:
         ValueError: ``n_parameters`` or ``world_size`` not a positive integer, ``n_tensors``
