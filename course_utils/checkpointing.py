@@ -2,20 +2,13 @@
 
 `apply_checkpointing(model, policy)` wraps blocks of ``model.layers`` in `Checkpointed` modules
 whose forward is the call the lessons teach, ``checkpoint(run_blocks, blocks, x,
-use_reentrant=False, context_fn=...)``, as torchtitan's ``apply_ac`` wraps blocks. The policies:
-
-=====================  ================================================================
-``none``               no checkpointing: every block keeps all its saved tensors.
-``full``               every block checkpointed on its own: only block inputs stay saved.
-``every-K``            blocks 0, K, 2K, ... checkpointed one by one; the others run plain.
-``segments:N``         N contiguous segments (`segment_bounds`), *every* one checkpointed
-                       (``checkpoint_sequential`` always runs its last segment plain).
-``selective``          every block checkpointed, keeping the outputs of matmuls and
-                       attention (`SAVE`); the cheap pointwise ops are recomputed.
-``memory-budget:B``    all blocks compiled as one region under the partitioner's
-                       ``activation_memory_budget`` B: 1.0 is the default plan, 0.0 the
-                       activation memory of checkpointing the whole compiled region.
-=====================  ================================================================
+use_reentrant=False, context_fn=...)``, as torchtitan's ``apply_ac`` wraps blocks. The policies
+(`MODES`): ``none``; ``full`` (every block on its own); ``every-K`` (blocks 0, K, 2K, ...);
+``segments:N`` (N contiguous segments, `segment_bounds`, *every* one checkpointed, unlike
+``checkpoint_sequential``'s last); ``selective`` (every block, keeping the outputs of matmuls and
+attention, `SAVE`); ``memory-budget:B`` (all blocks compiled as one region under the
+partitioner's ``activation_memory_budget`` B: 1.0 is the default plan, 0.0 the activation memory
+of checkpointing the whole compiled region).
 
 Sources: ``torch.utils.checkpoint`` docs (``use_reentrant`` must be passed explicitly,
 pytorch#65537); the PyTorch blog "Current and New Activation Checkpointing Techniques in
@@ -27,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn as nn
@@ -72,8 +66,7 @@ def parse_policy(policy: str, n_layers: int) -> Policy:
     """Parse ``policy`` for a model of ``n_layers`` blocks.
 
     Raises:
-        ValueError: not one of `MODES`, or K / N outside 1..n_layers, B outside 0..1; the
-            message lists the valid policies.
+        ValueError: not one of `MODES`, or K / N outside 1..n_layers, B outside 0..1.
     """
     if not isinstance(policy, str):
         raise _invalid(policy, n_layers, tr("a policy is a string"))
@@ -81,8 +74,7 @@ def parse_policy(policy: str, n_layers: int) -> Policy:
     if p in ("none", "full", "selective"):
         return Policy(p)
     for mode, pattern in _PATTERNS.items():
-        m = re.fullmatch(pattern, p)
-        if m is None:
+        if (m := re.fullmatch(pattern, p)) is None:
             continue
         if mode == "memory-budget":
             b = float(m.group(1))
@@ -110,12 +102,8 @@ def segment_bounds(n_blocks: int, n_segments: int) -> list[tuple[int, int]]:
         raise ValueError(tr("n_segments must be in 1..{n}, got {segments}.", n=n_blocks,
                             segments=n_segments))
     base, extra = divmod(n_blocks, n_segments)
-    bounds, start = [], 0
-    for i in range(n_segments):
-        stop = start + base + (1 if i < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+    stops = list(accumulate(base + (i < extra) for i in range(n_segments)))
+    return list(zip([0, *stops[:-1]], stops))
 
 
 def run_blocks(blocks, x: torch.Tensor) -> torch.Tensor:
@@ -126,21 +114,16 @@ def run_blocks(blocks, x: torch.Tensor) -> torch.Tensor:
 
 
 def checkpoint_every_segment(blocks, x: torch.Tensor, n_segments: int) -> torch.Tensor:
-    """Run ``x`` through ``blocks`` split into ``n_segments`` segments (`segment_bounds`), each
-    checkpointed as one unit: only the segment inputs stay saved (what ``segments:N`` does)."""
+    """Run ``x`` through ``blocks`` in ``n_segments`` segments (`segment_bounds`), each
+    checkpointed as one unit (what ``segments:N`` does)."""
     for start, stop in segment_bounds(len(blocks), n_segments):
         x = checkpoint(run_blocks, blocks[start:stop], x, use_reentrant=False)
     return x
 
 
 class Checkpointed(nn.Module):
-    """Blocks run as one checkpointed region: only its input is saved for backward, and
-    backward runs its forward again (non-reentrant ``torch.utils.checkpoint``).
-
-    Args:
-        blocks: the blocks of the region, in order.
-        context_fn: ``checkpoint``'s ``context_fn`` (selective checkpointing passes one).
-    """
+    """``blocks`` run as one region of non-reentrant ``torch.utils.checkpoint``, with its
+    ``context_fn`` (selective checkpointing passes one): only the input is saved for backward."""
 
     def __init__(self, blocks, context_fn=noop_context_fn):
         super().__init__()
@@ -267,8 +250,8 @@ def apply_checkpointing(model: nn.Module, policy: str) -> nn.Module:
     parameters are the same objects under longer names (``layers.0.blocks.0.ln1.weight``).
 
     Raises:
-        ValueError: an unknown policy, one that does not fit ``len(model.layers)``, a model
-            without ``layers``, or a model whose blocks are already wrapped.
+        ValueError: a policy `parse_policy` refuses, a model without ``layers``, or one whose
+            blocks are already wrapped.
     """
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList):

@@ -117,13 +117,10 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     Returns:
         The loss, a 0-dim fp32 tensor.
 
-    A custom ``torch.autograd.Function``: forward keeps each token's fp32 log-sum-exp and frees
-    each chunk's logits; backward recomputes them and turns them in place into ``(softmax -
-    one_hot) / n``. So its bytes are ours to state on every device (`chunked_loss_bytes`), where
-    checkpointing each chunk's ``F.cross_entropy`` would hold buffers that vary with the device's
-    autocast lists. Under autocast the matmul runs in autocast's dtype (the inputs cast as for
-    ``F.linear``) and the softmax in fp32, as the CPU's list runs ``cross_entropy``. Equal to the
-    plain loss within rounding (tests/test_chunked_loss.py).
+    Forward keeps each token's fp32 log-sum-exp; backward recomputes each chunk's logits, so
+    the bytes are ours to state on every device (`chunked_loss_bytes`), unlike a checkpointed
+    ``F.cross_entropy`` per chunk. Under autocast the matmul runs in autocast's dtype and the
+    softmax in fp32. Equal to the plain loss within rounding (tests/test_chunked_loss.py).
 
     Raises:
         ValueError: ``chunk_tokens`` not a positive integer; shapes that do not fit; ``targets``
@@ -165,24 +162,17 @@ def chunked_loss_bytes(tokens: int, d_model: int, vocab_size: int, chunk_tokens:
                        elem_bytes: int, device_type: str = "cpu") -> dict:
     """Bytes of `chunked_cross_entropy` in one training step, without bias, for ``tokens``
     tokens (``N``), width ``d``, vocabulary ``V``, chunks of ``C = min(chunk_tokens, N)`` tokens
-    and the head matmul in ``a = elem_bytes`` bytes (4 fp32, 2 bf16/fp16), read from its code.
+    and the head matmul in ``a = elem_bytes`` bytes (4 fp32, 2 bf16/fp16), read from its code;
+    ``a' = 0`` in fp32 (the matmul's output is the fp32 buffer), else ``a``.
 
     Returns:
-        ``{"saved": bytes, "forward": bytes, "backward": bytes}``:
-
-        * ``saved``: the fp32 log-sum-exp, ``4 N`` (besides the hidden state, the head's weight
-          or autocast's copy of it and the targets, which the plain loss keeps too).
-        * ``forward``, its largest transient: one chunk's logits and their fp32 copy,
-          ``C V (4 + a')``, ``a' = 0`` in fp32 (the matmul's output is the fp32 buffer), else ``a``.
-        * ``backward``, its largest transient: the hidden state's gradient ``N d a`` and the fp32
-          weight gradient ``4 V d``, plus the largest of: a chunk's fp32 gradient and its
-          low-precision copy, ``C V (4 + a')``; that copy and one chunk's weight gradient,
-          ``a' (C V + V d)``, plus on a CPU ``4 V d`` (TensorIterator copies a low-precision
-          operand to fp32 before an in-place add, ``compute_types`` in
-          aten/src/ATen/TensorIterator.cpp; 0 bytes on an H200); the weight gradient cast back,
-          ``a' V d``.
-
-        Measured: within 32 bytes a token of the CPU profiler's peaks (tests/test_chunked_loss.py);
+        ``{"saved": 4 N`` (the fp32 log-sum-exp; hidden state, weight and targets are kept by
+        the plain loss too), ``"forward": C V (4 + a')`` (one chunk's logits and their fp32
+        copy), ``"backward"``: ``N d a + 4 V d`` (the hidden state's and the fp32 weight's
+        gradients) plus the largest of ``C V (4 + a')``, ``a' (C V + V d)`` + ``4 V d`` on a CPU
+        (TensorIterator copies a low-precision operand to fp32 for an in-place add,
+        ``compute_types`` in aten/src/ATen/TensorIterator.cpp; 0 on an H200) and ``a' V d``.
+        Within 32 bytes a token of the CPU profiler's peaks (tests/test_chunked_loss.py), and
         backward within 0.1 % of an H200's allocator peak (torch 2.11, V 128,256).
 
     Raises:

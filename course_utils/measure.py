@@ -274,9 +274,8 @@ def memory_step(state) -> dict:
 
 
 def _cpu_peak(state) -> int:
-    """Peak bytes of one step of ``state`` on a CPU copy of its model (LoRA adapters and all),
-    optimizer, GradScaler and next micro-batches. The step function is unwrapped
-    (``__wrapped__``: the dashboard's step counter) so the copy's step is not counted."""
+    """Peak bytes of one step of ``state`` on a CPU copy of it (the dashboard's step counter,
+    a ``__wrapped__`` wrapper, unwrapped so the copy's step is not counted)."""
     cfg = state.config
     module = copy.deepcopy(state.module).to("cpu")
     model = torch.compile(module) if cfg.compile else module
@@ -345,13 +344,11 @@ def ran_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
 
 
-#: A size as torch's allocators print it: ``"24.00 MiB"`` (CUDA), ``"256.00 MB"`` (MPS, binary
-#: units despite the name), ``"1125899906842624 bytes"`` (the CPU allocator).
+#: A size as torch's allocators print it: ``"24.00 MiB"``, ``"256.00 MB"`` (MPS, binary units).
 _SIZE = r"([0-9.]+) ?(bytes|KiB|MiB|GiB|TiB|KB|MB|GB|TB)"
 _UNIT = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
          "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
-#: What the course reads from torch's out-of-memory text (c10's CUDACachingAllocator, the MPS
-#: allocator, ``DefaultCPUAllocator``), each a pattern around one size.
+#: What the course reads from the allocators' out-of-memory text, a pattern around one size each.
 _OOM_FIELDS = {"asked": r"[Tt]ried to allocate " + _SIZE,
                "allowed": r"max allowed: " + _SIZE + "|" + _SIZE + r" allowed",
                "allocated": _SIZE + r" is allocated by PyTorch",
@@ -361,8 +358,7 @@ _OOM_FIELDS = {"asked": r"[Tt]ried to allocate " + _SIZE,
 
 
 def _bytes_text(n: int) -> str:
-    """Bytes as the course prints an allocation: GiB from 1 GiB, MiB from 1 MiB (two decimals,
-    as torch prints them), else bytes."""
+    """Bytes as torch prints an allocation: GiB or MiB with two decimals, else bytes."""
     if n >= 2**30:
         return f"{n / 2**30:,.2f} GiB"
     return f"{n / MiB:.2f} MiB" if n >= MiB else f"{n:,} bytes"
@@ -385,8 +381,7 @@ def _oom_facts(text: str) -> dict:
 
 
 def _cap_words(allowed: int | None) -> str:
-    """What capped the allocator, after "beyond": a stand-in's memory, a budget, a cap on the
-    device (``set_per_process_memory_fraction``; MPS's high-water mark), or ""."""
+    """What capped the allocator, after "beyond": a stand-in's memory, a budget, a cap, or ""."""
     card = stand_in.active()
     if card is not None:
         theirs = tr("the {size} of the {card} this GPU stands in for",

@@ -1,19 +1,14 @@
 r"""The analytic memory model: bytes of a training step of the course's GPT, in closed form.
 
-`estimate(config)` returns a `MemoryEstimate` whose fields are those of
-`course_utils.measure.Measurement` (docs/method.md#estimates). Notation: ``B`` batch, ``T``
-sequence, ``d`` width, ``h`` heads, ``L`` layers, ``V`` vocabulary, ``N`` parameters, ``a`` bytes
-of autocast's dtype (4 fp32, 2 bf16/fp16). Sources of the formulas:
-
-* weights + gradients + AdamW: ``4 N + 4 N + 8 N`` (+ a 4-byte step per tensor) in fp32 *and*
-  under autocast (claim C9; PyTorch's ``AdamW``); ZeRO's 16 bytes (Rajbhandari et al. 2020,
-  arXiv 1910.02054) count fp16 weights and an fp32 master copy instead.
-* one block's saved activations per token, ``8 d + 14 a d + 16 + 4 h`` (pre-LN, no dropout,
-  SDPA), derived as Korthikanti et al. 2022 (arXiv 2205.05198, Section 4.1) derive their
-  ``sbh(34 + 5as/h)``: 0.5625x of fp32 in bf16 at large d, not 0.5x (claim C2).
-* the peak: a walk through the step (`peak_parts`) with one block's backward transient measured
-  on a CPU; within a few percent of the CPU profiler's peak in fp32, above it by up to 17 % in
-  bf16 with full checkpointing at a large batch (tests/test_memory_model.py; lesson 05 prints it).
+`estimate(config)` returns a `MemoryEstimate` with `Measurement`'s fields (docs/method.md#estimates).
+Notation: ``B`` batch, ``T`` sequence, ``d`` width, ``h`` heads, ``V`` vocabulary, ``N``
+parameters, ``a`` bytes of autocast's dtype (4 fp32, 2 bf16/fp16). Sources: weights + gradients
++ AdamW are ``16 N`` bytes in fp32 *and* under autocast (claim C9; ZeRO's 16, Rajbhandari et al.
+2020, arXiv 1910.02054, count fp16 weights and an fp32 master copy); a block's saved activations
+are derived as Korthikanti et al. 2022 (arXiv 2205.05198, Section 4.1) derive their
+``sbh(34 + 5as/h)`` (`block_bytes_per_token`); the peak walk (`peak_parts`) is within a few
+percent of the CPU profiler's peak in fp32, above it by up to 17 % in bf16 with full
+checkpointing at a large batch (tests/test_memory_model.py; lesson 05 prints it).
 
 Over 400 lines because every closed-form byte count lives here with its source formula:
 `estimate`, the peak walk and the sharded and scaled estimates share them.
@@ -174,9 +169,6 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
     last to first (its recomputation and one block's backward transient, ``16 d`` a token in
     fp32 and ``20 d`` under autocast, measured on a CPU for d = 64-384); the optimizer step.
     With accumulation, later micro-batches run with every ``.grad`` buffer alive.
-
-    Raises:
-        ValueError: through `RunConfig` validation only.
     """
     a, BT, block, wcopy_block, selective = _sizes(config)
     low = config.precision != "fp32"
@@ -233,9 +225,6 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
 
 def peak_walk(config: RunConfig) -> list[tuple[str, float]]:
     """`peak_parts` summed without the weights and AdamW state: ``(moment, bytes)``.
-
-    Raises:
-        ValueError: through `RunConfig` validation only.
     """
     return [(moment, sum(v for k, v in parts.items() if k not in ("weights", "AdamW state")))
             for moment, parts in peak_parts(config)]
@@ -266,9 +255,6 @@ _LATER = " (later micro-batch)"
 def estimate(config: RunConfig) -> MemoryEstimate:
     """Estimate the memory of one training step of ``config`` (bytes). A checkpointed unit
     keeps its input, ``4 d`` a token; ``memory-budget:B`` about a fraction B of the activations.
-
-    Raises:
-        ValueError: through `RunConfig` validation only (the model covers every valid config).
     """
     a, BT, block, wcopy_block, selective = _sizes(config)
     d, T = config.d_model, config.seq_len
@@ -326,15 +312,9 @@ SCALE_RECIPES = {"fp32": ("fp32", "none"),
 
 def scale_config(model: str | ModelShape, batch_size: int = 1, precision: str = "bf16",
                  checkpoint: str = "none", **shape_changes) -> RunConfig:
-    """A CUDA `RunConfig` of a large model, only for `estimate`.
-
-    Args:
-        model: a key of `SCALE_MODELS` (``"7B"``) or a `ModelShape`.
-        shape_changes: e.g. ``seq_len=4096``.
-
-    Raises:
-        ValueError: an unknown model name or an invalid field.
-    """
+    """A CUDA `RunConfig` of ``model`` (a key of `SCALE_MODELS` or a `ModelShape`, changed by
+    ``shape_changes`` such as ``seq_len=4096``), only for `estimate`; ValueError for an unknown
+    name or an invalid field."""
     if isinstance(model, str):
         if model not in SCALE_MODELS:
             raise ValueError(tr("unknown model {model!r}: expected one of {models} or a "
@@ -346,18 +326,12 @@ def scale_config(model: str | ModelShape, batch_size: int = 1, precision: str = 
 
 def scale_table(models=None, recipes=None, seq_len: int = 2048, batch_size: int = 1,
                 detail: bool = False) -> pd.DataFrame:
-    """Estimated memory of one training step (AdamW) per model and recipe, in GiB (2^30 bytes).
-
-    Args:
-        models: ``{name: ModelShape}`` (default `SCALE_MODELS`).
-        recipes: ``{name: (precision, checkpoint)}`` (default `SCALE_RECIPES`).
-        seq_len, batch_size: tokens per sequence and sequences per micro-batch.
-        detail: also each part of the state and of the saved tensors, ``bytes/param`` and
-            ``at peak: <part>`` for `PEAK_PARTS` (the default table's ``attrs["detail"]``).
-
-    Returns:
-        One row per (model, recipe): ``model``, ``recipe``, ``params (B)``, ``training state
-        GiB``, ``saved GiB``, ``peak GiB`` and ``peak at`` (`MemoryEstimate.peak_moment`).
+    """Estimated memory of one training step (AdamW) per model of ``models`` (default
+    `SCALE_MODELS`) and recipe ``{name: (precision, checkpoint)}`` (default `SCALE_RECIPES`), in
+    GiB: ``params (B)``, ``training state GiB``, ``saved GiB``, ``peak GiB`` and ``peak at``
+    (`MemoryEstimate.peak_moment`). ``detail``: also each part of the state and of the saved
+    tensors, ``bytes/param`` and ``at peak: <part>`` for `PEAK_PARTS` (the default table's
+    ``attrs["detail"]``).
 
     Raises:
         ValueError: empty ``models``/``recipes`` or invalid sizes.
@@ -496,11 +470,7 @@ def sharded_state_bytes(n_parameters: int, world_size: int, stage: int,
 
 def sharded_estimate(config: RunConfig, world_size: int, stage: int) -> ShardedState:
     """`sharded_state_bytes` with `estimate`'s ``N`` and ``T`` for ``config``: with one rank
-    every stage equals `estimate`'s ``parameters + gradients + optimizer_state``.
-
-    Raises:
-        ValueError: as `sharded_state_bytes`.
-    """
+    every stage equals `estimate`'s ``parameters + gradients + optimizer_state``."""
     e = estimate(config)
     n_tensors = (e.optimizer_state - 8 * e.n_parameters) // 4
     return sharded_state_bytes(e.n_parameters, world_size, stage, n_tensors)

@@ -1,14 +1,11 @@
 """Memory over one step: bytes allocated after every allocation and free, with phases.
 
-`memory_timeline(fn)` runs ``fn()`` once and returns a `Timeline` (bytes relative to ``fn``'s
-start, with the phases ``fn`` marked with `phase`); `peak_during`, `peak_bytes` and
-`allocated_after` give the peak above the start and what is still allocated at the end;
-`step_phases` splits one training step into forward, backward and optimizer step, read from the
-same events as `course_utils.measure.memory_step`, so its peak is ``measure()``'s. The events:
-``torch.profiler``'s memory events on a CPU; on CUDA the caching allocator's history
+`memory_timeline(fn)` runs ``fn()`` once and returns a `Timeline` with the phases ``fn`` marked
+(`phase`); `peak_during`, `peak_bytes` and `allocated_after` give the peak and what is left;
+`step_phases` splits a training step into its phases with `course_utils.measure.memory_step`'s
+events. The events: ``torch.profiler``'s on a CPU; on CUDA the caching allocator's history
 (``torch.cuda.memory._record_memory_history``, "Understanding CUDA Memory Usage" in the PyTorch
-docs) or its counters; MPS has none (docs/method.md#memory). Saved tensors are counted by
-`course_utils.saved_tensors`, not here.
+docs) or its counters; MPS has none (docs/method.md#memory).
 
 Over 400 lines because it reads one protocol two ways, the CPU profiler's events and the CUDA
 allocator's history and counters, with the phases marked in both.
@@ -51,15 +48,10 @@ class Phase:
 
 @dataclass
 class Timeline:
-    """Bytes allocated over one run of a function on ``device``, taken by ``method`` (words).
-
-    Attributes:
-        t_ms: time of each event in milliseconds from the first event.
-        allocated: bytes allocated after each event, relative to ``fn``'s start (negative if
-            ``fn`` freed more than it allocated).
-        phases: the `Phase` ranges ``fn`` marked with `phase`, in time order.
-        result: what ``fn`` returned (kept alive, so ``final_bytes`` includes what it holds).
-    """
+    """Bytes allocated over one run of ``fn`` on ``device``, taken by ``method`` (words):
+    ``allocated`` after each event (bytes relative to ``fn``'s start) at ``t_ms``
+    (milliseconds from the first event), the `Phase` ranges ``fn`` marked, and ``fn``'s
+    ``result`` (kept alive, so ``final_bytes`` includes what it holds)."""
 
     device: str
     method: str
@@ -190,8 +182,7 @@ def _cpu_timeline(fn: Callable) -> Timeline:
 
 
 def _trace_timeline(trace: list, marks: list, device: str, method: str, result=None) -> Timeline:
-    """A `Timeline` from allocator trace entries (``action``, ``size``, ``time_us``) and phase
-    marks ``(name, first_index, stop_index)`` into ``trace``."""
+    """A `Timeline` from allocator trace entries and phase marks ``(name, first, stop)``."""
     events = [(e["time_us"], e["size"] if e["action"] == "alloc" else -e["size"], i)
               for i, e in enumerate(trace) if e.get("action") in ("alloc", "free_completed")]
     t0 = trace[0]["time_us"] if trace else 0
@@ -321,16 +312,10 @@ STEP_PHASES = ("forward", "backward", "optimizer step")
 
 @dataclass
 class StepPhases:
-    """Memory over one training step on ``device``, by phase (`step_phases`), taken by
-    ``method``; bytes allocated, the training state alive at the step's start included.
-
-    Attributes:
-        start_bytes: parameters + optimizer state alive when the step starts.
-        peak_bytes: the step's peak (the peak `course_utils.measure.measure` reports).
-        peaks: ``{phase: bytes}``, the highest allocation during each phase of `STEP_PHASES`
-            (over every micro-batch); ``ends``: ``{phase: bytes}`` when the phase last ended.
-            Backward runs to the optimizer step, so it holds ``unscale_`` and clipping.
-    """
+    """Memory over one training step by phase (`step_phases`), bytes allocated with the
+    ``start_bytes`` (parameters + optimizer state) included: the step's ``peak_bytes``, and per
+    phase of `STEP_PHASES` its highest allocation (``peaks``) and what was allocated when it
+    last ended (``ends``). Backward runs to the optimizer step (``unscale_``, clipping)."""
 
     device: str
     method: str

@@ -81,16 +81,11 @@ class _Packed:
 
 
 class SavedTensorMeter:
-    """Context manager that records the tensors autograd saves for backward, by storage.
-
-    Args:
-        model: its parameters are excluded; its return ends the forward; tensors saved from its
-            ``ln_f`` on go to ``logits``; its selective-checkpointing regions are read.
-        by_module: also record the innermost submodule running when each tensor was saved.
-
-    After the ``with`` block, ``totals()`` gives bytes per bucket and ``records`` one dict per
-    storage (``nbytes``, ``bucket``, ``shape``, ``dtype``, ``grad_fn``, ``module``,
-    ``module_type``). The meter holds no tensor.
+    """Context manager that records the tensors autograd saves for backward, by storage, for
+    ``model`` (see the module docstring); ``by_module``: also record the innermost submodule
+    running when each tensor was saved. After the ``with`` block, ``totals()`` gives bytes per
+    bucket and ``records`` one dict per storage (``nbytes``, ``bucket``, ``shape``, ``dtype``,
+    ``grad_fn``, ``module``, ``module_type``). The meter holds no tensor.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, by_module: bool = False):
@@ -99,17 +94,17 @@ class SavedTensorMeter:
         self._params = set() if model is None else {
             (str(p.device), p.untyped_storage().data_ptr()) for p in model.parameters()}
         self._seen: dict = {}
-        # entries: [weak ref to the _Packed, record, forward number, alive]; pending: not judged
+        # entries: [weak ref to the _Packed, key, record, forward number, alive]
         self._entries, self._pending, self._stack, self._sac = [], [], [], []
         self._forward, self._in_backward, self._active = 0, False, False
         self.unmeasured: str | None = None
         self.region = "activations"
         self._exit = contextlib.ExitStack()
 
-    def _record(self, key, nbytes, bucket, shape, dtype, grad_fn) -> dict:
+    def _record(self, nbytes, bucket, shape, dtype, grad_fn) -> dict:
         name, kind = (self._stack[-1] if self._stack
                       else ("", type(self.model).__name__ if self.model is not None else ""))
-        return {"key": key, "nbytes": nbytes, "bucket": bucket, "shape": shape, "dtype": dtype,
+        return {"nbytes": nbytes, "bucket": bucket, "shape": shape, "dtype": dtype,
                 "grad_fn": grad_fn, "module": name, "module_type": kind}
 
     def _pack(self, t):
@@ -123,9 +118,9 @@ class SavedTensorMeter:
             self._forward, self._in_backward = self._forward + 1, False
         packed = _Packed(t.detach())  # no reference cycle: autograd restores the tensor from it
         bucket = "autocast_weight_copies" if _is_weight_copy(t) else self.region
-        record = self._record(key, st.nbytes(), bucket, tuple(t.shape), t.dtype,
+        record = self._record(st.nbytes(), bucket, tuple(t.shape), t.dtype,
                               type(t.grad_fn).__name__ if t.grad_fn is not None else None)
-        entry = [weakref.ref(packed), record, self._forward, None]
+        entry = [weakref.ref(packed), key, record, self._forward, None]
         self._entries.append(entry)
         self._pending.append(entry)
         return packed
@@ -141,7 +136,7 @@ class SavedTensorMeter:
     def _judge(self, *_) -> None:
         """The end of a forward: what autograd still holds of what was saved since counts."""
         for entry in self._pending:
-            entry[3] = entry[0]() is not None
+            entry[4] = entry[0]() is not None
         self._pending = []
 
     def _enter_module(self, name: str, module: torch.nn.Module):
@@ -158,12 +153,11 @@ class SavedTensorMeter:
     def _largest_forward(self) -> dict:
         """The records alive at the end of the forward with the most bytes, one per storage."""
         forwards: dict = {}
-        for _, record, forward, alive in self._entries:
+        for _, key, record, forward, alive in self._entries:
             if alive:
-                forwards.setdefault(forward, {}).setdefault(record["key"], record)
-        best = max(forwards.values(), key=lambda f: sum(r["nbytes"] for r in f.values()),
+                forwards.setdefault(forward, {}).setdefault(key, record)
+        return max(forwards.values(), key=lambda f: sum(r["nbytes"] for r in f.values()),
                    default={})
-        return {key: {k: v for k, v in r.items() if k != "key"} for key, r in best.items()}
 
     def __enter__(self):
         self._seen.clear()
@@ -209,9 +203,8 @@ class SavedTensorMeter:
                     st = t.untyped_storage()
                     key = (str(t.device), st.data_ptr())
                     if key not in self._params and key not in self._seen:
-                        record = self._record(key, st.nbytes(), "activations", tuple(t.shape),
-                                              t.dtype, "SAC cache")
-                        self._seen[key] = {k: v for k, v in record.items() if k != "key"}
+                        self._seen[key] = self._record(st.nbytes(), "activations",
+                                                       tuple(t.shape), t.dtype, "SAC cache")
                 c.recording = None
             self._sac = []
             self._stack.clear()
@@ -235,8 +228,7 @@ class SavedTensorMeter:
         return out
 
     def by_dtype(self) -> pd.DataFrame:
-        """Saved bytes by bucket and dtype: rows ``(bucket, dtype)`` with ``bytes``, ``MiB``
-        (2^20 bytes) and ``tensors`` (distinct storages), largest first within a bucket.
+        """Saved bytes by ``(bucket, dtype)``: ``bytes``, ``MiB`` and ``tensors`` (storages).
 
         Raises:
             ValueError: the meter recorded nothing.
@@ -280,18 +272,11 @@ def measure_saved(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 def saved_by_module(module: torch.nn.Module, fn) -> pd.DataFrame:
-    """The tensors autograd saves for backward while ``fn()`` runs, one row per storage.
-
-    Args:
-        module: its parameters are excluded; each saved tensor is attributed to the innermost
-            of its submodules (names as in ``module.named_modules()``, ``""`` for ``module``
-            itself) whose forward was running.
-        fn: a function of no arguments that runs a forward through ``module``.
-
-    Returns:
-        A DataFrame in saving order, columns ``module``, ``module_type``, ``shape``, ``dtype``
-        (str), ``nbytes`` (bytes of the storage), ``grad_fn`` (``None`` for a leaf). Empty
-        tensors are left out (non-reentrant ``checkpoint`` saves one in torch 2.7-2.11).
+    """The tensors autograd saves for backward while ``fn()`` (a forward through ``module``)
+    runs, one row per storage, parameters excluded, in saving order: ``module`` (the innermost
+    submodule running, as ``named_modules()`` names it), ``module_type``, ``shape``, ``dtype``
+    (str), ``nbytes`` (bytes), ``grad_fn``. Empty tensors are left out (non-reentrant
+    ``checkpoint`` saves one in torch 2.7-2.11).
 
     Raises:
         TypeError: ``module`` is not a ``torch.nn.Module``.

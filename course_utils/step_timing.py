@@ -83,10 +83,9 @@ def interleaved(steps: Sequence[Callable[[], object]], budget_s: float | None = 
                 rounds: int | None = None, min_rounds: int = MIN_ROUNDS, max_rounds: int = 50,
                 progress=None, device: str | None = None) -> list[list[float]]:
     """Time each function of ``steps`` once per round: ``times[i][r]`` is step ``i`` in round
-    ``r`` (seconds). Round ``r`` starts from step ``r mod len(steps)``, so no step always runs
-    first (with a fixed order a passing load flipped a verdict of lesson 03 on a 2-core machine).
-    Either ``rounds`` rounds, or as many as fit in ``budget_s`` seconds (the first round
-    calibrates; ``min_rounds``..``max_rounds``). ``progress``: a tqdm bar, or None.
+    ``r`` (seconds); round ``r`` starts from step ``r mod len(steps)``, so no step always runs
+    first. ``rounds`` rounds, or as many as fit in ``budget_s`` seconds (``min_rounds`` to
+    ``max_rounds``). ``progress``: a tqdm bar, or None.
 
     Raises:
         ValueError: no steps, neither or both of ``budget_s`` and ``rounds``, a non-positive
@@ -147,16 +146,9 @@ def band_verdict(ratio: float, low: float, high: float) -> str:
 
 @dataclass(frozen=True)
 class TimeRatio:
-    """Step time of a configuration divided by a reference's, measured in the same rounds.
-
-    Attributes:
-        ratio: median of the per-round ratios (None if not timed); below 1 is faster.
-        low, high: the noise band of the ratio: the wider of the per-round ratios' quartiles
-            and the range of the medians of `BLOCKS` consecutive blocks of rounds (None with
-            fewer than 3 rounds).
-        rounds: the number of paired rounds.
-        verdict: one of `VERDICTS`.
-    """
+    """Step time of a configuration divided by a reference's, measured in the same rounds:
+    ``ratio`` (below 1 is faster; None if not timed), its noise band ``low``-``high`` (None
+    below 3 rounds; `time_ratio`), the paired ``rounds`` and the ``verdict`` (`VERDICTS`)."""
 
     ratio: float | None
     low: float | None
