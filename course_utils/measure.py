@@ -2,10 +2,8 @@
 
 `measure(config)` returns a `Measurement` whose memory fields are those of
 `course_utils.memory_model.MemoryEstimate`; `course_utils.experiments.compare` shares its core
-(`accept`, `prepare`, `measure_memory`, `time_in_alternation`). How each number is taken:
-docs/method.md#memory and docs/method.md#time. MPS has no peak-memory counter (``torch.mps``
-reports current and driver-allocated bytes only): there the peak is taken on a CPU copy of the
-step (`course_utils.hardware.MPS_PEAK_NOTE`).
+(`accept`, `prepare`, `measure_memory`, `time_in_alternation`). How each number is taken,
+MPS's peak (on a CPU copy of the step) included: docs/method.md#memory, docs/method.md#time.
 
 Over 400 lines because it is the one meter: the `Measurement` record, its check against the
 estimate, the measurement core and the one out-of-memory message.
@@ -111,15 +109,12 @@ class Measurement:
 
     def as_row(self) -> dict:
         """A flat dict for a table: the config's label and fields, then the measured values."""
-        c = self.config
-        row = {"label": c.label, **{k: v for k, v in c.as_dict().items() if k != "seed"}}
-        for f in dataclasses.fields(self):
-            if f.name not in ("config", "notes", "step_times_s"):
-                row[f.name] = getattr(self, f.name)
-        row["saved_total"] = self.saved_total
-        row["timed_rounds"] = self.rounds
-        row["notes"] = " ".join(self.notes)
-        return row
+        row = {"label": self.config.label,
+               **{k: v for k, v in self.config.as_dict().items() if k != "seed"}}
+        row.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                    if f.name not in ("config", "notes", "step_times_s")})
+        return {**row, "saved_total": self.saved_total, "timed_rounds": self.rounds,
+                "notes": " ".join(self.notes)}
 
 
 # --- measured against estimated --------------------------------------------------------------
@@ -339,9 +334,8 @@ def new_measurement(accepted: Accepted) -> Measurement:
 def ran_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` says that memory ran out: torch's `OutOfMemory` (CUDA, MPS), or the CPU
     allocator's ``RuntimeError`` ("can't allocate memory": torch gives it no type of its own)."""
-    if isinstance(error, OutOfMemory):
-        return True
-    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    return isinstance(error, OutOfMemory) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
 #: A size as torch's allocators print it: ``"24.00 MiB"``, ``"256.00 MB"`` (MPS, binary units).

@@ -189,10 +189,8 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
         else:  # memory-budget B
             kept = n * (4 * d * BT + mode * (block - 4 * d * BT) + mode * wcopy_block)
             units.append((kept, n * (block + wcopy_block) - kept + tau, n))
-    embedding = 8 * BT + 8 * T
-    logits = _logits_bytes(config)
-    head_copy = V * d * a if low else 0
-    kept = embedding + sum(u[0] for u in units)
+    kept = 8 * BT + 8 * T + sum(u[0] for u in units)  # the embedding's indices and positions
+    saved_all = kept + _logits_bytes(config) + (V * d * a if low else 0)  # + the head's copy
     grads_all = 4 * parameter_count(config)
     state = {"weights": 4 * parameter_count(config),
              "AdamW state": 8 * parameter_count(config) + 4 * (5 + 12 * config.n_layers)}
@@ -200,7 +198,7 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
     for later in ((False, True) if config.grad_accum_steps > 1 else (False,)):
         tag, held = (_LATER, grads_all) if later else ("", 0)
         walk.append(("start of backward" + tag,
-                     {**state, "gradients": held, "saved tensors": kept + logits + head_copy,
+                     {**state, "gradients": held, "saved tensors": saved_all,
                       "temporaries": _loss_backward_bytes(config)}))
         grads = held + (0 if later else 4 * (V * d + 2 * d))
         saved = kept

@@ -142,11 +142,11 @@ class SavedTensorMeter:
     def _enter_module(self, name: str, module: torch.nn.Module):
         label = (name, type(module).__name__)
 
-        def hook(*_):  # returns None: the module's input is left unchanged
+        def hook(*_):
             self._stack.append(label)
         return hook
 
-    def _leave_module(self, *_) -> None:  # returns None: the module's output is left unchanged
+    def _leave_module(self, *_) -> None:
         if self._stack:
             self._stack.pop()
 
@@ -166,21 +166,20 @@ class SavedTensorMeter:
         self.unmeasured = None
         self.region = "activations"
         if self.model is not None:
-            h = self.model.register_forward_hook(self._judge)  # returns None: output unchanged
-            self._exit.callback(h.remove)
+            # the hooks return None: the model's inputs and outputs are left unchanged
+            self._exit.callback(self.model.register_forward_hook(self._judge).remove)
             ln_f = getattr(self.model, "ln_f", None)
             if isinstance(ln_f, torch.nn.Module):
-                h = ln_f.register_forward_pre_hook(lambda *_: setattr(self, "region", "logits"))
-                self._exit.callback(h.remove)
+                self._exit.callback(ln_f.register_forward_pre_hook(
+                    lambda *_: setattr(self, "region", "logits")).remove)
             self._sac = selective_contexts(self.model)
             for c in self._sac:
                 c.recording = []
             if self.by_module:
                 for name, sub in self.model.named_modules():
-                    h1 = sub.register_forward_pre_hook(self._enter_module(name, sub))
-                    h2 = sub.register_forward_hook(self._leave_module)
-                    self._exit.callback(h1.remove)
-                    self._exit.callback(h2.remove)
+                    for h in (sub.register_forward_pre_hook(self._enter_module(name, sub)),
+                              sub.register_forward_hook(self._leave_module)):
+                        self._exit.callback(h.remove)
         self._exit.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack,
                                                                            self._unpack))
         return self

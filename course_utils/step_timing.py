@@ -100,9 +100,7 @@ def interleaved(steps: Sequence[Callable[[], object]], budget_s: float | None = 
     times: list[list[float]] = [[] for _ in steps]
     if progress is not None and rounds is not None:
         progress.total = rounds * len(steps)
-    t0 = time.perf_counter()
-    r = 0
-    n = len(steps)
+    t0, r, n = time.perf_counter(), 0, len(steps)
     while rounds is None or r < rounds:
         for i in [(r + k) % n for k in range(n)]:  # this round's order: rotated by one
             times[i].append(time_step(steps[i], device))
@@ -174,8 +172,7 @@ class TimeRatio:
         if self.verdict == TOO_SMALL:
             return tr(TOO_SMALL_WHY)
         if self.low is None:
-            return (tr("1 round") if self.rounds == 1
-                    else tr("{n} rounds", n=self.rounds))
+            return tr("1 round") if self.rounds == 1 else tr("{n} rounds", n=self.rounds)
         lo, hi = (printed_band(self.ratio, self.low, self.high) if self.verdict == "faster"
                   else (self.low, self.high))
         if self.rounds == 1:
@@ -253,9 +250,8 @@ def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str 
 
     Rule: no times -> "not timed"; emulated -> "emulated"; size ``smoke`` -> "too small to
     time"; fewer than ``min_rounds`` paired rounds -> "too few rounds"; otherwise
-    `band_verdict`. The band: the per-round ratios' interquartile range, widened to the medians
-    of `BLOCKS` consecutive blocks of rounds and to the ratio of the two series' medians (what a
-    table prints beside the ratio). ``through``: a third configuration's times from the same
+    `band_verdict` on the band of docs/method.md#time (`BLOCKS` blocks of rounds, reaching the
+    ratio of the medians). ``through``: a third configuration's times from the same
     rounds, against which a table printed both (`course_utils.experiments.summary`); the ratio
     is then the quotient of the two ratios to it, which the band is widened to reach.
     """
