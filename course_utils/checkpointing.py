@@ -39,8 +39,7 @@ __all__ = ["MODES", "Policy", "parse_policy", "segment_bounds", "apply_checkpoin
            "SAVE", "save_matmuls_and_attention", "SelectiveContexts", "sac_kept",
            "selective_contexts"]
 
-#: The policy names, as written in a config (K, N: integers from 1 to the number of blocks;
-#: B: a fraction from 0 to 1).
+#: The policy names (K, N: integers from 1 to the number of blocks; B: from 0 to 1).
 MODES = ("none", "full", "every-K", "segments:N", "selective", "memory-budget:B")
 
 _PATTERNS = {"every-k": r"every-(\d+)", "segments": r"segments:(\d+)",
@@ -137,13 +136,10 @@ class Checkpointed(nn.Module):
 
 class CompiledUnderBudget(nn.Module):
     """Blocks compiled with ``torch.compile`` as one region under the activation memory budget
-    ``budget`` (``torch._functorch.config.activation_memory_budget``, read when the graph is
-    partitioned): 1.0 is the default plan, which already recomputes cheap pointwise ops; 0.0
-    the activation memory of checkpointing the whole region.
-
-    Each instance compiles with a backend of its own: dynamo guards a graph on its backend but
-    not on the budget, so with one shared backend a second budget reused the first one's graph
-    (torch 2.13).
+    ``budget`` (``torch._functorch.config.activation_memory_budget``): 1.0 is the default plan,
+    which already recomputes cheap pointwise ops; 0.0 the activation memory of checkpointing the
+    whole region. Each instance has a backend of its own: dynamo guards a graph on its backend,
+    not on the budget, so a shared backend reused one budget's graph for the next (torch 2.13).
     """
 
     def __init__(self, blocks, budget: float):
@@ -186,12 +182,9 @@ def save_matmuls_and_attention(ctx, op, *args, **kwargs):
 
 
 class SelectiveContexts:
-    """``checkpoint``'s ``context_fn`` for selective checkpointing with ``policy``
-    (``create_selective_checkpoint_contexts(policy)``), whose kept tensors the saved-tensor meter
-    can count: while ``recording`` is a list, each forward context made is appended to it, and
-    `sac_kept` reads its cache after the forward (not the policy's ``ctx.op_output``, which
-    torch 2.11 lacks).
-    """
+    """``checkpoint``'s ``context_fn`` for selective checkpointing with ``policy``, whose kept
+    tensors the meter counts: while ``recording`` is a list, each forward context made is added
+    to it for `sac_kept` to read (not the policy's ``ctx.op_output``, which torch 2.11 lacks)."""
 
     def __init__(self, policy=save_matmuls_and_attention):
         self.policy = policy
@@ -205,10 +198,8 @@ class SelectiveContexts:
 
 
 def sac_kept(forward_contexts) -> list[torch.Tensor] | None:
-    """The tensors that selective checkpointing's forward ``forward_contexts`` kept for backward,
-    read from each context's cache (``storage``, since torch 2.4 a dict whose leaves hold a
-    ``val`` tensor), or None where a context has none readable: then the bytes are not measured.
-    """
+    """The tensors that selective checkpointing's ``forward_contexts`` kept, read from each
+    one's cache (``storage``, since torch 2.4 a dict of ``val`` tensors), or None where unreadable."""
     kept = []
     for ctx in forward_contexts:
         storage = getattr(ctx, "storage", None)
@@ -244,10 +235,9 @@ def _wrapped(layers: list, p: Policy) -> list:
 
 
 def apply_checkpointing(model: nn.Module, policy: str) -> nn.Module:
-    """Apply ``policy`` to ``model`` in place, by wrapping its blocks, and return it.
-
-    ``model.layers`` (an ``nn.ModuleList`` of blocks) is replaced by the wrapped units; the
-    parameters are the same objects under longer names (``layers.0.blocks.0.ln1.weight``).
+    """Apply ``policy`` to ``model`` in place and return it: ``model.layers`` (an
+    ``nn.ModuleList`` of blocks) is replaced by the wrapped units; the parameters are the same
+    objects under longer names (``layers.0.blocks.0.ln1.weight``).
 
     Raises:
         ValueError: a policy `parse_policy` refuses, a model without ``layers``, or one whose

@@ -103,9 +103,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                           chunk_tokens: int, bias: torch.Tensor | None = None,
                           ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    r"""``F.cross_entropy(F.linear(hidden, weight, bias), targets)`` (the mean over tokens whose
-    target is not ``ignore_index``) computed ``chunk_tokens`` tokens at a time, so that the full
-    ``(N, V)`` logits are never alive, in forward or in backward.
+    r"""``F.cross_entropy(F.linear(hidden, weight, bias), targets)`` computed ``chunk_tokens``
+    tokens at a time: the full ``(N, V)`` logits are never alive, in forward or in backward.
 
     Args:
         hidden: the final hidden states, ``(B, T, d)`` or ``(N, d)`` (``N`` tokens).

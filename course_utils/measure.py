@@ -61,9 +61,7 @@ class Measurement:
     `MEMORY_FIELDS` (None where not measurable, ``peak_method`` and ``saved_method`` say how or
     why), CUDA's ``peak_reserved``, every timed step in ``step_times_s`` with their median
     ``step_time_s`` and IQR ``step_time_iqr_s``, ``tokens_per_s``, ``emulated`` (the precision
-    is emulated here), ``timing`` (how, in words), ``oom`` and ``error``, and ``notes`` for
-    the learner.
-    """
+    is emulated here), ``timing`` (how, in words), ``oom``, ``error`` and ``notes``."""
 
     config: RunConfig
     parameters: int | None = None
@@ -135,8 +133,8 @@ class EstimateGap(UserWarning):
 def estimate_gaps(m: "Measurement", est, tolerance: dict | None = None) -> list[str]:
     """Sentences for each memory field where ``m`` differs from the estimate ``est`` (a
     `MemoryEstimate`) by more than ``tolerance`` (fraction per field; default `GAP_TOLERANCE`),
-    e.g. ``"saved tensors: measured 0.27 MiB, estimated 0.58 MiB (-54 %)"``. Fields not measured
-    and the ``memory-budget`` policy (its estimate is only the budget's fraction) are skipped."""
+    e.g. ``"saved tensors: measured 0.27 MiB, estimated 0.58 MiB (-54 %)"``; not for fields not
+    measured, nor ``memory-budget`` (its estimate is only the budget's fraction)."""
     if m.config.checkpoint.startswith("memory-budget") or m.oom:
         return []
     out = []
@@ -202,7 +200,6 @@ def memory_step(state) -> dict:
     ``peak_reserved``, ``peak_method``, ``saved_method`` and ``step_s`` (seconds of the step,
     profiler included on a CPU)."""
     cfg = state.config
-    kind = cfg.device_type
     meter = SavedTensorMeter(state.module)
     grads: dict = {}
     first = {"open": False, "done": False}
@@ -228,7 +225,7 @@ def memory_step(state) -> dict:
     opt_state = _optimizer_state_bytes(state.optimizer)
     out = {"parameters": params, "optimizer_state": opt_state, "peak_reserved": None}
     try:
-        if kind == "cuda":
+        if cfg.device_type == "cuda":
             dev = torch.device(cfg.device)
             _free_memory(cfg.device)
             torch.cuda.synchronize(dev)
@@ -240,7 +237,7 @@ def memory_step(state) -> dict:
             out["peak_reserved"] = int(torch.cuda.max_memory_reserved(dev) - base_res)
             out["peak_method"] = tr("CUDA allocator: parameters + optimizer state + "
                                     "max_memory_allocated above the step's start")
-        elif kind == "cpu":
+        elif cfg.device_type == "cpu":
             t0 = time.perf_counter()
             peak, _ = peak_during(state.step, "cpu")
             out["step_s"] = time.perf_counter() - t0
@@ -391,9 +388,8 @@ def _cap_words(allowed: int | None) -> str:
 def describe_out_of_memory(error: BaseException) -> str:
     """What ran out, on one line, read from torch's message (CUDA, MPS, the CPU allocator):
     ``"the step asked for 24.00 MiB more with 1.17 GiB already reserved by PyTorch, beyond the
-    14.75 GiB of the Tesla T4 this GPU stands in for"``. Torch's own text is never quoted whole
-    (under `course_utils.stand_in` it names the real GPU); one the course cannot read gives its
-    first sentence."""
+    14.75 GiB of the Tesla T4 this GPU stands in for"``, never torch's whole text (under
+    `course_utils.stand_in` it names the real GPU); else the message's first sentence."""
     text = " ".join(str(error).split())
     facts = _oom_facts(text)
     if facts["asked"] is None:
@@ -549,7 +545,6 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
     accepted = accept(config, hw, force=force)
     config = accepted.config
     m = new_measurement(accepted)
-    state = None
     try:
         state = measure_memory(m, accepted, step_fn, warmup=warmup,
                                time_emulated=timed and steps is None)

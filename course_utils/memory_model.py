@@ -16,7 +16,7 @@ Over 400 lines because every closed-form byte count lives here with its source f
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pandas as pd
 
@@ -38,8 +38,7 @@ class MemoryEstimate:
     """Estimated bytes of one training step, in the fields of `Measurement`; ``recompute``: the
     largest checkpointed segment's activations, rebuilt in backward; ``n_parameters``: ``N``;
     ``peak_moment``: the moment of `peak_parts` where the peak falls, and ``peak_components``
-    the bytes alive then by part of `PEAK_PARTS` (their sum is ``peak_allocated``, to a byte).
-    """
+    the bytes alive then by part of `PEAK_PARTS` (their sum is ``peak_allocated``, to a byte)."""
 
     config: RunConfig
     parameters: int
@@ -142,8 +141,7 @@ def _loss_backward_bytes(config: RunConfig) -> int:
 
 
 def _units(config: RunConfig) -> list[tuple[int, object]]:
-    """The checkpoint policy as ``(blocks, mode)`` units in forward order: mode ``"plain"``,
-    ``"checkpointed"``, ``"selective"`` or the memory budget B (a float)."""
+    """The policy as ``(blocks, mode)`` units in forward order; mode: a word or the budget B."""
     p = parse_policy(config.checkpoint, config.n_layers)
     L = config.n_layers
     if p.mode == "none":
@@ -168,8 +166,7 @@ def peak_parts(config: RunConfig) -> list[tuple[str, dict]]:
     of `PEAK_PARTS` alive then: the start of backward; the backward of each checkpoint unit,
     last to first (its recomputation and one block's backward transient, ``16 d`` a token in
     fp32 and ``20 d`` under autocast, measured on a CPU for d = 64-384); the optimizer step.
-    With accumulation, later micro-batches run with every ``.grad`` buffer alive.
-    """
+    With accumulation, later micro-batches run with every ``.grad`` buffer alive."""
     a, BT, block, wcopy_block, selective = _sizes(config)
     low = config.precision != "fp32"
     T, d, V = config.seq_len, config.d_model, config.vocab_size
@@ -415,10 +412,8 @@ class ShardedState:
         return self.parameters + self.gradients + self.optimizer_state
 
     def as_row(self) -> dict:
-        """The fields and the total as a flat dict."""
-        return {"stage": self.stage, "world_size": self.world_size,
-                "parameters": self.parameters, "gradients": self.gradients,
-                "optimizer_state": self.optimizer_state, "total": self.total}
+        """The fields but ``n_parameters``, and the total, as a flat dict."""
+        return {k: v for k, v in asdict(self).items() if k != "n_parameters"} | {"total": self.total}
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -427,10 +422,9 @@ def _ceil_div(a: int, b: int) -> int:
 
 def sharded_state_bytes(n_parameters: int, world_size: int, stage: int,
                         n_tensors: int = 0) -> ShardedState:
-    """Per-rank bytes of weights, gradients and AdamW state when ``world_size`` data-parallel
-    ranks shard them by ZeRO ``stage``, from the course's 16 bytes per parameter (fp32 weights,
-    gradients and two AdamW moments, as autocast and FSDP2's ``MixedPrecisionPolicy(param_dtype=
-    bf16, reduce_dtype=fp32)`` keep them). ``N`` parameters, ``K`` ranks, ``T`` tensors:
+    """Per-rank bytes of the course's 16 bytes per parameter (fp32 weights, gradients and AdamW
+    moments, as autocast and FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``
+    keep them) sharded by ZeRO ``stage``; ``N`` parameters, ``K`` ranks, ``T`` tensors:
 
     =========  ===================  ===================  =================================
     stage      parameters           gradients            optimizer state

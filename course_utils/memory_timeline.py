@@ -130,9 +130,7 @@ def _optimizer_state_bytes(optimizer) -> int:
 
 
 def _device(device) -> torch.device:
-    if device is None:
-        return torch.device("cpu")
-    dev = torch.device(device)
+    dev = torch.device("cpu" if device is None else device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev

@@ -271,11 +271,10 @@ def measure_saved(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 def saved_by_module(module: torch.nn.Module, fn) -> pd.DataFrame:
-    """The tensors autograd saves for backward while ``fn()`` (a forward through ``module``)
-    runs, one row per storage, parameters excluded, in saving order: ``module`` (the innermost
-    submodule running, as ``named_modules()`` names it), ``module_type``, ``shape``, ``dtype``
-    (str), ``nbytes`` (bytes), ``grad_fn``. Empty tensors are left out (non-reentrant
-    ``checkpoint`` saves one in torch 2.7-2.11).
+    """The tensors autograd saves while ``fn()`` (a forward through ``module``) runs, one row
+    per storage, parameters excluded, in saving order: ``module`` (the innermost submodule
+    running), ``module_type``, ``shape``, ``dtype`` (str), ``nbytes``, ``grad_fn``; empty
+    tensors (non-reentrant ``checkpoint`` saves one in torch 2.7-2.11) are left out.
 
     Raises:
         TypeError: ``module`` is not a ``torch.nn.Module``.
