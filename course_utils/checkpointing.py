@@ -1,44 +1,26 @@
 """Activation checkpointing for the course's model: which blocks recompute in backward.
 
-`apply_checkpointing(model, policy)` wraps blocks of ``model.layers`` in `Checkpointed`
-modules whose forward is the call the lessons teach,
-``checkpoint(run_blocks, blocks, x, use_reentrant=False, context_fn=...)``, as torchtitan's
-``apply_ac`` wraps blocks; the model's forward stays a plain loop over ``model.layers``.
-
-The policies form a closed set:
-
-=====================  ================================================================
-``none``               no checkpointing: every block keeps all its saved tensors.
-``full``               every block checkpointed on its own: only block inputs stay saved.
-``every-K``            blocks 0, K, 2K, ... checkpointed one by one; the others run plain.
-``segments:N``         the blocks split into N contiguous segments (`segment_bounds`), *every*
-                       segment checkpointed as one unit (`checkpoint_every_segment`; unlike
-                       ``torch.utils.checkpoint.checkpoint_sequential``, which always runs its
-                       last segment plain).
-``selective``          every block checkpointed with an op-level save list (selective
-                       activation checkpointing, SAC): the outputs of matmuls and attention
-                       (`SAVE`) are kept, the cheap pointwise ops are recomputed.
-``memory-budget:B``    all blocks compiled with ``torch.compile`` as one region, whose
-                       partitioner picks the fastest plan that saves at most B (0 to 1) times
-                       the activations of its default plan
-                       (``torch._functorch.config.activation_memory_budget``): 1.0 is the
-                       default, which already recomputes cheap ops where that is faster
-                       (it "should always use less memory than eager"), 0.0 the activation
-                       memory of checkpointing the whole compiled region.
-=====================  ================================================================
+`apply_checkpointing(model, policy)` wraps blocks of ``model.layers`` in `Checkpointed` modules
+whose forward is the call the lessons teach, ``checkpoint(run_blocks, blocks, x,
+use_reentrant=False, context_fn=...)``, as torchtitan's ``apply_ac`` wraps blocks. The policies
+(`MODES`): ``none``; ``full`` (every block on its own); ``every-K`` (blocks 0, K, 2K, ...);
+``segments:N`` (N contiguous segments, `segment_bounds`, *every* one checkpointed, unlike
+``checkpoint_sequential``'s last); ``selective`` (every block, keeping the outputs of matmuls and
+attention, `SAVE`); ``memory-budget:B`` (all blocks compiled as one region under the
+partitioner's ``activation_memory_budget`` B: 1.0 is the default plan, 0.0 the activation memory
+of checkpointing the whole compiled region).
 
 Sources: ``torch.utils.checkpoint`` docs (``use_reentrant`` must be passed explicitly,
-pytorch#65537; ``create_selective_checkpoint_contexts``); the PyTorch blog "Current and New
-Activation Checkpointing Techniques in PyTorch" (2025); torchtitan
-``torchtitan/distributed/activation_checkpoint.py`` (one function per mode); Korthikanti et al.
-2022 (arXiv 2205.05198) for selective recomputation; the comment on
-``activation_memory_budget`` in ``torch/_functorch/config.py`` (read in torch 2.13) for what a
-budget means.
+pytorch#65537); the PyTorch blog "Current and New Activation Checkpointing Techniques in
+PyTorch" (2025); torchtitan ``torchtitan/distributed/activation_checkpoint.py``; Korthikanti et
+al. 2022 (arXiv 2205.05198); the comment on ``activation_memory_budget`` in
+``torch/_functorch/config.py`` (torch 2.13).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn as nn
@@ -57,8 +39,7 @@ __all__ = ["MODES", "Policy", "parse_policy", "segment_bounds", "apply_checkpoin
            "SAVE", "save_matmuls_and_attention", "SelectiveContexts", "sac_kept",
            "selective_contexts"]
 
-#: The policy names, as written in a config (K, N: integers from 1 to the number of blocks;
-#: B: a fraction from 0 to 1).
+#: The policy names (K, N: integers from 1 to the number of blocks; B: from 0 to 1).
 MODES = ("none", "full", "every-K", "segments:N", "selective", "memory-budget:B")
 
 _PATTERNS = {"every-k": r"every-(\d+)", "segments": r"segments:(\d+)",
@@ -84,8 +65,7 @@ def parse_policy(policy: str, n_layers: int) -> Policy:
     """Parse ``policy`` for a model of ``n_layers`` blocks.
 
     Raises:
-        ValueError: not one of `MODES`, or K / N outside 1..n_layers, B outside 0..1; the
-            message lists the valid policies.
+        ValueError: not one of `MODES`, or K / N outside 1..n_layers, B outside 0..1.
     """
     if not isinstance(policy, str):
         raise _invalid(policy, n_layers, tr("a policy is a string"))
@@ -93,8 +73,7 @@ def parse_policy(policy: str, n_layers: int) -> Policy:
     if p in ("none", "full", "selective"):
         return Policy(p)
     for mode, pattern in _PATTERNS.items():
-        m = re.fullmatch(pattern, p)
-        if m is None:
+        if (m := re.fullmatch(pattern, p)) is None:
             continue
         if mode == "memory-budget":
             b = float(m.group(1))
@@ -122,12 +101,8 @@ def segment_bounds(n_blocks: int, n_segments: int) -> list[tuple[int, int]]:
         raise ValueError(tr("n_segments must be in 1..{n}, got {segments}.", n=n_blocks,
                             segments=n_segments))
     base, extra = divmod(n_blocks, n_segments)
-    bounds, start = [], 0
-    for i in range(n_segments):
-        stop = start + base + (1 if i < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+    stops = list(accumulate(base + (i < extra) for i in range(n_segments)))
+    return list(zip([0, *stops[:-1]], stops))
 
 
 def run_blocks(blocks, x: torch.Tensor) -> torch.Tensor:
@@ -138,21 +113,16 @@ def run_blocks(blocks, x: torch.Tensor) -> torch.Tensor:
 
 
 def checkpoint_every_segment(blocks, x: torch.Tensor, n_segments: int) -> torch.Tensor:
-    """Run ``x`` through ``blocks`` split into ``n_segments`` segments (`segment_bounds`), each
-    checkpointed as one unit: only the segment inputs stay saved (what ``segments:N`` does)."""
+    """Run ``x`` through ``blocks`` in ``n_segments`` segments (`segment_bounds`), each
+    checkpointed as one unit (what ``segments:N`` does)."""
     for start, stop in segment_bounds(len(blocks), n_segments):
         x = checkpoint(run_blocks, blocks[start:stop], x, use_reentrant=False)
     return x
 
 
 class Checkpointed(nn.Module):
-    """Blocks run as one checkpointed region: only its input is saved for backward, and
-    backward runs its forward again (non-reentrant ``torch.utils.checkpoint``).
-
-    Args:
-        blocks: the blocks of the region, in order.
-        context_fn: ``checkpoint``'s ``context_fn`` (selective checkpointing passes one).
-    """
+    """``blocks`` run as one region of non-reentrant ``torch.utils.checkpoint``, with its
+    ``context_fn`` (selective checkpointing passes one): only the input is saved for backward."""
 
     def __init__(self, blocks, context_fn=noop_context_fn):
         super().__init__()
@@ -166,17 +136,10 @@ class Checkpointed(nn.Module):
 
 class CompiledUnderBudget(nn.Module):
     """Blocks compiled with ``torch.compile`` as one region under the activation memory budget
-    ``budget`` (``torch._functorch.config.activation_memory_budget``, read when the graph is
-    partitioned, at the first call): the partitioner takes the fastest plan whose saved
-    activations are at most ``budget`` times those of its default, runtime-optimised plan (1.0:
-    the default, which already recomputes cheap pointwise ops; 0.0: the activation memory of
-    checkpointing the whole region, whose backward then rebuilds every block at once).
-
-    Each instance compiles with a backend object of its own, which patches the budget around
-    inductor's ``compile_fx``. Dynamo guards a compiled graph on its backend, so two instances
-    with different budgets never share a graph. (With one shared backend they did: dynamo's
-    cache holds the graph by code object, and the budget is not among its guards, so in one
-    process a second budget silently reused the first one's graph; measured on torch 2.13.)
+    ``budget`` (``torch._functorch.config.activation_memory_budget``): 1.0 is the default plan,
+    which already recomputes cheap pointwise ops; 0.0 the activation memory of checkpointing the
+    whole region. Each instance has a backend of its own: dynamo guards a graph on its backend,
+    not on the budget, so a shared backend reused one budget's graph for the next (torch 2.13).
     """
 
     def __init__(self, blocks, budget: float):
@@ -190,8 +153,7 @@ class CompiledUnderBudget(nn.Module):
 
 
 def _budget_backend(budget: float):
-    """A ``torch.compile`` backend (a new object per call): inductor, with the activation
-    memory budget patched while the graph is compiled and partitioned."""
+    """A new ``torch.compile`` backend: inductor, with the activation memory budget patched."""
     def backend(gm, example_inputs):
         # lazy: torch.compile's stack (inductor) loads only when a memory-budget model compiles
         import torch._functorch.config as functorch_config
@@ -213,7 +175,7 @@ SAVE = {aten.mm.default, aten.addmm.default, aten.bmm.default,
 
 
 def save_matmuls_and_attention(ctx, op, *args, **kwargs):
-    # Runs for every op in the checkpointed region's forward: keep its output, or recompute it?
+    # Runs for every op of the checkpointed region's forward: keep its output, or recompute it?
     if op in SAVE:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
@@ -221,18 +183,8 @@ def save_matmuls_and_attention(ctx, op, *args, **kwargs):
 
 class SelectiveContexts:
     """``checkpoint``'s ``context_fn`` for selective checkpointing with ``policy``, whose kept
-    tensors the saved-tensor meter can count.
-
-    Calling it returns ``create_selective_checkpoint_contexts(policy)``, the pair of context
-    managers that ``torch.utils.checkpoint.checkpoint`` runs the forward and the recomputation
-    in. Tensors that SAC keeps live in the cache of the forward's context (its ``storage``), out
-    of the sight of saved-tensor hooks; while ``recording`` is a list (the meter sets one for one
-    forward; it is None otherwise), each forward context made is appended to it, and `sac_kept`
-    reads the cache after the forward.
-
-    The cache is read rather than the policy's ``ctx.op_output``, which only recent torch passes
-    (torch 2.11 has no such field, so counting from it silently gave full checkpointing's bytes).
-    """
+    tensors the meter counts: while ``recording`` is a list, each forward context made is added
+    to it for `sac_kept` to read (not the policy's ``ctx.op_output``, which torch 2.11 lacks)."""
 
     def __init__(self, policy=save_matmuls_and_attention):
         self.policy = policy
@@ -246,13 +198,8 @@ class SelectiveContexts:
 
 
 def sac_kept(forward_contexts) -> list[torch.Tensor] | None:
-    """The tensors that selective checkpointing's forward ``forward_contexts`` kept for backward.
-
-    Reads each context's cache (``storage``: in every torch from 2.4 on a dict whose leaves wrap
-    the kept outputs in an object with a ``val`` tensor; ops marked for recomputation leave a
-    marker instead). Returns None when a context has no readable cache (a torch whose SAC is
-    built otherwise): the caller must then report the saved bytes as not measured, never as 0.
-    """
+    """The tensors that selective checkpointing's ``forward_contexts`` kept, read from each
+    one's cache (``storage``, since torch 2.4 a dict of ``val`` tensors), or None where unreadable."""
     kept = []
     for ctx in forward_contexts:
         storage = getattr(ctx, "storage", None)
@@ -272,48 +219,29 @@ def selective_contexts(model: nn.Module) -> list[SelectiveContexts]:
             if isinstance(getattr(m, "context_fn", None), SelectiveContexts)]
 
 
-# --- one function per mode ----------------------------------------------------------------
-
-def _apply_none(layers, arg):
-    return list(layers)
-
-
-def _apply_full(layers, arg):
-    return [Checkpointed([b]) for b in layers]
-
-
-def _apply_every_k(layers, arg):
-    return [Checkpointed([b]) if i % arg == 0 else b for i, b in enumerate(layers)]
-
-
-def _apply_segments(layers, arg):
-    return [Checkpointed(layers[a:b]) for a, b in segment_bounds(len(layers), arg)]
-
-
-def _apply_selective(layers, arg):
-    return [Checkpointed([b], SelectiveContexts(save_matmuls_and_attention)) for b in layers]
-
-
-def _apply_memory_budget(layers, arg):
-    return [CompiledUnderBudget(list(layers), arg)]
-
-
-_APPLY = {"none": _apply_none, "full": _apply_full, "every-k": _apply_every_k,
-          "segments": _apply_segments, "selective": _apply_selective,
-          "memory-budget": _apply_memory_budget}
+def _wrapped(layers: list, p: Policy) -> list:
+    """``layers`` wrapped for policy ``p``: one branch per mode."""
+    if p.mode == "none":
+        return layers
+    if p.mode == "full":
+        return [Checkpointed([b]) for b in layers]
+    if p.mode == "every-k":
+        return [Checkpointed([b]) if i % p.arg == 0 else b for i, b in enumerate(layers)]
+    if p.mode == "segments":
+        return [Checkpointed(layers[a:b]) for a, b in segment_bounds(len(layers), p.arg)]
+    if p.mode == "selective":
+        return [Checkpointed([b], SelectiveContexts(save_matmuls_and_attention)) for b in layers]
+    return [CompiledUnderBudget(layers, p.arg)]
 
 
 def apply_checkpointing(model: nn.Module, policy: str) -> nn.Module:
-    """Apply ``policy`` to ``model`` in place, by wrapping its blocks, and return it.
-
-    ``model.layers`` (an ``nn.ModuleList`` of blocks, as in the course's GPT) is replaced by the
-    wrapped units; the parameters are the same objects (an optimizer made before still works),
-    under longer names (``layers.0.blocks.0.ln1.weight`` for a wrapped block). Apply a policy
-    to a freshly built model (`course_utils.models.build_model` does).
+    """Apply ``policy`` to ``model`` in place and return it: ``model.layers`` (an
+    ``nn.ModuleList`` of blocks) is replaced by the wrapped units; the parameters are the same
+    objects under longer names (``layers.0.blocks.0.ln1.weight``).
 
     Raises:
-        ValueError: an unknown policy, one that does not fit ``len(model.layers)``, a model
-            without ``layers``, or a model whose blocks are already wrapped.
+        ValueError: a policy `parse_policy` refuses, a model without ``layers``, or one whose
+            blocks are already wrapped.
     """
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList):
@@ -325,5 +253,5 @@ def apply_checkpointing(model: nn.Module, policy: str) -> nn.Module:
                             "(build_model(config.replace(checkpoint=...))) to change the "
                             "policy."))
     p = parse_policy(policy, len(layers))
-    model.layers = nn.ModuleList(_APPLY[p.mode](list(layers), p.arg))
+    model.layers = nn.ModuleList(_wrapped(list(layers), p))
     return model

@@ -1,22 +1,13 @@
-r"""Chunked cross-entropy: the head matmul and the loss of a language model, a few tokens at a
-time, so that the full ``(tokens, vocabulary)`` logits never exist.
+r"""Chunked cross-entropy: the head matmul and the loss of a language model a few tokens at a
+time, so that the full ``(tokens, vocabulary)`` logits, which checkpointing never touches (they
+come after the last block), never exist.
 
-At a 128k-256k vocabulary the logits and the loss's fp32 copies are the largest tensors of a
-training step, and activation checkpointing never touches them: they are made after the last
-block. `chunked_cross_entropy` computes ``F.cross_entropy(hidden @ weight.T + bias, targets)``
-chunk by chunk, keeps one number per token (its log-sum-exp) for backward, and in backward
-recomputes each chunk's logits to turn them into that chunk's gradients.
-
-Relatives: NVIDIA NeMo AutoModel's ``ChunkedCrossEntropy`` (head + loss per chunk, each chunk
-recomputed in backward, as here); Apple's Cut Cross-Entropy (Wijmans et al. 2024, arXiv
-2411.09009: the log-sum-exp kept, logits recomputed blockwise in backward, inside Triton
-kernels); torchtune's ``CEWithChunkedOutputLoss`` (logits upcast to fp32 one chunk at a time;
-torchtune PR 1390) and ``LinearCrossEntropyLoss`` (head + loss per chunk of tokens); Liger
-Kernel's ``LigerFusedLinearCrossEntropyLoss`` and torch 2.13's ``F.linear_cross_entropy(...,
-options=torch.nn.LinearCrossEntropyOptions(...))``, which compute the gradients during forward
-instead of recomputing. This module is the course's own, in plain PyTorch, so that it runs on
-every torch the course supports (>= 2.7) and its bytes can be stated exactly
-(`chunked_loss_bytes`).
+Relatives: NVIDIA NeMo AutoModel's ``ChunkedCrossEntropy`` (each chunk recomputed in backward,
+as here); Apple's Cut Cross-Entropy (Wijmans et al. 2024, arXiv 2411.09009, in Triton);
+torchtune's ``CEWithChunkedOutputLoss`` (PR 1390) and ``LinearCrossEntropyLoss``; Liger Kernel's
+``LigerFusedLinearCrossEntropyLoss`` and torch 2.13's ``F.linear_cross_entropy``, which compute
+the gradients in forward. This one is plain PyTorch, so that it runs on every torch the course
+supports (>= 2.7) and its bytes can be stated exactly (`chunked_loss_bytes`).
 """
 from __future__ import annotations
 
@@ -32,13 +23,8 @@ IGNORE_INDEX = -100
 
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
-    """The dtype the head matmul runs in: autocast's where autocast is on for ``hidden``'s device
-    (``linear`` is on every device's lower-precision list), else the inputs' own.
-
-    Raises:
-        ValueError: without autocast, ``hidden`` and ``weight`` of different dtypes (as
-            ``F.linear`` refuses them).
-    """
+    """The head matmul's dtype: autocast's where it is on (``linear`` is on every device's
+    lower-precision list), else the inputs' own (ValueError if they differ, as ``F.linear``)."""
     kind = hidden.device.type
     if torch.is_autocast_enabled(kind):
         return torch.get_autocast_dtype(kind)
@@ -49,20 +35,15 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 def _logits_fp32(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """One chunk's logits ``(c, V)`` in fp32: the matmul in ``h``'s dtype, then upcast (in fp32
-    the matmul's output itself; otherwise its low-precision output is freed after the copy)."""
+    """One chunk's logits ``(c, V)``: the matmul in ``h``'s dtype, upcast to fp32."""
     logits = torch.mm(h, w.t()) if b is None else torch.addmm(b, h, w.t())
     return logits.float()
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """``mean(logsumexp(h W^T + b) - (h W^T + b)[target])`` over the tokens whose target is not
-    ``ignore_index``, chunk by chunk; backward recomputes each chunk's logits.
-
-    Saves for backward: ``h`` (its storage), ``W``, ``b``, the targets and the per-token
-    log-sum-exp (fp32, 4 bytes a token). Autocast is off inside: the caller casts ``h``, ``W``
-    and ``b`` to the compute dtype, and the softmax arithmetic is fp32.
-    """
+    """``mean(logsumexp(h W^T + b) - (h W^T + b)[target])`` over the counted tokens, chunk by
+    chunk; saves ``h``, ``W``, ``b``, the targets and the fp32 log-sum-exp. Autocast is off
+    inside: the caller casts ``h``, ``W`` and ``b``; the softmax arithmetic is fp32."""
 
     @staticmethod
     def forward(ctx, h, w, b, targets, chunk, ignore_index):
@@ -122,48 +103,28 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                           chunk_tokens: int, bias: torch.Tensor | None = None,
                           ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    r"""``F.cross_entropy(F.linear(hidden, weight, bias), targets)`` (the mean over tokens whose
-    target is not ``ignore_index``) computed ``chunk_tokens`` tokens at a time, so that the full
-    ``(N, V)`` logits are never alive, in forward or in backward.
+    r"""``F.cross_entropy(F.linear(hidden, weight, bias), targets)`` computed ``chunk_tokens``
+    tokens at a time: the full ``(N, V)`` logits are never alive, in forward or in backward.
 
     Args:
         hidden: the final hidden states, ``(B, T, d)`` or ``(N, d)`` (``N`` tokens).
         weight: the head's weight, ``(V, d)`` (``V``: vocabulary).
         targets: int64 token ids, ``(B, T)`` or ``(N,)``; ``ignore_index`` marks tokens that do
-            not count (their gradient is zero; no counted token gives ``nan``, as
-            ``F.cross_entropy``).
-        chunk_tokens: tokens per chunk (>= 1); at least ``N`` gives one chunk.
-        bias: the head's bias ``(V,)``, or None.
+            not count (no counted token gives ``nan``, as ``F.cross_entropy``).
+        chunk_tokens: tokens per chunk (>= 1). bias: the head's bias ``(V,)``, or None.
 
     Returns:
         The loss, a 0-dim fp32 tensor.
 
-    How it works, and why not ``torch.utils.checkpoint`` per chunk: a custom
-    ``torch.autograd.Function`` whose forward computes each chunk's logits, upcasts them to fp32,
-    reduces them to the per-token log-sum-exp and frees them; its backward recomputes each chunk's
-    logits once and turns them in place into the gradient ``(softmax - one_hot) / n`` before the
-    two matmuls of ``hidden``'s and ``weight``'s gradients (the head's weight gradient is summed
-    over chunks in fp32). The bytes it saves and allocates are therefore ours to state
-    (`chunked_loss_bytes`), on every device: one fp32 copy of one chunk's logits at a time.
-    Checkpointing each chunk would recompute the same matmul, but autograd would then hold, per
-    chunk, the loss's own saved fp32 log-softmax and its fp32 gradient buffers beside the
-    low-precision logits, whose number and dtype vary with the device's autocast lists.
-
-    Autocast: the head matmul runs in autocast's dtype when autocast is on (``linear`` is on every
-    device's lower-precision list), with ``hidden``, ``weight`` and ``bias`` cast outside the
-    function, as autocast casts them for ``F.linear`` (so the weight's low-precision copy is saved
-    for backward as the plain head saves it); the softmax and the loss are fp32 on every device,
-    as the CPU's autocast list runs ``cross_entropy`` (CUDA's list puts only ``nll_loss`` in fp32:
-    there the chunked loss is the more precise one). Numerically equal to the plain loss within
-    rounding: tests/test_chunked_loss.py states the tolerances. Memory: `chunked_loss_bytes`.
+    Forward keeps each token's fp32 log-sum-exp; backward recomputes each chunk's logits, so
+    the bytes are ours to state on every device (`chunked_loss_bytes`), unlike a checkpointed
+    ``F.cross_entropy`` per chunk. Under autocast the matmul runs in autocast's dtype and the
+    softmax in fp32. Equal to the plain loss within rounding (tests/test_chunked_loss.py).
 
     Raises:
-        ValueError: ``chunk_tokens`` not a positive integer; shapes that do not fit (``hidden``
-            not 2-D or 3-D, ``weight`` not ``(V, d)``, ``targets`` not one per token, ``bias``
-            not ``(V,)``); ``targets`` not int64, or outside ``[0, V)`` where not
-            ``ignore_index``, as ``F.cross_entropy`` refuses them (one host-device
-            synchronisation on a GPU; not checked inside ``torch.compile``); without autocast,
-            inputs of different dtypes.
+        ValueError: ``chunk_tokens`` not a positive integer; shapes that do not fit; ``targets``
+            not int64, or outside ``[0, V)`` where not ``ignore_index`` (not checked inside
+            ``torch.compile``); without autocast, inputs of different dtypes.
     """
     check_positive_int("chunk_tokens", chunk_tokens)
     if hidden.dim() not in (2, 3):
@@ -200,30 +161,18 @@ def chunked_loss_bytes(tokens: int, d_model: int, vocab_size: int, chunk_tokens:
                        elem_bytes: int, device_type: str = "cpu") -> dict:
     """Bytes of `chunked_cross_entropy` in one training step, without bias, for ``tokens``
     tokens (``N``), width ``d``, vocabulary ``V``, chunks of ``C = min(chunk_tokens, N)`` tokens
-    and the head matmul in a dtype of ``a = elem_bytes`` bytes (4 fp32, 2 bf16/fp16). Read from
-    the code above, and equal to the course's meters (tests/test_chunked_loss.py).
+    and the head matmul in ``a = elem_bytes`` bytes (4 fp32, 2 bf16/fp16), read from its code;
+    ``a' = 0`` in fp32 (the matmul's output is the fp32 buffer), else ``a``.
 
     Returns:
-        ``{"saved": bytes, "forward": bytes, "backward": bytes}``:
-
-        * ``saved``, what forward keeps for backward besides the hidden state, the head's weight
-          (or autocast's copy of it) and the targets, which the plain loss keeps too: the fp32
-          log-sum-exp, ``4 N``.
-        * ``forward``, the largest transient of forward: one chunk's logits and their fp32 copy,
-          ``C V (4 + a')`` with ``a' = 0`` in fp32 (the matmul's output is the fp32 buffer) and
-          ``a`` otherwise.
-        * ``backward``, the largest transient of the loss's backward: the gradient of the hidden
-          state ``N d a`` and the fp32 sum of the head's weight gradient ``4 V d``, plus the
-          largest of: a chunk's fp32 logits turned gradient and its low-precision copy,
-          ``C V (4 + a')``; that copy and one chunk's weight gradient, ``a' (C V + V d)``, plus
-          on a CPU ``4 V d``: adding a low-precision tensor into an fp32 one in place, ATen's
-          TensorIterator first copies it to fp32 on a CPU, where CUDA kernels cast as they read
-          (``compute_types`` in aten/src/ATen/TensorIterator.cpp; measured: 0 bytes on an
-          H200); the weight gradient cast back to ``a`` bytes at the end, ``a' V d``.
-
-        Measured: within 32 bytes a token of the CPU profiler's peaks (tests/test_chunked_loss.py,
-        tests/test_memory_model.py); on an H200 (torch 2.11, the allocator's peak, 4,096 and
-        8,192 tokens, d 1,024 and 2,048, V 128,256, chunks of 1,024) backward within 0.1 %.
+        ``{"saved": 4 N`` (the fp32 log-sum-exp; hidden state, weight and targets are kept by
+        the plain loss too), ``"forward": C V (4 + a')`` (one chunk's logits and their fp32
+        copy), ``"backward"``: ``N d a + 4 V d`` (the hidden state's and the fp32 weight's
+        gradients) plus the largest of ``C V (4 + a')``, ``a' (C V + V d)`` + ``4 V d`` on a CPU
+        (TensorIterator copies a low-precision operand to fp32 for an in-place add,
+        ``compute_types`` in aten/src/ATen/TensorIterator.cpp; 0 on an H200) and ``a' V d``.
+        Within 32 bytes a token of the CPU profiler's peaks (tests/test_chunked_loss.py), and
+        backward within 0.1 % of an H200's allocator peak (torch 2.11, V 128,256).
 
     Raises:
         ValueError: a size that is not a positive integer, ``elem_bytes`` not 2 or 4.

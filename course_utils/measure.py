@@ -1,28 +1,12 @@
 """The meter: saved tensors, peak memory and step time of one `RunConfig`.
 
-`measure(config)` returns a `Measurement` whose memory fields have the same names as
-`course_utils.memory_model.MemoryEstimate`, so "predicted vs measured" is a subtraction.
-
-How each number is taken:
-
-* **saved tensors**: `course_utils.saved_tensors.SavedTensorMeter` (the course's one meter)
-  around the forward of one step: activations, autocast's weight copies and logits, by storage,
-  parameters excluded.
-* **peak allocated**: one training step after warm-up. CUDA: the allocator's
-  ``max_memory_allocated`` above its value at the step's start; CPU: the profiler's memory events
-  (`course_utils.memory_timeline`); both added to the bytes alive at the step's start (parameters +
-  optimizer state), so other models alive in the process do not count. MPS has no peak-memory
-  counter (``torch.mps`` reports current and driver-allocated bytes only): the step is timed on
-  MPS and its peak is taken the CPU's way on a copy of the model, optimizer state and
-  micro-batches on the CPU (`course_utils.hardware.MPS_PEAK_NOTE`; ``peak_method`` says so).
-* **step time**: forward + backward + optimizer step of the course's `train_step` (or a lesson's
-  own step), one `course_utils.step_timing.time_step` per step (the accelerator synchronised); as
-  many steps as fit a time budget, or one step where the precision is only emulated on this
-  hardware (its time is not the speed of real hardware).
+`measure(config)` returns a `Measurement` whose memory fields are those of
+`course_utils.memory_model.MemoryEstimate`; `course_utils.experiments.compare` shares its core
+(`accept`, `prepare`, `measure_memory`, `time_in_alternation`). How each number is taken,
+MPS's peak (on a CPU copy of the step) included: docs/method.md#memory, docs/method.md#time.
 
 Over 400 lines because it is the one meter: the `Measurement` record, its check against the
-estimate, and the measurement core that `measure` and `course_utils.experiments.compare` share
-(accept, prepare, memory step, timing, the one out-of-memory message).
+estimate, the measurement core and the one out-of-memory message.
 """
 from __future__ import annotations
 
@@ -46,7 +30,7 @@ from .data import get_batch
 from .guard import check_feasible
 from .hardware import HardwareInfo, detect, is_emulated
 from .i18n import tr
-from .memory_timeline import peak_during
+from .memory_timeline import _optimizer_state_bytes, peak_during
 from .saved_tensors import SavedTensorMeter, storage_bytes
 from .step_timing import default_budget_s, interleaved, spread, steps_for_budget, time_step
 from .terms import MiB, check_positive_int
@@ -73,30 +57,11 @@ OutOfMemory = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemory
 
 @dataclass
 class Measurement:
-    """What one configuration measured. Bytes are bytes; times are seconds.
-
-    Attributes:
-        config: the `RunConfig` measured.
-        parameters, gradients, optimizer_state: bytes of the parameters, of their gradients
-            after a backward, of AdamW's state (two fp32 moments + step counters).
-        activations: saved-tensor bytes of the embeddings and blocks of one forward.
-        autocast_weight_copies: saved low-precision copies of weights made by autocast (0 in fp32).
-        logits: saved-tensor bytes of the final LayerNorm, head and loss (fp32 log-softmax).
-        peak_allocated: peak bytes allocated during one step (None where the backend cannot
-            tell; ``peak_method`` says how it was taken or why not).
-        saved_method: how the saved-tensor fields were taken, or why they are None (a torch
-            whose selective-checkpointing cache the meter cannot read).
-        peak_reserved: CUDA caching-allocator peak reserved bytes above the step's start (None
-            elsewhere).
-        step_times_s: every timed step (seconds), in order.
-        step_time_s, step_time_iqr_s: their median and interquartile range (IQR None with
-            fewer than 2 steps).
-        tokens_per_s: tokens per optimizer step / median step time.
-        emulated: the precision is only emulated on this hardware (`hardware.is_emulated`).
-        timing: how the time was taken, in words.
-        oom: the run hit an out-of-memory error; ``error`` holds the message and a suggestion.
-        notes: notes for the learner (e.g. bf16 emulated on this CPU).
-    """
+    """What one configuration measured, in bytes and seconds: the memory fields of
+    `MEMORY_FIELDS` (None where not measurable, ``peak_method`` and ``saved_method`` say how or
+    why), CUDA's ``peak_reserved``, every timed step in ``step_times_s`` with their median
+    ``step_time_s`` and IQR ``step_time_iqr_s``, ``tokens_per_s``, ``emulated`` (the precision
+    is emulated here), ``timing`` (how, in words), ``oom``, ``error`` and ``notes``."""
 
     config: RunConfig
     parameters: int | None = None
@@ -132,14 +97,6 @@ class Measurement:
         """How many steps were timed (each round of an alternation times one)."""
         return len(self.step_times_s)
 
-    @property
-    def step_time_band_s(self) -> tuple[float, float] | None:
-        """The first and third quartile of the timed steps (seconds), None with fewer than 2."""
-        if len(self.step_times_s) < 2:
-            return None
-        q = statistics.quantiles(self.step_times_s, n=4, method="inclusive")
-        return q[0], q[2]
-
     def add_times(self, times) -> None:
         """Append timed steps (seconds) and update the median, IQR and tokens/s."""
         self.step_times_s.extend(float(t) for t in times)
@@ -150,28 +107,22 @@ class Measurement:
 
     def as_row(self) -> dict:
         """A flat dict for a table: the config's label and fields, then the measured values."""
-        c = self.config
-        row = {"label": c.label, **{k: v for k, v in c.as_dict().items() if k != "seed"}}
-        for f in dataclasses.fields(self):
-            if f.name not in ("config", "notes", "step_times_s"):
-                row[f.name] = getattr(self, f.name)
-        row["saved_total"] = self.saved_total
-        row["timed_rounds"] = self.rounds
-        row["notes"] = " ".join(self.notes)
-        return row
+        row = {"label": self.config.label,
+               **{k: v for k, v in self.config.as_dict().items() if k != "seed"}}
+        row.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                    if f.name not in ("config", "notes", "step_times_s")})
+        return {**row, "saved_total": self.saved_total, "timed_rounds": self.rounds,
+                "notes": " ".join(self.notes)}
 
 
 # --- measured against estimated --------------------------------------------------------------
 
-#: How far a measurement may differ from the analytic estimate before the learner is told
-#: (fraction of the estimate). Saved tensors match the estimate byte for byte wherever the
-#: meter works (tests/test_saved_tensors.py), so 10 % only leaves room for kernels that save
-#: a little more (a GPU's attention kernel); the peak also holds allocator and library
-#: workspaces, hence 25 %.
+#: How far a measurement may differ from the estimate (fraction of it) before the learner is
+#: told: saved tensors match it byte for byte (tests/test_saved_tensors.py), 10 % leaves room for
+#: a GPU's attention kernel; the peak also holds allocator and library workspaces.
 GAP_TOLERANCE = {"saved_total": 0.10, "peak_allocated": 0.25}
 
-#: Setting this environment variable to 1 turns a gap into an error (the test suite and the
-#: support matrix set it: a gap there is a bug in the meter or the estimate, never noise).
+#: Set to 1 (tests, support matrix), this environment variable turns a gap into an error.
 STRICT_ENV = "COURSE_STRICT_ESTIMATES"
 
 
@@ -181,12 +132,9 @@ class EstimateGap(UserWarning):
 
 def estimate_gaps(m: "Measurement", est, tolerance: dict | None = None) -> list[str]:
     """Sentences for each memory field where ``m`` differs from the estimate ``est`` (a
-    `course_utils.memory_model.MemoryEstimate`) by more than ``tolerance`` (a fraction of the
-    estimate, per field; default `GAP_TOLERANCE`). Fields not measured (None) are skipped, as
-    is the ``memory-budget`` policy, whose estimate is only the budget's fraction.
-
-    Example: ``"saved tensors: measured 0.27 MiB, estimated 0.58 MiB (-54 %)"``.
-    """
+    `MemoryEstimate`) by more than ``tolerance`` (fraction per field; default `GAP_TOLERANCE`),
+    e.g. ``"saved tensors: measured 0.27 MiB, estimated 0.58 MiB (-54 %)"``; not for fields not
+    measured, nor ``memory-budget`` (its estimate is only the budget's fraction)."""
     if m.config.checkpoint.startswith("memory-budget") or m.oom:
         return []
     out = []
@@ -222,11 +170,6 @@ def report_gaps(m: "Measurement", est) -> list[str]:
 
 # --- measure(): one configuration ---------------------------------------------------------
 
-def _optimizer_state_bytes(optimizer) -> int:
-    return storage_bytes(v for st in optimizer.state.values() for v in st.values()
-                         if isinstance(v, torch.Tensor))
-
-
 def _free_memory(device: str) -> None:
     gc.collect()
     if torch.device(device).type == "cuda":
@@ -234,13 +177,9 @@ def _free_memory(device: str) -> None:
 
 
 def warm_up(state, steps: int = 1, tiny: bool = False, max_steps: int = 8) -> None:
-    """Run ``steps`` optimizer steps so that AdamW's state exists (more, up to ``max_steps``,
-    while GradScaler skips steps on inf/NaN gradients and no state has been made).
-
-    ``tiny``: warm up on a batch of one short sequence instead of the config's batch (enough
-    to create the optimizer state; used where a full step is slow: emulated precisions on a
-    CPU). Compiled models always warm up at the config's batch (compilation specialises).
-    """
+    """Run ``steps`` optimizer steps so that AdamW's state exists (up to ``max_steps`` while
+    GradScaler skips steps on inf/NaN gradients). ``tiny``: on one short sequence, where a step
+    is slow (emulated precisions); a compiled model warms up at its own batch (it specialises)."""
     cfg = state.config
     tiny = tiny and not cfg.compile
     done = 0
@@ -256,16 +195,11 @@ def warm_up(state, steps: int = 1, tiny: bool = False, max_steps: int = 8) -> No
 
 
 def memory_step(state) -> dict:
-    """Run one step of ``state`` and measure its memory: the saved tensors of its first
-    forward, the gradient bytes, the optimizer state and the peak (see the module docstring).
-
-    Returns:
-        ``{field: bytes}`` for `MEMORY_FIELDS` (the saved-tensor ones None when not measurable
-        here), plus ``peak_reserved``, ``peak_method``, ``saved_method`` and
-        ``step_s`` (seconds of that step, profiler overhead included on a CPU).
-    """
+    """Run one step of ``state`` and measure its memory: ``{field: bytes}`` for
+    `MEMORY_FIELDS` (the saved tensors of its first forward; None where not measurable), plus
+    ``peak_reserved``, ``peak_method``, ``saved_method`` and ``step_s`` (seconds of the step,
+    profiler included on a CPU)."""
     cfg = state.config
-    kind = cfg.device_type
     meter = SavedTensorMeter(state.module)
     grads: dict = {}
     first = {"open": False, "done": False}
@@ -291,7 +225,7 @@ def memory_step(state) -> dict:
     opt_state = _optimizer_state_bytes(state.optimizer)
     out = {"parameters": params, "optimizer_state": opt_state, "peak_reserved": None}
     try:
-        if kind == "cuda":
+        if cfg.device_type == "cuda":
             dev = torch.device(cfg.device)
             _free_memory(cfg.device)
             torch.cuda.synchronize(dev)
@@ -303,7 +237,7 @@ def memory_step(state) -> dict:
             out["peak_reserved"] = int(torch.cuda.max_memory_reserved(dev) - base_res)
             out["peak_method"] = tr("CUDA allocator: parameters + optimizer state + "
                                     "max_memory_allocated above the step's start")
-        elif kind == "cpu":
+        elif cfg.device_type == "cpu":
             t0 = time.perf_counter()
             peak, _ = peak_during(state.step, "cpu")
             out["step_s"] = time.perf_counter() - t0
@@ -332,12 +266,8 @@ def memory_step(state) -> dict:
 
 
 def _cpu_peak(state) -> int:
-    """Peak bytes of one step of ``state`` run on the CPU: a deep copy of its model (so a
-    customised one, e.g. with LoRA adapters, stays itself), its optimizer with the same groups
-    and state, a GradScaler as enabled as its own, and its next micro-batches; parameters +
-    optimizer state + the profiler's peak above the step's start. The step is ``state``'s own
-    step function with any wrapper that declares ``__wrapped__`` (the dashboard's step counter)
-    removed, so the copy's step is not counted as one of the run's."""
+    """Peak bytes of one step of ``state`` on a CPU copy of it (the dashboard's step counter,
+    a ``__wrapped__`` wrapper, unwrapped so the copy's step is not counted)."""
     cfg = state.config
     module = copy.deepcopy(state.module).to("cpu")
     model = torch.compile(module) if cfg.compile else module
@@ -363,14 +293,8 @@ def _cpu_peak(state) -> int:
 
 @dataclass(frozen=True)
 class Accepted:
-    """A configuration the run guard accepted (`accept`), with what the learner should be told.
-
-    Attributes:
-        config: the `RunConfig`.
-        hw: the `HardwareInfo` of ``config.device``.
-        notes: the guard's notes (`course_utils.guard.check_feasible`), e.g. that bf16 is
-            emulated on this CPU.
-    """
+    """A ``config`` the run guard accepted (`accept`) on ``hw`` (its `HardwareInfo`), with the
+    guard's ``notes`` for the learner (e.g. that bf16 is emulated on this CPU)."""
 
     config: RunConfig
     hw: HardwareInfo
@@ -384,9 +308,8 @@ class Accepted:
 
 def accept(config: RunConfig | Accepted, hw: HardwareInfo | None = None, *,
            force: bool = False) -> Accepted:
-    """The run guard's one check of ``config`` (`course_utils.guard.check_feasible`): every entry
-    point that measures asks it once per configuration, before anything runs, and hands the
-    `Accepted` on. An `Accepted` is returned as it is (checked already).
+    """The run guard's one check of ``config`` (`course_utils.guard.check_feasible`), before
+    anything runs; an `Accepted` is returned as it is.
 
     Raises:
         ValueError: a device this machine lacks, or a configuration the guard refuses (unless
@@ -407,20 +330,16 @@ def new_measurement(accepted: Accepted) -> Measurement:
 
 def ran_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` says that memory ran out: torch's `OutOfMemory` (CUDA, MPS), or the CPU
-    allocator's ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory", which torch
-    raises without a type of its own; the one place the course reads an error's text)."""
-    if isinstance(error, OutOfMemory):
-        return True
-    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    allocator's ``RuntimeError`` ("can't allocate memory": torch gives it no type of its own)."""
+    return isinstance(error, OutOfMemory) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
-#: A size as torch's allocators print it: ``"24.00 MiB"`` (CUDA), ``"256.00 MB"`` (MPS, binary
-#: units despite the name), ``"1125899906842624 bytes"`` (the CPU allocator).
+#: A size as torch's allocators print it: ``"24.00 MiB"``, ``"256.00 MB"`` (MPS, binary units).
 _SIZE = r"([0-9.]+) ?(bytes|KiB|MiB|GiB|TiB|KB|MB|GB|TB)"
 _UNIT = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
          "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
-#: What the course reads from torch's out-of-memory text (c10's CUDACachingAllocator, the MPS
-#: allocator, ``DefaultCPUAllocator``), each a pattern around one size.
+#: What the course reads from the allocators' out-of-memory text, a pattern around one size each.
 _OOM_FIELDS = {"asked": r"[Tt]ried to allocate " + _SIZE,
                "allowed": r"max allowed: " + _SIZE + "|" + _SIZE + r" allowed",
                "allocated": _SIZE + r" is allocated by PyTorch",
@@ -430,8 +349,7 @@ _OOM_FIELDS = {"asked": r"[Tt]ried to allocate " + _SIZE,
 
 
 def _bytes_text(n: int) -> str:
-    """Bytes as the course prints an allocation: GiB from 1 GiB, MiB from 1 MiB (two decimals,
-    as torch prints them), else bytes."""
+    """Bytes as torch prints an allocation: GiB or MiB with two decimals, else bytes."""
     if n >= 2**30:
         return f"{n / 2**30:,.2f} GiB"
     return f"{n / MiB:.2f} MiB" if n >= MiB else f"{n:,} bytes"
@@ -454,9 +372,7 @@ def _oom_facts(text: str) -> dict:
 
 
 def _cap_words(allowed: int | None) -> str:
-    """What capped the allocator, after "beyond": a T4 stand-in's memory, a budget set inside
-    it, a cap set on the real device (``set_per_process_memory_fraction``; MPS's high-water
-    mark), or nothing ("")."""
+    """What capped the allocator, after "beyond": a stand-in's memory, a budget, a cap, or ""."""
     card = stand_in.active()
     if card is not None:
         theirs = tr("the {size} of the {card} this GPU stands in for",
@@ -470,16 +386,10 @@ def _cap_words(allowed: int | None) -> str:
 
 
 def describe_out_of_memory(error: BaseException) -> str:
-    """What ran out, in the course's words and on one line: what the step asked for, what the
-    allocator held, and the cap it ran into (a T4 stand-in's memory, a budget in force, or the
-    device's free memory), read from torch's message (CUDA's caching allocator, MPS, the CPU
-    allocator). Torch's own text is several sentences long and, under a stand-in
-    (`course_utils.stand_in`), names the real GPU's capacity: it is never quoted whole.
-
-    Example: ``"the step asked for 24.00 MiB more with 1.17 GiB already reserved by PyTorch,
-    beyond the 14.75 GiB of the Tesla T4 this GPU stands in for"``. A message the course cannot
-    read gives its first sentence.
-    """
+    """What ran out, on one line, read from torch's message (CUDA, MPS, the CPU allocator):
+    ``"the step asked for 24.00 MiB more with 1.17 GiB already reserved by PyTorch, beyond the
+    14.75 GiB of the Tesla T4 this GPU stands in for"``, never torch's whole text (under
+    `course_utils.stand_in` it names the real GPU); else the message's first sentence."""
     text = " ".join(str(error).split())
     facts = _oom_facts(text)
     if facts["asked"] is None:
@@ -500,19 +410,10 @@ def describe_out_of_memory(error: BaseException) -> str:
 
 
 def out_of_memory_message(config, hw_name: str, error: BaseException, when: str = "") -> str:
-    """The course's one out-of-memory message, on one line, e.g. ``"out of memory on NVIDIA
-    H200 as a Tesla T4 at batch 32, seq 512 (fp16): the step asked for 24.00 MiB more with
-    1.17 GiB already reserved by PyTorch, beyond the 14.75 GiB of the Tesla T4 this GPU stands
-    in for. Try a smaller batch or sequence, a low precision, or a checkpoint policy such as
-    'full'."`` (`describe_out_of_memory`: torch's own text is never quoted whole).
-
-    Args:
-        config: a `RunConfig` (or any config with ``batch_size`` and ``label``, ``seq_len`` where
-            it has one: `course_utils.profiling.ProfileConfig`).
-        hw_name: the device's name; error: what was raised.
-        when: words after the configuration, e.g. ``" while timing the configurations
-            together"`` (`TOGETHER`; shown translated where the message catalog has it).
-    """
+    """The course's one out-of-memory message, on one line: ``"out of memory on <hw_name> at
+    batch 32, seq 512 (fp16)<when>: <describe_out_of_memory(error)>. Try a smaller batch ..."``
+    for any ``config`` with ``batch_size``, ``label`` and maybe ``seq_len``; ``when``:
+    `TOGETHER` or "", translated where the catalog has it."""
     seq = getattr(config, "seq_len", None)
     where = (tr("at batch {batch}, seq {seq}", batch=config.batch_size, seq=seq) if seq
              else tr("at batch {batch}", batch=config.batch_size))
@@ -524,8 +425,8 @@ def out_of_memory_message(config, hw_name: str, error: BaseException, when: str 
 
 @contextlib.contextmanager
 def noting_out_of_memory(m: Measurement, when: str = ""):
-    """Inside the block, running out of memory (`ran_out_of_memory`) marks ``m`` (``oom=True``,
-    ``error`` = `out_of_memory_message`) instead of raising; any other error passes through."""
+    """Inside the block, running out of memory marks ``m`` (``oom``, ``error``) instead of
+    raising; any other error passes through."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
@@ -535,10 +436,8 @@ def noting_out_of_memory(m: Measurement, when: str = ""):
 
 
 def compile_failed(error: BaseException) -> bool:
-    """Whether ``error`` was raised by torch.compile's stack (TorchDynamo, Inductor), whose
-    exception classes live in ``torch._dynamo`` and ``torch._inductor``: e.g. Inductor's
-    ``InductorError`` ("InvalidCxxCompiler: No working C++ compiler found", a machine without a
-    C++ compiler) or a GPU without Triton."""
+    """Whether ``error`` was raised by torch.compile's stack (``torch._dynamo``,
+    ``torch._inductor``): e.g. no working C++ compiler, or a GPU without Triton."""
     return any(c.__module__.startswith(("torch._dynamo", "torch._inductor"))
                for c in type(error).__mro__)
 
@@ -551,10 +450,8 @@ def _compiles(config) -> bool:
 
 @contextlib.contextmanager
 def noting_failed_compile(m: Measurement):
-    """Inside the block, torch.compile failing (`compile_failed`) for a configuration that
-    compiles marks ``m``: ``error`` = ``"torch.compile failed here (InductorError: ...): bf16+compile
-    is not measured here"``, its memory and time None, instead of raising; any other error
-    passes through."""
+    """Inside the block, torch.compile failing for a configuration that compiles marks ``m``
+    (``error`` says it is not measured here) instead of raising; other errors pass through."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - re-raised unless torch.compile failed
@@ -566,12 +463,8 @@ def noting_failed_compile(m: Measurement):
 
 
 def prepare(config: RunConfig, hw: HardwareInfo, step_fn=train_step, warmup: int = 1):
-    """Set up ``config``'s model, optimizer and data (`course_utils.training.setup`) and warm
-    it up (`warm_up`: on a tiny batch where the precision is emulated on ``hw``, a CPU).
-
-    Returns:
-        The warmed-up `course_utils.training.TrainState`.
-    """
+    """The `course_utils.training.TrainState` of ``config``, warmed up (`warm_up`: on a tiny
+    batch where the precision is emulated on ``hw``, a CPU)."""
     state = setup(config, step_fn=step_fn)
     warm_up(state, warmup, tiny=is_emulated(hw, config.precision) and hw.device == "cpu")
     return state
@@ -579,15 +472,10 @@ def prepare(config: RunConfig, hw: HardwareInfo, step_fn=train_step, warmup: int
 
 def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, warmup: int = 1,
                    time_emulated: bool = True):
-    """Set-up, warm-up and one memory step of ``accepted`` (`memory_step`), written into ``m``.
-    Where the precision is emulated and ``time_emulated``, that step is also its one timed step
-    (`EMULATED_TIMING`). Running out of memory marks ``m`` (`noting_out_of_memory`), and so
-    does torch.compile failing for a configuration that compiles (`noting_failed_compile`).
-
-    Returns:
-        The live training state, for timing more steps; None after an out-of-memory error, a
-        failed compile, or when the emulated precision's time was taken already.
-    """
+    """Set-up, warm-up and one memory step of ``accepted`` (`memory_step`), written into ``m``;
+    where the precision is emulated and ``time_emulated``, that step is its one timed step
+    (`EMULATED_TIMING`). Returns the live training state for timing, or None after an error
+    (marked in ``m``) or an emulated step."""
     state = None
     with noting_out_of_memory(m), noting_failed_compile(m):
         state = prepare(accepted.config, accepted.hw, step_fn, warmup)
@@ -607,11 +495,9 @@ def measure_memory(m: Measurement, accepted: Accepted, step_fn=train_step, *, wa
 
 def time_in_alternation(ms: list, states: list, budget_s: float | None, rounds: int | None, *,
                         device: str, progress=None) -> None:
-    """Time ``states[i].step`` for ``ms[i]``, one step each in turn, round after round
-    (`course_utils.step_timing.interleaved`: for about ``budget_s`` seconds, or exactly ``rounds``),
-    and add the times to each measurement with the words of how they were taken. Running out of
-    memory with every model alive at once leaves the memory measured and says so in each
-    ``error``, each then "not timed"."""
+    """Time ``states[i].step`` for ``ms[i]`` in alternation (`step_timing.interleaved`: about
+    ``budget_s`` seconds, or exactly ``rounds``) and add the times to each measurement. Running
+    out of memory with every model alive leaves each "not timed", with the reason in ``error``."""
     try:
         times = interleaved([st.step for st in states], budget_s if rounds is None else None,
                             rounds=rounds, progress=progress, device=device)
@@ -637,29 +523,20 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
     """Measure one configuration: memory breakdown, peak, and step time.
 
     Args:
-        config: what to run (a fresh model is built, seeded by ``config.seed``); an `Accepted`
-            is not checked again.
-        budget_s: seconds of timed steps (default `course_utils.step_timing.default_budget_s` of
-            the size profile in force); a calibration step decides how many fit.
-        steps: time exactly this many steps instead.
-        warmup: optimizer steps before measuring (>= 1: AdamW's state must exist; on a CPU
-            they run on a tiny batch where the precision is emulated).
-        timed: False measures memory only (one step).
+        config: what to run on a fresh model; an `Accepted` is not checked again.
+        budget_s: seconds of timed steps (default `default_budget_s` of the size profile);
+            ``steps``: time exactly this many instead; ``timed=False``: memory only.
+        warmup: optimizer steps before measuring (>= 1: AdamW's state must exist).
         force: run configurations that `course_utils.guard.check_feasible` refuses.
-        step_fn: the training step (default `course_utils.training.train_step`).
-        hw: the `HardwareInfo` of ``config.device`` (default: detected).
+        step_fn: the training step; hw: the `HardwareInfo` of ``config.device``.
 
     Returns:
-        A `Measurement`. Where the precision is emulated on this hardware, one step is timed
-        and ``emulated`` is True. On an out-of-memory error it is marked ``oom=True`` with
-        `out_of_memory_message` in ``error``; memory is released and no exception escapes.
-        Where torch.compile fails for a configuration that compiles, ``error`` says so and
-        that it is not measured here (`noting_failed_compile`).
+        A `Measurement`, with one step timed where the precision is emulated here; an
+        out-of-memory error or a failed compile sets its ``error`` instead of raising.
 
     Raises:
-        ValueError: ``steps`` or ``warmup`` not a positive integer, a non-positive
-            ``budget_s``, a device this machine lacks, or a configuration `check_feasible`
-            refuses (unless ``force``).
+        ValueError: bad ``steps``, ``warmup`` or ``budget_s``, a device this machine lacks, or
+            a configuration `check_feasible` refuses (unless ``force``).
     """
     check_positive_int("steps", steps, allow_none=True)
     check_positive_int("warmup", warmup)
@@ -668,7 +545,6 @@ def measure(config: RunConfig | Accepted, *, budget_s: float | None = None,
     accepted = accept(config, hw, force=force)
     config = accepted.config
     m = new_measurement(accepted)
-    state = None
     try:
         state = measure_memory(m, accepted, step_fn, warmup=warmup,
                                time_emulated=timed and steps is None)

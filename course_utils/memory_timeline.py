@@ -1,42 +1,14 @@
-"""Memory over one step: when bytes are allocated (a timeline with phases, the peak).
+"""Memory over one step: bytes allocated after every allocation and free, with phases.
 
-`memory_timeline(fn)` runs ``fn()`` once and returns a `Timeline`: bytes allocated by torch on the
-device, relative to the moment ``fn`` starts, after every allocation and free, with the phases
-that ``fn`` marked with `phase` (e.g. ``forward``, ``backward``, ``optimizer``).
+`memory_timeline(fn)` runs ``fn()`` once and returns a `Timeline` with the phases ``fn`` marked
+(`phase`); `peak_during`, `peak_bytes` and `allocated_after` give the peak and what is left;
+`step_phases` splits a training step into its phases with `course_utils.measure.memory_step`'s
+events. The events: ``torch.profiler``'s on a CPU; on CUDA the caching allocator's history
+(``torch.cuda.memory._record_memory_history``, "Understanding CUDA Memory Usage" in the PyTorch
+docs) or its counters; MPS has none (docs/method.md#memory).
 
-How the events are taken (PyTorch docs of ``torch.profiler`` and ``torch.cuda.memory``):
-
-* **CPU**: ``torch.profiler.profile(activities=[CPU], profile_memory=True)``; the ``[memory]``
-  events of ``prof.profiler.kineto_results`` (size > 0 for an allocation, < 0 for a free) in time
-  order; phases are ``torch.profiler.record_function`` ranges of the same profile (same clock).
-  The profiler slows the step by about 20%.
-* **CUDA**: the caching allocator's memory history
-  (``torch.cuda.memory._record_memory_history``, documented in "Understanding CUDA Memory Usage",
-  pytorch.org/docs/stable/torch_cuda_memory.html): ``alloc`` adds its size, ``free_completed``
-  subtracts it, ``time_us`` gives the time; a phase is the range of trace entries recorded
-  between its start and end (the device is synchronised at each mark).
-* **MPS** and other devices: no event source; `memory_timeline` raises ``ValueError``,
-  `peak_bytes` and `allocated_after` return ``None`` for the bytes. A lesson measures such
-  cells on `course_utils.hardware.memory_device()` (the CPU in place of MPS);
-  `course_utils.measure.memory_step` takes an MPS step's peak on a CPU copy by itself.
-
-`step_phases(state)` runs one training step of a `course_utils.training.TrainState` (the step
-`course_utils.measure.measure` measures) and splits its memory into forward, backward and
-optimizer step, marked from hooks on the model and the optimizer: the same events (CPU) or the
-same allocator counters (CUDA) as `course_utils.measure.memory_step`, so its peak is the peak
-``measure()`` reports for that configuration.
-
-`peak_bytes(fn)` and `allocated_after(fn)` are the two numbers most cells need: the peak above
-the start while ``fn`` runs, and what is still allocated when it returns (after a forward pass:
-the saved tensors wherever they are kept, selective checkpointing's cache included, plus the
-output). On CUDA they read the allocator's counters (``max_memory_allocated``,
-``memory_allocated``) instead of a timeline. Phases do not nest.
-
-Over 400 lines because memory over one step is one protocol read two ways: the CPU profiler's
-events and the CUDA allocator's history and counters, with the phases marked in both.
-
-The tensors autograd saves for backward are counted by `course_utils.saved_tensors.SavedTensorMeter`
-(and `course_utils.saved_tensors.saved_by_module`), not here.
+Over 400 lines because it reads one protocol two ways, the CPU profiler's events and the CUDA
+allocator's history and counters, with the phases marked in both.
 """
 from __future__ import annotations
 
@@ -46,6 +18,7 @@ import gc
 import os
 import sys
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Callable
 
 import pandas as pd
@@ -60,7 +33,7 @@ __all__ = ["Phase", "Timeline", "phase", "memory_timeline", "peak_bytes", "peak_
            "allocated_after", "STEP_PHASES", "StepPhases", "step_phases"]
 
 _PREFIX = "phase:"
-# The CUDA mark recorder of the running memory_timeline, scoped to it (None outside one).
+# The CUDA mark recorder of the running memory_timeline (None outside one).
 _RECORDER: contextvars.ContextVar = contextvars.ContextVar("course_timeline_recorder", default=None)
 
 
@@ -75,17 +48,10 @@ class Phase:
 
 @dataclass
 class Timeline:
-    """Bytes allocated over one run of a function.
-
-    Attributes:
-        device: the device measured (``"cpu"``, ``"cuda:0"``).
-        method: how the events were taken, in words.
-        t_ms: time of each event in milliseconds from the first event, shape ``(n_events,)``.
-        allocated: bytes allocated after each event, relative to the bytes allocated when ``fn``
-            started (negative if ``fn`` freed more than it allocated), shape ``(n_events,)``.
-        phases: the `Phase` ranges ``fn`` marked with `phase`, in time order.
-        result: what ``fn`` returned (kept alive, so ``final_bytes`` includes what it holds).
-    """
+    """Bytes allocated over one run of ``fn`` on ``device``, taken by ``method`` (words):
+    ``allocated`` after each event (bytes relative to ``fn``'s start) at ``t_ms``
+    (milliseconds from the first event), the `Phase` ranges ``fn`` marked, and ``fn``'s
+    ``result`` (kept alive, so ``final_bytes`` includes what it holds)."""
 
     device: str
     method: str
@@ -101,8 +67,7 @@ class Timeline:
 
     @property
     def final_bytes(self) -> int:
-        """Bytes still allocated when ``fn`` returned (relative to its start), e.g. the tensors a
-        forward saved for backward plus its output."""
+        """Bytes still allocated when ``fn`` returned (relative to its start)."""
         return self.allocated[-1] if self.allocated else 0
 
     def phase_peak(self, name: str) -> int:
@@ -137,15 +102,11 @@ class Timeline:
         before = [a for t, a in zip(self.t_ms, self.allocated) if t <= t_ms]
         return before[-1] if before else 0
 
-    def to_frame(self) -> pd.DataFrame:
-        """The events as a DataFrame with columns ``t_ms`` and ``allocated_bytes``."""
-        return pd.DataFrame({"t_ms": self.t_ms, "allocated_bytes": self.allocated})
-
 
 @contextlib.contextmanager
 def phase(name: str):
-    """Mark a phase (``with phase("backward"): loss.backward()``) of a function that
-    `memory_timeline` runs. Outside a timeline it only adds a profiler annotation.
+    """Mark a phase of a function that `memory_timeline` runs (``with phase("backward"):``);
+    outside a timeline, only a profiler annotation.
 
     Raises:
         ValueError: ``name`` is not a non-empty string.
@@ -163,10 +124,13 @@ def phase(name: str):
             recorder.mark(name)
 
 
+def _optimizer_state_bytes(optimizer) -> int:
+    return storage_bytes(v for st in optimizer.state.values() for v in st.values()
+                         if isinstance(v, torch.Tensor))
+
+
 def _device(device) -> torch.device:
-    if device is None:
-        return torch.device("cpu")
-    dev = torch.device(device)
+    dev = torch.device("cpu" if device is None else device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
@@ -174,8 +138,7 @@ def _device(device) -> torch.device:
 
 @contextlib.contextmanager
 def _silence_native_stderr():
-    """Point file descriptor 2 at /dev/null: the profiler's C++ side logs "profiler_start/stop"
-    lines there (torch 2.13). Python's ``sys.stderr`` is flushed first."""
+    """Point file descriptor 2 at /dev/null, where the profiler logs start/stop (torch 2.13)."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -191,17 +154,8 @@ def _silence_native_stderr():
         os.close(saved)
 
 
-def _running(sizes) -> list[int]:
-    """Cumulative sum of signed allocation sizes (bytes)."""
-    out, total = [], 0
-    for s in sizes:
-        total += int(s)
-        out.append(total)
-    return out
-
-
 def _cpu_timeline(fn: Callable) -> Timeline:
-    with _silence_native_stderr():  # the profiler's C++ side logs start/stop lines
+    with _silence_native_stderr():
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             result = fn()
     mem, marks = [], []
@@ -220,14 +174,13 @@ def _cpu_timeline(fn: Callable) -> Timeline:
         method=tr("torch.profiler memory events (profile_memory=True), bytes relative to the "
                   "start"),
         t_ms=[(t - t0) / 1e6 for t, _ in mem],
-        allocated=_running(n for _, n in mem),
+        allocated=list(accumulate(int(n) for _, n in mem)),
         phases=[Phase(n, (s - t0) / 1e6, (e - t0) / 1e6) for n, s, e in marks],
         result=result)
 
 
 def _trace_timeline(trace: list, marks: list, device: str, method: str, result=None) -> Timeline:
-    """A `Timeline` from allocator trace entries (``action``, ``size``, ``time_us``) and phase
-    marks ``(name, first_index, stop_index)`` into ``trace``."""
+    """A `Timeline` from allocator trace entries and phase marks ``(name, first, stop)``."""
     events = [(e["time_us"], e["size"] if e["action"] == "alloc" else -e["size"], i)
               for i, e in enumerate(trace) if e.get("action") in ("alloc", "free_completed")]
     t0 = trace[0]["time_us"] if trace else 0
@@ -237,7 +190,8 @@ def _trace_timeline(trace: list, marks: list, device: str, method: str, result=N
         if inside:
             phases.append(Phase(name, (min(inside) - t0) / 1e3, (max(inside) - t0) / 1e3))
     return Timeline(device=device, method=method, t_ms=[(t - t0) / 1e3 for t, _, _ in events],
-                    allocated=_running(s for _, s, _ in events), phases=phases, result=result)
+                    allocated=list(accumulate(int(s) for _, s, _ in events)), phases=phases,
+                    result=result)
 
 
 class _CudaMarks:
@@ -288,15 +242,8 @@ def _cuda_timeline(fn: Callable, dev: torch.device) -> Timeline:
 
 
 def memory_timeline(fn: Callable[[], Any], device: str | torch.device | None = None) -> Timeline:
-    """Run ``fn()`` once and record the bytes allocated on ``device`` after every allocation
-    and free (see the module docstring for the event source per device).
-
-    Args:
-        fn: a function of no arguments, e.g. one training step; mark its parts with `phase`.
-        device: ``"cpu"`` (default), ``"cuda"`` or ``"cuda:N"``.
-
-    Returns:
-        A `Timeline` (times in ms, bytes relative to the start; ``result`` holds ``fn()``'s value).
+    """Run ``fn()`` (no arguments; mark its parts with `phase`) once and return the `Timeline`
+    of the bytes allocated on ``device`` (``"cpu"``, the default, or ``"cuda[:N]"``).
 
     Raises:
         ValueError: a device with no event source here (MPS, or CUDA on a machine without it).
@@ -315,13 +262,8 @@ def memory_timeline(fn: Callable[[], Any], device: str | torch.device | None = N
 def peak_during(fn: Callable[[], Any],
                 device: str | torch.device | None = None) -> tuple[int | None, Any]:
     """Run ``fn()`` and return ``(peak, result)``: the peak bytes allocated on ``device`` while it
-    ran, above what was allocated when it started, and what ``fn`` returned.
-
-    CUDA: ``reset_peak_memory_stats`` -> ``fn()`` -> ``synchronize`` -> ``max_memory_allocated``
-    minus ``memory_allocated`` at the start. CPU: the profiler's memory events
-    (`memory_timeline`). Other devices (MPS): ``(None, result)``: no peak counter (measure on
-    `course_utils.hardware.memory_device()`, the CPU in place of MPS).
-    """
+    ran, above the start (CUDA: ``max_memory_allocated``; CPU: `memory_timeline`; None on other
+    devices), and what ``fn`` returned."""
     dev = _device(device)
     if dev.type == "cuda" and torch.cuda.is_available():
         torch.cuda.synchronize(dev)
@@ -344,12 +286,9 @@ def peak_bytes(fn: Callable[[], Any], device: str | torch.device | None = None) 
 def allocated_after(fn: Callable[[], Any],
                     device: str | torch.device | None = None) -> tuple[Any, int | None]:
     """Run ``fn()`` and return ``(result, bytes)``: what it returned, and the bytes still allocated
-    on ``device`` when it returned, relative to its start (e.g. after a forward pass: the tensors
-    saved for backward, wherever autograd or selective checkpointing keeps them, plus the output).
-
-    CUDA: ``memory_allocated`` after minus before (device synchronised). CPU: the profiler's memory
-    events (`memory_timeline`). Other devices: ``(result, None)``.
-    """
+    on ``device`` when it returned, relative to its start (after a forward: the saved tensors,
+    wherever they are kept, plus the output). CUDA: ``memory_allocated``; CPU: `memory_timeline`;
+    None on other devices."""
     dev = _device(device)
     if dev.type == "cuda" and torch.cuda.is_available():
         torch.cuda.synchronize(dev)
@@ -371,18 +310,10 @@ STEP_PHASES = ("forward", "backward", "optimizer step")
 
 @dataclass
 class StepPhases:
-    """Memory over one training step, by phase (`step_phases`); bytes are allocated bytes on
-    the device, the training state alive at the step's start included.
-
-    Attributes:
-        device: the device measured. method: how, in words.
-        start_bytes: parameters + optimizer state alive when the step starts.
-        peak_bytes: the step's peak (the peak `course_utils.measure.measure` reports).
-        peaks: ``{phase: bytes}``, the highest allocation during each phase of `STEP_PHASES`
-            (over every micro-batch, with gradient accumulation); ``ends``: ``{phase: bytes}``
-            allocated when the phase last ended. The backward phase runs from the end of the
-            forward to the optimizer step, so it holds ``unscale_`` and gradient clipping.
-    """
+    """Memory over one training step by phase (`step_phases`), bytes allocated with the
+    ``start_bytes`` (parameters + optimizer state) included: the step's ``peak_bytes``, and per
+    phase of `STEP_PHASES` its highest allocation (``peaks``) and what was allocated when it
+    last ended (``ends``). Backward runs to the optimizer step (``unscale_``, clipping)."""
 
     device: str
     method: str
@@ -402,8 +333,7 @@ class StepPhases:
 
 
 class _Marks:
-    """Opens and closes the phases of one step from hooks: ``switch(name)`` ends the open phase
-    and starts ``name`` (None: none). ``on_start(name)`` and ``on_end(name)`` do the measuring."""
+    """Opens and closes the phases of one step from hooks, calling ``on_start`` / ``on_end``."""
 
     def __init__(self, on_start: Callable, on_end: Callable):
         self.open: str | None = None
@@ -456,7 +386,7 @@ def _cuda_phases(state, dev: torch.device) -> tuple[int, dict, dict]:
     ends: dict = {}
     top = [0]
 
-    def segment_peak() -> int:             # the peak since the last boundary, then reset
+    def segment_peak() -> int:  # the peak since the last boundary, then reset
         torch.cuda.synchronize(dev)
         p = int(torch.cuda.max_memory_allocated(dev)) - base
         top[0] = max(top[0], p)
@@ -480,24 +410,16 @@ def _cuda_phases(state, dev: torch.device) -> tuple[int, dict, dict]:
 
 
 def step_phases(state) -> StepPhases:
-    """Run one training step of ``state`` (a `course_utils.training.TrainState`, warmed up:
-    `course_utils.measure.prepare`) and measure its memory by phase: forward (from the model's
-    forward pre-hook to its forward hook), backward (to the optimizer's step pre-hook) and
-    optimizer step (to its step post-hook).
-
-    The bytes are those of `course_utils.measure.memory_step`: parameters + optimizer state
-    (distinct storages) at the step's start, plus the peak above it from the profiler's memory
-    events on a CPU or ``max_memory_allocated`` on CUDA; so ``peak_bytes`` equals the
-    ``peak_allocated`` of ``measure(config)`` (tested on a CPU at a fixed thread count).
+    """Run one training step of ``state`` (a warmed-up `course_utils.training.TrainState`) and
+    measure its memory by phase: forward (the model's forward pre-hook to its forward hook),
+    backward (to the optimizer's step pre-hook), optimizer step (to its step post-hook). The
+    bytes are `course_utils.measure.memory_step`'s: ``peak_bytes`` equals ``measure()``'s peak.
 
     Raises:
         ValueError: a device with no memory events here (MPS: measure on the CPU).
     """
     dev = _device(state.config.device)
-    params = storage_bytes(state.module.parameters())
-    opt = storage_bytes(v for st in state.optimizer.state.values() for v in st.values()
-                        if isinstance(v, torch.Tensor))
-    start = params + opt
+    start = storage_bytes(state.module.parameters()) + _optimizer_state_bytes(state.optimizer)
     if dev.type == "cpu":
         peak, peaks, ends = _cpu_phases(state)
         method = tr("torch.profiler memory events, phases marked by module and optimizer hooks")

@@ -1,27 +1,14 @@
 """The saved-tensor meter: what autograd keeps for backward, in bytes, split by kind.
 
-`SavedTensorMeter` (the course's one meter) wraps a forward in
-``torch.autograd.graph.saved_tensors_hooks`` and counts what is **alive for backward at the end
-of the forward**: a tensor saved by a branch that ``forward`` computes and drops (its graph, and
-what it saved, freed before backward) is not counted. The end of the forward is the return of the
-meter's model, the first time backward reads a saved tensor, or the meter's exit, whichever comes
-first after the tensor was saved; over several forwards in one meter (gradient accumulation) the
-largest forward counts. What is counted is deduplicated by storage (q, k and v are views of one
-``qkv`` storage) and parameters are left out. Autocast's low-precision weight copies go to
-``autocast_weight_copies``: a tensor whose autograd history, back to a parameter's
-``AccumulateGrad``, is only casts and views and holds a dtype cast (``ToCopyBackward0``) to a
-dtype other than the parameter's; an fp32 model without autocast has none. Tensors saved from
-the final LayerNorm on (head, loss) go to ``logits``. Tensors kept by selective checkpointing
-live in SAC's own cache, out of the hooks' sight; the meter reads that cache through the model's
-`course_utils.checkpointing.SelectiveContexts` (on any torch the course supports; where the cache
-cannot be read, ``unmeasured`` says why and the totals must not be used).
-
-The pack hook returns a small holder of ``t.detach()`` and the meter keeps only a weak reference
-to it, so it keeps no tensor and can tell whether autograd still holds what was saved. A hook that
-returned ``t`` itself would close a reference cycle through autograd's C++ graph for every tensor
-an op saves as its own output, which ``gc.collect()`` cannot break, and the whole graph would leak
-(PyTorch docs, "Hooks for saved tensors"). `course_utils.measure` uses the meter for a
-`Measurement`'s memory fields; lessons 01 and 02 call `measure_saved`, `saved_bytes` and
+`SavedTensorMeter` (the course's one meter, docs/method.md#memory) wraps a forward in
+``torch.autograd.graph.saved_tensors_hooks`` and counts, once per storage and parameters left
+out, what autograd still holds for backward when the forward ends (the model's return, the first
+read of a saved tensor in backward, or the meter's exit); over several forwards (gradient
+accumulation) the largest counts. Buckets: ``autocast_weight_copies`` (a parameter cast to
+another dtype, through casts and views only), ``logits`` (saved from the model's ``ln_f`` on),
+``activations``. Selective checkpointing keeps its tensors in its own cache, which the meter
+reads (`course_utils.checkpointing.sac_kept`; where it cannot, ``unmeasured`` says why).
+`course_utils.measure` uses the meter; lessons 01 and 02 call `measure_saved`, `saved_bytes` and
 `saved_by_module`.
 """
 from __future__ import annotations
@@ -61,10 +48,7 @@ _VIEWS = frozenset({"TBackward0", "TransposeBackward0", "TransposeBackward1", "P
 
 def _is_weight_copy(t: torch.Tensor, max_depth: int = 6) -> bool:
     """True if ``t`` is a copy of a parameter in another dtype (what autocast makes): its
-    history back to the parameter is casts and views only, with a cast among them, and its dtype
-    is not the parameter's. An activation computed from an input that needs no gradient also has
-    a single path back to a weight (through the matmul), but never through casts and views only.
-    """
+    history back to the parameter is casts and views only, with a cast among them."""
     node, cast = t.grad_fn, False
     for _ in range(max_depth):
         if node is None:
@@ -85,8 +69,10 @@ def _is_weight_copy(t: torch.Tensor, max_depth: int = 6) -> bool:
 
 
 class _Packed:
-    """What the pack hook hands autograd: the saved tensor, detached. The meter holds only a
-    weak reference to it: alive while autograd keeps the tensor for backward."""
+    """What the pack hook hands autograd: the saved tensor, detached. The meter holds a weak
+    reference to it, alive while autograd keeps the tensor; a hook that returned ``t`` itself
+    would close a cycle through autograd's C++ graph that ``gc`` cannot break (PyTorch docs,
+    "Hooks for saved tensors")."""
 
     __slots__ = ("tensor", "__weakref__")
 
@@ -95,46 +81,30 @@ class _Packed:
 
 
 class SavedTensorMeter:
-    """Context manager that records the tensors autograd saves for backward, by storage.
-
-    Args:
-        model: its parameters are excluded; its return marks the end of the forward (see the
-            module docstring); if it has ``ln_f`` (the course's GPT), tensors saved from its
-            final LayerNorm on go to the ``logits`` bucket; tensors kept by its
-            selective-checkpointing regions are counted as activations.
-        by_module: also record, for each tensor, the innermost submodule of ``model`` whose
-            forward was running when it was saved (`saved_by_module`).
-
-    After the ``with`` block, ``totals()`` gives bytes per bucket (``activations``,
-    ``autocast_weight_copies``, ``logits``) and ``records`` one dict per storage (``nbytes``,
-    ``bucket``, ``shape``, ``dtype``, ``grad_fn``, ``module``, ``module_type``): what was alive
-    for backward at the end of the forward. The meter holds no tensor: what it measured is freed
-    as soon as the caller drops it.
+    """Context manager that records the tensors autograd saves for backward, by storage, for
+    ``model`` (see the module docstring); ``by_module``: also record the innermost submodule
+    running when each tensor was saved. After the ``with`` block, ``totals()`` gives bytes per
+    bucket and ``records`` one dict per storage (``nbytes``, ``bucket``, ``shape``, ``dtype``,
+    ``grad_fn``, ``module``, ``module_type``). The meter holds no tensor.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, by_module: bool = False):
         self.model = model
         self.by_module = by_module
-        self._params = set()
-        if model is not None:
-            self._params = {(str(p.device), p.untyped_storage().data_ptr())
-                            for p in model.parameters()}
+        self._params = set() if model is None else {
+            (str(p.device), p.untyped_storage().data_ptr()) for p in model.parameters()}
         self._seen: dict = {}
-        self._entries: list = []  # [weak ref to the _Packed, record, forward number, alive]
-        self._pending: list = []  # entries whose liveness is not judged yet
-        self._forward = 0
-        self._in_backward = False
-        self._active = False
-        self._stack: list = []
-        self._sac: list = []
+        # entries: [weak ref to the _Packed, key, record, forward number, alive]
+        self._entries, self._pending, self._stack, self._sac = [], [], [], []
+        self._forward, self._in_backward, self._active = 0, False, False
         self.unmeasured: str | None = None
         self.region = "activations"
         self._exit = contextlib.ExitStack()
 
-    def _record(self, key, nbytes, bucket, shape, dtype, grad_fn) -> dict:
+    def _record(self, nbytes, bucket, shape, dtype, grad_fn) -> dict:
         name, kind = (self._stack[-1] if self._stack
                       else ("", type(self.model).__name__ if self.model is not None else ""))
-        return {"key": key, "nbytes": nbytes, "bucket": bucket, "shape": shape, "dtype": dtype,
+        return {"nbytes": nbytes, "bucket": bucket, "shape": shape, "dtype": dtype,
                 "grad_fn": grad_fn, "module": name, "module_type": kind}
 
     def _pack(self, t):
@@ -148,9 +118,9 @@ class SavedTensorMeter:
             self._forward, self._in_backward = self._forward + 1, False
         packed = _Packed(t.detach())  # no reference cycle: autograd restores the tensor from it
         bucket = "autocast_weight_copies" if _is_weight_copy(t) else self.region
-        record = self._record(key, st.nbytes(), bucket, tuple(t.shape), t.dtype,
+        record = self._record(st.nbytes(), bucket, tuple(t.shape), t.dtype,
                               type(t.grad_fn).__name__ if t.grad_fn is not None else None)
-        entry = [weakref.ref(packed), record, self._forward, None]
+        entry = [weakref.ref(packed), key, record, self._forward, None]
         self._entries.append(entry)
         self._pending.append(entry)
         return packed
@@ -164,33 +134,30 @@ class SavedTensorMeter:
         return packed.tensor
 
     def _judge(self, *_) -> None:
-        """The end of a forward: what was saved since the last judgement and is still held by
-        autograd counts; what a dropped branch saved is already freed."""
+        """The end of a forward: what autograd still holds of what was saved since counts."""
         for entry in self._pending:
-            entry[3] = entry[0]() is not None
+            entry[4] = entry[0]() is not None
         self._pending = []
 
     def _enter_module(self, name: str, module: torch.nn.Module):
         label = (name, type(module).__name__)
 
-        def hook(*_):  # returns None: the module's input is left unchanged
+        def hook(*_):
             self._stack.append(label)
         return hook
 
-    def _leave_module(self, *_) -> None:  # returns None: the module's output is left unchanged
+    def _leave_module(self, *_) -> None:
         if self._stack:
             self._stack.pop()
 
     def _largest_forward(self) -> dict:
-        """The records alive at the end of each forward, one per storage; the forward with the
-        most bytes (the only one, without accumulation)."""
+        """The records alive at the end of the forward with the most bytes, one per storage."""
         forwards: dict = {}
-        for _, record, forward, alive in self._entries:
+        for _, key, record, forward, alive in self._entries:
             if alive:
-                forwards.setdefault(forward, {}).setdefault(record["key"], record)
-        best = max(forwards.values(), key=lambda f: sum(r["nbytes"] for r in f.values()),
+                forwards.setdefault(forward, {}).setdefault(key, record)
+        return max(forwards.values(), key=lambda f: sum(r["nbytes"] for r in f.values()),
                    default={})
-        return {key: {k: v for k, v in r.items() if k != "key"} for key, r in best.items()}
 
     def __enter__(self):
         self._seen.clear()
@@ -199,21 +166,20 @@ class SavedTensorMeter:
         self.unmeasured = None
         self.region = "activations"
         if self.model is not None:
-            h = self.model.register_forward_hook(self._judge)  # returns None: output unchanged
-            self._exit.callback(h.remove)
+            # the hooks return None: the model's inputs and outputs are left unchanged
+            self._exit.callback(self.model.register_forward_hook(self._judge).remove)
             ln_f = getattr(self.model, "ln_f", None)
             if isinstance(ln_f, torch.nn.Module):
-                h = ln_f.register_forward_pre_hook(lambda *_: setattr(self, "region", "logits"))
-                self._exit.callback(h.remove)
+                self._exit.callback(ln_f.register_forward_pre_hook(
+                    lambda *_: setattr(self, "region", "logits")).remove)
             self._sac = selective_contexts(self.model)
             for c in self._sac:
                 c.recording = []
             if self.by_module:
                 for name, sub in self.model.named_modules():
-                    h1 = sub.register_forward_pre_hook(self._enter_module(name, sub))
-                    h2 = sub.register_forward_hook(self._leave_module)
-                    self._exit.callback(h1.remove)
-                    self._exit.callback(h2.remove)
+                    for h in (sub.register_forward_pre_hook(self._enter_module(name, sub)),
+                              sub.register_forward_hook(self._leave_module)):
+                        self._exit.callback(h.remove)
         self._exit.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack,
                                                                            self._unpack))
         return self
@@ -236,9 +202,8 @@ class SavedTensorMeter:
                     st = t.untyped_storage()
                     key = (str(t.device), st.data_ptr())
                     if key not in self._params and key not in self._seen:
-                        record = self._record(key, st.nbytes(), "activations", tuple(t.shape),
-                                              t.dtype, "SAC cache")
-                        self._seen[key] = {k: v for k, v in record.items() if k != "key"}
+                        self._seen[key] = self._record(st.nbytes(), "activations",
+                                                       tuple(t.shape), t.dtype, "SAC cache")
                 c.recording = None
             self._sac = []
             self._stack.clear()
@@ -251,8 +216,7 @@ class SavedTensorMeter:
 
     @property
     def records(self) -> list[dict]:
-        """One dict per distinct storage alive for backward at the end of the forward, in the
-        order they were saved."""
+        """One dict per storage alive for backward at the end of the forward, in saving order."""
         return list(self._current().values())
 
     def totals(self) -> dict:
@@ -263,8 +227,7 @@ class SavedTensorMeter:
         return out
 
     def by_dtype(self) -> pd.DataFrame:
-        """Saved bytes by bucket and dtype: rows ``(bucket, dtype)`` with ``bytes``, ``MiB``
-        (2^20 bytes) and ``tensors`` (distinct storages), largest first within a bucket.
+        """Saved bytes by ``(bucket, dtype)``: ``bytes``, ``MiB`` and ``tensors`` (storages).
 
         Raises:
             ValueError: the meter recorded nothing.
@@ -283,11 +246,8 @@ class SavedTensorMeter:
 
 
 def saved_bytes(fn, *args, model: torch.nn.Module | None = None, **kwargs) -> int:
-    """Saved-tensor bytes (deduplicated, parameters of ``model`` excluded) of ``fn(*args)``.
-
-    For any callable, e.g. ``saved_bytes(checkpoint_sequential, layers, 3, x,
-    use_reentrant=False, model=layers)``. The output is discarded after counting.
-    """
+    """Saved-tensor bytes (deduplicated, parameters of ``model`` excluded) of any callable's
+    ``fn(*args, **kwargs)``; the output is discarded after counting."""
     with SavedTensorMeter(model) as meter:
         out = fn(*args, **kwargs)
     del out
@@ -296,8 +256,8 @@ def saved_bytes(fn, *args, model: torch.nn.Module | None = None, **kwargs) -> in
 
 def measure_saved(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
                   precision: str = "fp32") -> SavedTensorMeter:
-    """Run one forward of the course's GPT under ``precision``'s autocast; return the filled
-    meter. The forward's graph is freed before returning (no backward is run).
+    """The filled meter of one forward of the course's GPT under ``precision``'s autocast (its
+    graph freed, no backward run).
 
     Raises:
         ValueError: an unknown precision.
@@ -311,21 +271,10 @@ def measure_saved(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 def saved_by_module(module: torch.nn.Module, fn) -> pd.DataFrame:
-    """The tensors autograd saves for backward while ``fn()`` runs, one row per storage.
-
-    Args:
-        module: its parameters are excluded; each saved tensor is attributed to the innermost
-            of its submodules (names as in ``module.named_modules()``, ``""`` for ``module``
-            itself) whose forward was running.
-        fn: a function of no arguments that runs a forward through ``module``.
-
-    Returns:
-        A DataFrame in the order the tensors were saved, columns ``module``, ``module_type``,
-        ``shape``, ``dtype`` (str), ``nbytes`` (bytes of the storage), ``grad_fn`` (the node
-        that made the tensor, ``None`` for a leaf). The forward's graph is freed on return.
-        Tensors of no elements hold no memory and are left out: non-reentrant ``checkpoint``
-        saves an empty placeholder in torch 2.7-2.11 (not in 2.13), which the support matrix's
-        older stacks showed as a 0-byte row.
+    """The tensors autograd saves while ``fn()`` (a forward through ``module``) runs, one row
+    per storage, parameters excluded, in saving order: ``module`` (the innermost submodule
+    running), ``module_type``, ``shape``, ``dtype`` (str), ``nbytes``, ``grad_fn``; empty
+    tensors (non-reentrant ``checkpoint`` saves one in torch 2.7-2.11) are left out.
 
     Raises:
         TypeError: ``module`` is not a ``torch.nn.Module``.

@@ -1,24 +1,10 @@
-"""Step times that mean something on a shared machine: budgets, interleaving, noise.
+"""Step times that mean something on a shared machine: budgets, interleaved rounds, noise
+bands and the verdict words (docs/method.md#time, docs/method.md#verdict-words).
 
-* **Budgets, not step counts.** `steps_for_budget` turns a calibration step's time into the
-  number of timed steps that fit a time budget; `default_budget_s` gives the budget per size
-  profile.
-* **Interleaved repeats.** `interleaved` times several training states one step each in turn,
-  round after round, so that a change in the machine's load hits all of them alike
-  (`time_step`: one call, the accelerator synchronised). Each round starts one state later
-  than the last, so no state always runs first or last in a round: with a fixed order, a load
-  that came and went within rounds made lesson 03 time full checkpointing "1.75x faster" than
-  none on a busy 2-core machine, against its own medians' 1.11x slower.
-* **Noise.** `time_ratio` compares two series of step times taken in the same rounds: the
-  per-round ratios' median, and a noise band that covers both their interquartile range and the
-  spread between consecutive blocks of rounds (the drift a second run of the lesson would see),
-  and always the ratio of the two median step times (what a table beside it prints).
-  A difference whose band, *as printed* (two decimals), contains 1 is "within noise", never
-  faster or slower; fewer than `MIN_ROUNDS` paired rounds decide nothing ("too few rounds");
-  at the ``smoke`` size every time comparison is "too small to time" (`TOO_SMALL`: fixed
-  per-step overheads dominate a tiny model's steps of a few ms; its band is measured but no word
-  of the course pairs it with this verdict); a precision that is emulated on this hardware gives an
-  "emulated" comparison, whose number is not the speed of real hardware.
+`steps_for_budget` and `default_budget_s` turn a time budget into a number of steps;
+`interleaved` times several training states one step each in turn, round after round;
+`time_ratio` compares two series taken in the same rounds and ends in one of `VERDICTS`
+(`band_verdict`); `emulated_factor` rounds an emulated precision's ratio.
 """
 from __future__ import annotations
 
@@ -56,8 +42,7 @@ MIN_ROUNDS = 5
 
 def default_budget_s(size: str) -> float:
     """Seconds of timed steps per comparison at a size profile (``smoke`` 0.3, ``cpu`` 3,
-    ``a100`` and ``h100`` 2, ``t4`` 4): enough repeats for a median and a spread (an H100's bands
-    were 1 % wide over 5 rounds), little enough for a lesson to stay near a minute
+    ``a100`` and ``h100`` 2, else 4): enough rounds for a band, a lesson near a minute
     (results/gpu-budget.md)."""
     return _BUDGET_S.get(size, 4.0)
 
@@ -85,13 +70,8 @@ def _sync(device: str | None) -> None:
 
 def time_step(step: Callable[[], object], device: str | None = None) -> float:
     """Seconds of one call of ``step``, the accelerator of ``device`` synchronised before and
-    after (``time.perf_counter``).
-
-    Not ``torch.utils.benchmark.Timer.timeit(1)``: it runs two warm-up calls before the timed
-    one (torch 2.13, ``Timer.timeit``), which triples the cost of every sample of a training
-    step that already takes seconds (an emulated precision). The warm-up is done once per
-    configuration instead (`course_utils.measure.warm_up`).
-    """
+    after. Not ``torch.utils.benchmark.Timer.timeit(1)``, which runs two warm-up calls before
+    the timed one (torch 2.13): the course warms up once per configuration instead."""
     _sync(device)
     t0 = time.perf_counter()
     step()
@@ -102,15 +82,10 @@ def time_step(step: Callable[[], object], device: str | None = None) -> float:
 def interleaved(steps: Sequence[Callable[[], object]], budget_s: float | None = None, *,
                 rounds: int | None = None, min_rounds: int = MIN_ROUNDS, max_rounds: int = 50,
                 progress=None, device: str | None = None) -> list[list[float]]:
-    """Time each function of ``steps`` once per round, in turn: ``times[i][r]`` is step ``i``
-    in round ``r`` (seconds).
-
-    Round ``r`` runs the steps in turn starting from step ``r mod len(steps)`` (so each step
-    takes each place in the round equally often). Either ``rounds`` rounds exactly, or as many
-    as fit in ``budget_s`` seconds (the first round calibrates; clamped to
-    ``min_rounds``..``max_rounds``). ``progress`` is a tqdm bar
-    (or None): its total is set once the number of rounds is known, and it advances by one per
-    timed step, so it shows an ETA.
+    """Time each function of ``steps`` once per round: ``times[i][r]`` is step ``i`` in round
+    ``r`` (seconds); round ``r`` starts from step ``r mod len(steps)``, so no step always runs
+    first. ``rounds`` rounds, or as many as fit in ``budget_s`` seconds (``min_rounds`` to
+    ``max_rounds``). ``progress``: a tqdm bar, or None.
 
     Raises:
         ValueError: no steps, neither or both of ``budget_s`` and ``rounds``, a non-positive
@@ -125,9 +100,7 @@ def interleaved(steps: Sequence[Callable[[], object]], budget_s: float | None = 
     times: list[list[float]] = [[] for _ in steps]
     if progress is not None and rounds is not None:
         progress.total = rounds * len(steps)
-    t0 = time.perf_counter()
-    r = 0
-    n = len(steps)
+    t0, r, n = time.perf_counter(), 0, len(steps)
     while rounds is None or r < rounds:
         for i in [(r + k) % n for k in range(n)]:  # this round's order: rotated by one
             times[i].append(time_step(steps[i], device))
@@ -153,8 +126,7 @@ def spread(samples: Sequence[float]) -> float | None:
 def printed_band(ratio: float, low: float, high: float) -> tuple[float, float]:
     """The noise band as a sentence prints it (two decimals): ``(low, high)`` of the time
     ratio when ``ratio >= 1`` ("1.26x slower"), else of the speed-up ``1/ratio`` ("1.43x
-    faster", band ``1/high .. 1/low``). The verdict rule reads this band, so a printed
-    interval that contains 1.00 is never called faster or slower."""
+    faster", band ``1/high .. 1/low``)."""
     if ratio >= 1:
         return round(low, 2), round(high, 2)
     return round(1 / high, 2), round(1 / low, 2)
@@ -163,7 +135,7 @@ def printed_band(ratio: float, low: float, high: float) -> tuple[float, float]:
 def band_verdict(ratio: float, low: float, high: float) -> str:
     """"within noise" when the noise band ``low``-``high`` of a time ratio, in either printed
     form (`printed_band`, or the time ratio at two decimals), contains 1.00; else "faster"
-    (ratio < 1) or "slower". The one rule every time comparison of the course ends in."""
+    (ratio < 1) or "slower"."""
     lo, hi = printed_band(ratio, low, high)
     if lo <= 1.0 <= hi or round(low, 2) <= 1.0 <= round(high, 2):
         return "within noise"
@@ -172,16 +144,9 @@ def band_verdict(ratio: float, low: float, high: float) -> str:
 
 @dataclass(frozen=True)
 class TimeRatio:
-    """Step time of a configuration divided by a reference's, measured in the same rounds.
-
-    Attributes:
-        ratio: median of the per-round ratios (None if not timed); below 1 is faster.
-        low, high: the noise band of the ratio: the wider of the per-round ratios' quartiles
-            and the range of the medians of `BLOCKS` consecutive blocks of rounds (None with
-            fewer than 3 rounds).
-        rounds: the number of paired rounds.
-        verdict: one of `VERDICTS`.
-    """
+    """Step time of a configuration divided by a reference's, measured in the same rounds:
+    ``ratio`` (below 1 is faster; None if not timed), its noise band ``low``-``high`` (None
+    below 3 rounds; `time_ratio`), the paired ``rounds`` and the ``verdict`` (`VERDICTS`)."""
 
     ratio: float | None
     low: float | None
@@ -191,8 +156,7 @@ class TimeRatio:
 
     @property
     def settled(self) -> bool:
-        """True when the comparison says faster or slower (outside the noise, on real
-        arithmetic, at a size that means something)."""
+        """True when the comparison says faster or slower."""
         return self.verdict in ("faster", "slower")
 
     @property
@@ -203,14 +167,12 @@ class TimeRatio:
         return 1 / self.ratio if self.ratio < 1 else self.ratio
 
     def band_text(self) -> str:
-        """``"noise band 1.24-1.30x over 9 rounds"``, in the direction the ratio is printed: as a
-        speed-up (``1/high .. 1/low``) after "faster", as the time ratio otherwise; at a size too
-        small to time, why there is no band (`TOO_SMALL_WHY`), never the untrusted band."""
+        """``"noise band 1.24-1.30x over 9 rounds"``, as a speed-up after "faster"; at a size
+        too small to time, `TOO_SMALL_WHY` instead of the untrusted band."""
         if self.verdict == TOO_SMALL:
             return tr(TOO_SMALL_WHY)
         if self.low is None:
-            return (tr("1 round") if self.rounds == 1
-                    else tr("{n} rounds", n=self.rounds))
+            return tr("1 round") if self.rounds == 1 else tr("{n} rounds", n=self.rounds)
         lo, hi = (printed_band(self.ratio, self.low, self.high) if self.verdict == "faster"
                   else (self.low, self.high))
         if self.rounds == 1:
@@ -218,14 +180,9 @@ class TimeRatio:
         return tr("noise band {lo:.2f}-{hi:.2f}x over {n} rounds", lo=lo, hi=hi, n=self.rounds)
 
     def describe(self, what: str | None = None) -> str:
-        """``"step time 1.31x slower (noise band 1.27-1.36x over 9 rounds)"``,
-        ``"step time 1.43x faster (...)"``, ``"step time 1.02x (...): within noise"`` and the
-        like: a faster ratio is printed as a speed-up, never as "0.70x faster"; at a size too
-        small to time, no ratio and no band: ``"step time: too small to time (steps of a few ms:
-        timing not trusted at this size)"``.
-
-        ``what`` names the quantity (default ``"step time"``), in the learner's language: an
-        English phrase the message catalog has is translated (`course_utils.i18n.tr`)."""
+        """``"step time 1.31x slower (noise band 1.27-1.36x over 9 rounds)"``, ``"step time
+        1.43x faster (...)"``, ``"step time 1.02x (...): within noise"``, ``"step time: too
+        small to time (...)"``. ``what`` names the quantity (translated by `tr`)."""
         what = tr("step time") if what is None else tr(what)
         if self.ratio is None:
             return tr("{what}: not timed", what=what)
@@ -247,24 +204,16 @@ class TimeRatio:
 
 
 def emulated_factor(ratio: float) -> str:
-    """An emulated precision's time ratio as the course prints it, once and rounded: two
-    significant figures (``"30x"``, ``"4.2x"``), never a verdict word (issue 24: emulated
-    timings come from one or a few rounds of arithmetic no real hardware runs)."""
+    """An emulated precision's time ratio to two significant figures (``"30x"``, ``"4.2x"``)."""
     if ratio >= 10:
         return f"{round(ratio, -1 if ratio < 100 else -2):.0f}x"
     return f"{ratio:.2g}x"
 
 
 def agreement(here: TimeRatio, there: TimeRatio, there_name: str) -> str:
-    """One sentence on two measurements of the same pair on one machine (say lesson 02's and
-    lesson 03's full checkpointing against none): ``there`` described as ``there_name`` printed
-    it, then whether the two noise bands overlap.
-
-    A band covers the spread within one run; two runs whose bands do not overlap ran at
-    different speeds (other programs, heat, power saving), and the sentence says so instead of
-    leaving two lessons to disagree in silence. At the ``smoke`` size, or where either run has
-    too few rounds for a band or ran emulated, the bands are not compared.
-    """
+    """Sentences on two measurements of the same pair on one machine (say lessons 02 and 03):
+    ``there`` as ``there_name`` printed it, then whether the two noise bands overlap (not
+    compared where either has no band that means something)."""
     said = tr("{there} timed the same pair on this machine: {described}.", there=there_name,
               described=there.describe())
     unbanded = (TOO_SMALL, "emulated", "not timed")
@@ -279,6 +228,7 @@ def agreement(here: TimeRatio, there: TimeRatio, there_name: str) -> str:
               "during one of the runs (other programs, heat, power saving), more than either band "
               "shows, since a band measures the spread within one run. Run both lessons again on "
               "an otherwise idle machine to see which holds.", said=said)
+
 
 def _band(ratios: list[float], of_medians: float) -> tuple[float, float]:
     q = statistics.quantiles(ratios, n=4, method="inclusive")
@@ -296,25 +246,14 @@ def _band(ratios: list[float], of_medians: float) -> tuple[float, float]:
 def time_ratio(times: Sequence[float], reference: Sequence[float], *, size: str = "",
                emulated: bool = False, min_rounds: int = MIN_ROUNDS,
                through: Sequence[float] | None = None) -> TimeRatio:
-    """Compare step times ``times`` with ``reference`` (seconds, paired by round, in the order
-    they were taken).
+    """Compare step times ``times`` with ``reference`` (seconds, paired by round).
 
-    Rule: no times -> "not timed"; an emulated precision on either side -> "emulated" (the
-    ratio is reported, labelled); size ``smoke`` -> "too small to time"; fewer than
-    ``min_rounds`` paired rounds, or none -> "too few rounds", however far the ratio is from 1
-    (no band, no verdict word: docs/method.md, issue 24); otherwise
-    "within noise" when the noise band as printed (`printed_band`) contains 1, else "faster"
-    (< 1) or "slower" (> 1). The band: the per-round ratios' interquartile range, widened to
-    the medians of `BLOCKS` consecutive blocks of rounds (as equal as the count allows) and to
-    the ratio of the two series' medians (the step times a table prints beside the ratio: a
-    band that excluded them contradicted the table, as in lesson 05's "1.22x slower" beside
-    1934 ms against 931 ms).
-
-    ``through``: the step times of a third configuration timed in the same rounds, against
-    which a table printed both (`course_utils.experiments.summary`: each row's time is the first
-    row's median times its ratio to it). The ratio is then the quotient of those two ratios, the
-    quotient of the two times the table prints, and the band, still from this pair's own rounds,
-    is widened to reach it (issue 24: a printed ratio equals the printed times' quotient).
+    Rule: no times -> "not timed"; emulated -> "emulated"; size ``smoke`` -> "too small to
+    time"; fewer than ``min_rounds`` paired rounds -> "too few rounds"; otherwise
+    `band_verdict` on the band of docs/method.md#time (`BLOCKS` blocks of rounds, reaching the
+    ratio of the medians). ``through``: a third configuration's times from the same
+    rounds, against which a table printed both (`course_utils.experiments.summary`); the ratio
+    is then the quotient of the two ratios to it, which the band is widened to reach.
     """
     # paired only when taken in the same rounds: as many steps each (an emulated precision's one
     # profiled step is not paired with the reference's first round, but set against its median)
