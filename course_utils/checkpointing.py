@@ -113,8 +113,8 @@ def run_blocks(blocks, x: torch.Tensor) -> torch.Tensor:
 
 
 def checkpoint_every_segment(blocks, x: torch.Tensor, n_segments: int) -> torch.Tensor:
-    """Run ``x`` through ``blocks`` in ``n_segments`` segments (`segment_bounds`), each
-    checkpointed as one unit (what ``segments:N`` does)."""
+    """Run ``x`` through ``blocks`` split into ``n_segments`` segments (`segment_bounds`), each
+    checkpointed as one unit: only the segment inputs stay saved (what ``segments:N`` does)."""
     for start, stop in segment_bounds(len(blocks), n_segments):
         x = checkpoint(run_blocks, blocks[start:stop], x, use_reentrant=False)
     return x
@@ -175,7 +175,7 @@ SAVE = {aten.mm.default, aten.addmm.default, aten.bmm.default,
 
 
 def save_matmuls_and_attention(ctx, op, *args, **kwargs):
-    # Runs for every op of the checkpointed region's forward: keep its output, or recompute it?
+    # Runs for every op in the checkpointed region's forward: keep its output, or recompute it?
     if op in SAVE:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE

@@ -17,7 +17,7 @@ import functools
 import os
 import re
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -156,11 +156,13 @@ def guarded_step(guard, model, optimizer, micro_batches, dtype=None,
     """One `train_step` without a scaler (fp32 or bf16) under ``guard``, one of `GUARDS`.
 
     Returns what the guard reported: ``""`` (nothing), ``"skipped the step"``, the first
-    sentence of the error it raised (for ``detect_anomaly``, with `anomaly_forward_line`), or
-    ``"first non-finite output: <module>"``. The step's UserWarnings are recorded, not shown.
+    sentence of the error it raised (for ``detect_anomaly``, with the forward line of the op
+    whose backward returned NaN), or ``"first non-finite output: <module>"``. The UserWarnings of the
+    step are recorded, not shown (``detect_anomaly`` warns with the whole forward traceback).
 
     Raises:
-        ValueError: an unknown guard, or an fp16 ``dtype`` (GradScaler's skip is its guard).
+        ValueError: an unknown guard, or an fp16 ``dtype`` (fp16 takes GradScaler, whose own
+            skip is the guard).
     """
     if guard not in GUARDS:
         raise ValueError(f"unknown guard {guard!r}: expected one of {GUARDS}.")
@@ -172,20 +174,25 @@ def guarded_step(guard, model, optimizer, micro_batches, dtype=None,
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always", UserWarning)  # detect_anomaly's forward traceback
         try:
-            if guard == "skip":
+            if guard == "skip":                       # train_step's default
                 with StepCounter(optimizer) as steps:
                     train_step(*args, nonfinite="skip")
                 return "" if steps.taken else tr("skipped the step")
-            if guard == "forward hooks":
+            if guard == "error_if_nonfinite":         # clip_grad_norm_(..., error_if_nonfinite=True)
+                train_step(*args, nonfinite="raise")
+            elif guard == "detect_anomaly":           # raises in backward at the first NaN
+                with torch.autograd.detect_anomaly():
+                    train_step(*args, nonfinite="step")
+            elif guard == "forward hooks":            # names the first inf/NaN output
                 with FirstNonFinite(model) as first:
                     train_step(*args, nonfinite="step")
                 return ("" if first.module is None else
                         tr("first non-finite output: {module}", module=first.module))
-            with torch.autograd.detect_anomaly() if guard == "detect_anomaly" else nullcontext():
-                train_step(*args, nonfinite="raise" if guard == "error_if_nonfinite" else "step")
+            else:                                     # "none": no guard at all
+                train_step(*args, nonfinite="step")
         except RuntimeError as e:
             optimizer.zero_grad(set_to_none=True)
-            first = str(e).strip().split(". ")[0].rstrip(".")
+            first = str(e).strip().split(". ")[0].rstrip(".")   # the error's first sentence
             where = anomaly_forward_line(warned)
             return first + (f" (forward: {where})" if where else "")
     return ""
