@@ -45,8 +45,7 @@ def format_range_chart(table, title: str = "what each format can represent"):
         ax.barh(y, hi - mid, left=mid, color=c, height=0.6)
         ax.annotate(f"eps = {float(r['eps']):.3g}", (hi, y), xytext=(4, 0),
                     textcoords="offset points", va="center", fontsize=8)
-    ax.set_yticks(range(len(names)))
-    ax.set_yticklabels(names)
+    ax.set_yticks(range(len(names)), names)
     ax.set_xlabel(tr("log10 |value|   (light: subnormal range, solid: normal range)"))
     ax.axvline(0, color="grey", lw=0.8, ls=":")
     ax.grid(axis="x", alpha=0.3)
