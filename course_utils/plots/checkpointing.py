@@ -22,10 +22,8 @@ def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
         n_layers: the stack's depth ``N``; a dotted line marks ``sqrt(N)`` segments.
         title: the figure's title; size: the size profile, appended as "size '...'".
 
-    Two panels (MiB = 2^20 bytes, log2 segment axis), one legend below them. The first method is
-    a thick, pale line with large open markers and the others thin lines with small filled
-    markers drawn over it, so that where two methods measure the same bytes (the peaks of
-    ``checkpoint_sequential`` and of the every-segment loop often coincide) both stay visible.
+    Two panels (MiB = 2^20 bytes, log2 segment axis). The first method is a thick pale line with
+    large open markers under the others, so two methods that measure the same bytes both show.
 
     Raises:
         ValueError: missing columns or no rows.
@@ -74,13 +72,11 @@ def attention_memory_chart(df, title: str = "saved bytes of one block vs sequenc
 
     Args:
         df: columns ``attention``, ``seq_len``, ``saved_bytes`` (measured) and optionally
-            ``est_bytes`` (estimate, drawn dashed). The legend gives each measured line's slope
-            between its last two points (1: linear in the sequence, 2: quadratic).
+            ``est_bytes`` (estimate, drawn dashed over the measured open markers). The legend
+            gives each measured line's slope between its last two points (1: linear, 2: quadratic).
         title: the axes title; size: the size profile, appended as "size '...'".
 
-    Log-log axes (tokens, MiB = 2^20 bytes); the legend sits right of the axes. Measurements are
-    open markers on a thin line, estimates dashed lines drawn over them, so that an estimate equal
-    to its measurement threads the markers instead of hiding under them.
+    Log-log axes (tokens, MiB = 2^20 bytes).
 
     Raises:
         ValueError: missing columns or no rows.

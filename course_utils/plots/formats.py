@@ -8,7 +8,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ..formats import format_info
 from ..i18n import tr
-from ._style import FORMAT_COLORS, SERIES, new_figure, with_size
+from ._style import FORMAT_COLORS, SERIES, new_figure, set_title, with_size
 
 
 def format_range_chart(table, title: str = "what each format can represent"):
@@ -19,12 +19,8 @@ def format_range_chart(table, title: str = "what each format can represent"):
             ``smallest normal``, ``max``, ``eps``; indexed by format name).
         title: the axes title (a property of the formats, not a measurement: no size).
 
-    The solid part of a bar is the normal range [smallest normal, max]; the light part the
-    subnormal range [smallest subnormal, smallest normal) where precision thins out. Each bar is
+    Solid: the normal range [smallest normal, max]; light: the subnormal range; each bar is
     labelled with its eps (the relative spacing of values near 1).
-
-    Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot.
 
     Raises:
         ValueError: ``table`` lacks one of the columns above or has no rows.
@@ -70,11 +66,8 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
         title: the figure's title (default: "gradients against <format>'s range");
         size: the size profile the gradients were measured at, appended as "size '...'".
 
-    The y axis is logarithmic (fraction of the nonzero values per bin), so that the few values
-    that round to 0 stay visible next to the many that do not.
-
-    Returns:
-        A ``matplotlib.figure.Figure`` (one panel per histogram) made without pyplot.
+    One panel per histogram; the y axis (fraction of the nonzero values per bin) is logarithmic
+    so that the few values that round to 0 stay visible.
 
     Raises:
         ValueError: no histograms, or a scale that is not a positive number.
@@ -131,9 +124,6 @@ def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = "",
         title: the axes title (default: "dynamic loss scaling"); size: the size profile,
             appended as "size '...'".
 
-    Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot.
-
     Raises:
         ValueError: ``steps`` and ``scales`` differ in length or are empty.
     """
@@ -173,12 +163,9 @@ def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation l
             0..1 per step, is drawn too).
         title: the figure's title; ylabel: the loss's name and unit;
         size: the size profile of the model trained, appended as "size '...'".
-        flushed: draw the flushed share (%) on the right instead of the zoom, so that harm and
-            its cause are read side by side.
+        flushed: draw the flushed share (%) on the right instead of the zoom.
 
-    Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot; the legend gives each final loss
-        (and, with ``flushed``, each run's mean flushed share).
+    The legend gives each final loss (and, with ``flushed``, each run's mean flushed share).
 
     Raises:
         ValueError: no curves, a curve whose steps and losses differ in length, or, with
@@ -231,6 +218,5 @@ def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation l
     fig.legend(loc="outside lower center", ncol=min(len(data), 2), fontsize=8, frameon=False,
                title=tr("run: final loss, mean flushed share") if flushed
                else tr("run: final loss"), title_fontsize=8)
-    if with_size(title, size):
-        fig.suptitle(with_size(title, size), fontsize=11)
+    set_title(fig, title, size, fontsize=11)
     return fig
