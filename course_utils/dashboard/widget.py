@@ -66,16 +66,10 @@ _COLUMNS = ("run", "click", "label", "baseline", "baseline_run", "status", "prec
 
 
 def background_updates_render() -> tuple[bool, str]:
-    """Whether widget updates sent from a worker thread reach the page here, and why:
-    ``$COURSE_DASHBOARD`` when set (``thread``: yes, ``sync``: no), else no on Colab
-    (``google.colab`` imported; googlecolab/colabtools#3373) and yes elsewhere.
-
-    Returns:
-        ``(renders, reason)``, e.g. ``(False, "Colab shows no widget updates ...")``.
-
-    Raises:
-        ValueError: ``$COURSE_DASHBOARD`` is set to something else.
-    """
+    """``(renders, reason)``: whether widget updates sent from a worker thread reach the page here,
+    and why: ``$COURSE_DASHBOARD`` when set (``thread``: yes, ``sync``: no), else no on Colab
+    (``google.colab`` imported; googlecolab/colabtools#3373) and yes elsewhere. Raises ValueError
+    for a ``$COURSE_DASHBOARD`` that is neither."""
     env = os.environ.get(MODE_ENV, "").strip().lower()
     if env:
         if env not in ("thread", "sync"):
@@ -101,28 +95,23 @@ class Dashboard:
     a chart.
 
     Args:
-        size: size profile of the defaults (``smoke``, ``cpu``, ``t4``, ``a100``, ``h100``);
-            default `course_utils.config.size_profile()`.
+        size: size profile of the defaults (default `course_utils.config.size_profile()`).
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (default: this machine's best).
-        hw: the `HardwareInfo` behind the recipe, the baseline and the refusals (default:
-            detected; tests pass a fake one).
+        hw: the `HardwareInfo` behind the recipe, the baseline and the refusals (default: detected).
         budget_s: seconds of alternating timed steps per Run (default
             `course_utils.step_timing.default_budget_s` of the size).
         slow_limit_s: refuse Runs predicted to take longer (seconds) unless "run anyway".
-        step_fn: the training step (default `course_utils.training.train_step`).
-        compare_fn: the comparison (default `course_utils.experiments.compare`).
+        step_fn, compare_fn: the training step and the comparison (`train_step`, `compare`).
         background: True runs each Run on a worker thread; False synchronously on the
             caller's thread, Stop hidden; None (default) asks `background_updates_render`.
         clock: a `course_utils.dashboard.run.StepClock` (default: a new one).
 
     Results: ``history``, ``measurements``, ``last_plan``, ``last_run_s`` (seconds of the last
-    Run after calibration), ``last_hook``; ``background`` and ``mode_reason`` say where a Run
-    happens and why.
+    Run after calibration), ``last_hook``, ``mode_reason`` (why a Run happens where it does).
 
     Raises:
         ValueError: an unknown size profile, a device this machine lacks, a non-positive budget,
-            a ``$COURSE_DASHBOARD`` other than ``thread`` or ``sync``.
-    """
+            a ``$COURSE_DASHBOARD`` other than ``thread`` or ``sync``."""
 
     def __init__(self, size: str | None = None, *, device: str | None = None,
                  hw: HardwareInfo | None = None, budget_s: float | None = None,
@@ -197,14 +186,13 @@ class Dashboard:
                           self.force, self.clear_button]),
             self.preview, self.message, self.table, self.chart])
         self.widget.add_class("course-dashboard")
-        for name in ("precision", "checkpoint", "batch_size", "seq_len", "n_layers",
-                     "grad_accum_steps", "compile", "force", "run_button", "stop_button",
-                     "clear_button", "progress", "progress_label", "preview", "message", "table",
-                     "chart"):  # CSS hooks for the browser test: course-run-button, ...
-            getattr(self, name).add_class("course-" + name.replace("_", "-"))
-        for w in (self.precision, self.checkpoint, self.batch_size, self.seq_len,
-                  self.n_layers, self.grad_accum_steps, self.compile, self.force):
-            w.observe(self._on_change, names="value")
+        controls = ("precision", "checkpoint", "batch_size", "seq_len", "n_layers",
+                    "grad_accum_steps", "compile", "force")
+        for name in controls + ("run_button", "stop_button", "clear_button", "progress",
+                                "progress_label", "preview", "message", "table", "chart"):
+            getattr(self, name).add_class("course-" + name.replace("_", "-"))  # CSS hooks
+        for name in controls:
+            getattr(self, name).observe(self._on_change, names="value")
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         self.clear_button.on_click(lambda _: self.clear())
@@ -214,11 +202,7 @@ class Dashboard:
         display(self.widget)
 
     def current_config(self) -> RunConfig:
-        """The `RunConfig` the controls describe.
-
-        Raises:
-            ValueError: an invalid combination, with RunConfig's message.
-        """
+        """The `RunConfig` the controls describe; raises ValueError (RunConfig's) for an invalid one."""
         return self.base.replace(
             precision=self.precision.value, checkpoint=self.checkpoint.value.strip() or "none",
             batch_size=int(self.batch_size.value), seq_len=int(self.seq_len.value),
@@ -231,10 +215,7 @@ class Dashboard:
         (ratios to that Run's baseline) plus ``run`` (row number), ``click`` (Run number),
         ``baseline``, ``baseline_run``, ``status`` (``ok``/``OOM``/``error``), ``saved_dtypes``."""
         df = pd.DataFrame(self._rows)
-        for col in _COLUMNS:
-            if col not in df.columns:
-                df[col] = None
-        return df
+        return df.assign(**{col: None for col in _COLUMNS if col not in df.columns})
 
     def plan(self, config: RunConfig | None = None):
         """The `course_utils.dashboard.run.RunPlan` of a Run of ``config`` (default: the
@@ -300,11 +281,11 @@ class Dashboard:
         caller's thread (in a kernel: the kernel's), returning when the Run is done."""
         if self._thread is not None and self._thread.is_alive():
             return
-        if not self.background:
+        if self.background:
+            self._thread = threading.Thread(target=self.run, name="course-dashboard-run", daemon=True)
+            self._thread.start()
+        else:
             self.run()
-            return
-        self._thread = threading.Thread(target=self.run, name="course-dashboard-run", daemon=True)
-        self._thread.start()
 
     def stop(self) -> None:
         """The Stop button: end the Run before its next training step."""
@@ -325,12 +306,9 @@ class Dashboard:
 
     def run(self):
         """One Run, here and now: validate, calibrate, refuse what is too slow, compare with the
-        baseline, update history, table, chart and message. Never raises: invalid settings,
-        refusals, failures, a Stop and a kernel interrupt become messages.
-
-        Returns:
-            The `Measurement` of the chosen configuration, or None when nothing was measured.
-        """
+        baseline, update history, table, chart and message. Never raises: invalid settings, refusals,
+        failures, a Stop and a kernel interrupt become messages. Returns the `Measurement` of the
+        chosen configuration, or None when nothing was measured."""
         self._stop.clear()
         self.run_button.disabled, self.stop_button.disabled = True, False
         self.message.value = ""
@@ -455,10 +433,6 @@ class Dashboard:
 
 
 def dashboard(size: str | None = None, **kwargs) -> Dashboard:
-    """The live dashboard (`Dashboard` of ``size`` and ``kwargs``); as the last expression of a
-    cell it displays itself.
-
-    Raises:
-        ValueError: an unknown size profile, a device this machine lacks.
-    """
+    """The live dashboard (`Dashboard` of ``size`` and ``kwargs``); as the last expression of a cell
+    it displays itself. Raises ValueError for an unknown size profile or a device this machine lacks."""
     return Dashboard(size, **kwargs)

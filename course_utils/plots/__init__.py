@@ -1,7 +1,9 @@
 """Charts of the course: measured vs estimated time and memory, by subject.
 
 Every chart function returns a ``matplotlib.figure.Figure`` made without pyplot that shows itself
-as a PNG when it is a notebook cell's last expression (`._style.ChartFigure`).
+as a PNG when it is a notebook cell's last expression (`._style.ChartFigure`). Every chart takes
+a ``title`` and, where its data was measured at a size, ``size``: the size profile, appended to
+the title as "size '...'". MiB = 2^20 bytes, GiB = 2^30 bytes throughout.
 
 Modules: `ladder` (a `compare` table, the dashboard, the order of adoption), `tradeoffs` (the
 Pareto front, the budget search, the race, fine-tuning routes), `formats` (lesson 01), `memory`

@@ -145,14 +145,14 @@ MARKER_PAD = 4.5
 
 
 def _point_boxes(ax, points, renderer):
-    """Display-space boxes of each point's marker and horizontal error bar: ``points`` holds
-    ``(x, y, x_low, x_high)`` in data coordinates (``x_low``/``x_high`` the bar's ends, or x)."""
+    """Display-space boxes of each point's marker and horizontal error bar (``points``: ``(x, y,
+    x_low, x_high)`` in data coordinates)."""
     pad = MARKER_PAD * renderer.points_to_pixels(1.0)
     boxes = []
     for x, y, lo, hi in points:
         (px, py), (plo, _), (phi, _) = ax.transData.transform([(x, y), (lo, y), (hi, y)])
-        boxes.append([Bbox([[px - pad, py - pad], [px + pad, py + pad]]),
-                      Bbox([[min(plo, phi), py - pad * 0.7], [max(plo, phi), py + pad * 0.7]])])
+        boxes += [Bbox([[px - pad, py - pad], [px + pad, py + pad]]),
+                  Bbox([[min(plo, phi), py - pad * 0.7], [max(plo, phi), py + pad * 0.7]])]
     return boxes
 
 
@@ -172,7 +172,7 @@ def place_point_labels(fig, ax, texts, points=None) -> None:
         fig.get_layout_engine().execute(fig)
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
-    obstacles = [b for pair in _point_boxes(ax, points or [], renderer) for b in pair]
+    obstacles = _point_boxes(ax, points or [], renderer)
     anchors = ax.transData.transform([(x, y) for x, y, _, _ in points]) if points else []
     placed = []
     for n, text in enumerate(texts):
@@ -199,8 +199,7 @@ def place_point_labels(fig, ax, texts, points=None) -> None:
         placed.append(box)
         if k >= LEADER_FROM:  # far from its point: a thin line from the label's near edge to it
             px, py = ax.transData.transform(text.xy)
-            ex = box.x0 if dx > 0 else box.x1
-            ey = box.y0 if dy > 0 else box.y1
+            ex, ey = (box.x0 if dx > 0 else box.x1), (box.y0 if dy > 0 else box.y1)
             gap = MARKER_PAD * renderer.points_to_pixels(1.0)
             dist = np.hypot(ex - px, ey - py)
             sx, sy = px + (ex - px) * gap / dist, py + (ey - py) * gap / dist  # off the marker

@@ -62,10 +62,9 @@ def _verdict_from_iqr(t, iqr, t_ref, iqr_ref) -> str | None:
 
 def time_note(ratio, verdict=None, emulated=False, low=np.nan, high=np.nan,
               reference: bool = False, iqr_verdict: str | None = None) -> TimeNote:
-    """The annotation of one step time from a row's ``time_ratio``, ``time_verdict`` (None/NaN:
-    not given), ``emulated``, ``time_ratio_low``/``time_ratio_high``; ``reference``: the row the
-    others are divided by; ``iqr_verdict``: the verdict from interquartile ranges, for tables
-    without ``time_verdict``."""
+    """The annotation of one row's step time from its ``time_ratio``, ``time_verdict`` (None/NaN:
+    not given), ``emulated`` and noise band; ``reference``: the row the others are divided by;
+    ``iqr_verdict``: the verdict from interquartile ranges, for tables without ``time_verdict``."""
     ratio, low, high = nan(ratio), nan(low), nan(high)
     note = _time_note(ratio, verdict, emulated, low, high, reference, iqr_verdict)
     return replace(note, ratio=float(ratio)) if np.isfinite(ratio) and ratio > 0 else note
@@ -112,11 +111,9 @@ def time_notes(df, reference_rows) -> list[TimeNote]:
 
 
 def drawn_heights(heights, notes, reference_rows) -> np.ndarray:
-    """The heights to draw: a row with a ratio to a drawn row stands at that row's drawn height ×
-    the ratio (so bar, label and table's ``ref × ratio`` agree); other rows keep their own
-    ``heights`` (median step times, ms; NaN where none). Rows are taken in order, so a chain
-    multiplies. ``notes``: per row, its `TimeNote` or None; ``reference_rows`` as in `time_notes`.
-    """
+    """The heights to draw: a row with a ratio to a drawn row stands at that row's drawn height × the
+    ratio (so bar, label and table agree), the others at their own ``heights`` (ms, NaN where
+    none); a chain multiplies. ``notes``: per row, a `TimeNote` or None."""
     h = np.array([nan(v) for v in heights], dtype=float)
     out = h.copy()
     for i, (n, ref) in enumerate(zip(notes, reference_rows)):
@@ -131,9 +128,8 @@ def drawn_heights(heights, notes, reference_rows) -> np.ndarray:
 
 
 def error_bars(heights, notes) -> np.ndarray | None:
-    """``(2, n)`` below/above error bars for bars of ``heights`` from each note's ratio spread,
-    or None when no row has one. With heights from `drawn_heights`, a row's whisker spans its
-    reference's height × (low, high)."""
+    """``(2, n)`` below/above error bars for bars of ``heights`` from each note's band, or None when
+    no row has one."""
     if not any(n.band for n in notes):
         return None
     err = np.zeros((2, len(notes)))

@@ -12,22 +12,13 @@ from ._style import mib, new_figure, set_title, with_size
 
 
 def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
-    """Saved bytes and peak memory against the number of checkpointed segments.
+    """Saved bytes and peak memory (MiB) against the number of checkpointed segments (log2 axis), a
+    dotted line at ``sqrt(n_layers)``. The first method is a thick pale line under the others, so
+    two methods that measure the same bytes both show.
 
-    Args:
-        df: one row per (method, segments) with columns ``method`` (a label such as
-            ``"every segment checkpointed"``), ``segments``, ``saved_bytes``, ``peak_bytes``
-            (measured, bytes) and optionally ``est_saved`` / ``est_peak`` (a model, bytes,
-            drawn dashed for each method that has them).
-        n_layers: the stack's depth ``N``; a dotted line marks ``sqrt(N)`` segments.
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Two panels (MiB = 2^20 bytes, log2 segment axis). The first method is a thick pale line with
-    large open markers under the others, so two methods that measure the same bytes both show.
-
-    Raises:
-        ValueError: missing columns or no rows.
-    """
+    ``df``: one row per (method, segments): ``method``, ``segments``, ``saved_bytes``,
+    ``peak_bytes`` (bytes) and optionally ``est_saved``/``est_peak`` (a model, drawn dashed).
+    Raises ValueError for missing columns or no rows."""
     need = {"method", "segments", "saved_bytes", "peak_bytes"}
     if len(df) == 0 or need - set(df.columns):
         raise ValueError(tr("segments_chart needs rows with columns {columns}.",
@@ -68,19 +59,12 @@ def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
 
 def attention_memory_chart(df, title: str = "saved bytes of one block vs sequence length",
                            size: str | None = None):
-    """Log-log saved bytes against sequence length, one line per attention implementation.
+    """Log-log saved bytes (MiB) against sequence length (tokens), one line per attention
+    implementation; the legend gives each measured line's slope between its last two points (1:
+    linear, 2: quadratic).
 
-    Args:
-        df: columns ``attention``, ``seq_len``, ``saved_bytes`` (measured) and optionally
-            ``est_bytes`` (estimate, drawn dashed over the measured open markers). The legend
-            gives each measured line's slope between its last two points (1: linear, 2: quadratic).
-        title: the axes title; size: the size profile, appended as "size '...'".
-
-    Log-log axes (tokens, MiB = 2^20 bytes).
-
-    Raises:
-        ValueError: missing columns or no rows.
-    """
+    ``df``: ``attention``, ``seq_len``, ``saved_bytes`` and optionally ``est_bytes`` (an estimate,
+    dashed over the measured markers). Raises ValueError for missing columns or no rows."""
     need = {"attention", "seq_len", "saved_bytes"}
     if len(df) == 0 or need - set(df.columns):
         raise ValueError(tr("attention_memory_chart needs rows with columns {columns}.",

@@ -12,19 +12,9 @@ from ._style import FORMAT_COLORS, SERIES, new_figure, set_title, with_size
 
 
 def format_range_chart(table, title: str = "what each format can represent"):
-    """Representable magnitudes of each format on a log axis (one horizontal bar per format).
-
-    Args:
-        table: `course_utils.formats.format_table()` (columns ``smallest subnormal``,
-            ``smallest normal``, ``max``, ``eps``; indexed by format name).
-        title: the axes title (a property of the formats, not a measurement: no size).
-
-    Solid: the normal range [smallest normal, max]; light: the subnormal range; each bar is
-    labelled with its eps (the relative spacing of values near 1).
-
-    Raises:
-        ValueError: ``table`` lacks one of the columns above or has no rows.
-    """
+    """Representable magnitudes of each format of ``table`` (`course_utils.formats.format_table`) on a
+    log axis: the normal range solid, the subnormal range light, each bar labelled with its eps.
+    Raises ValueError for a table without rows or without its columns."""
     need = {"smallest subnormal", "smallest normal", "max", "eps"}
     if len(table) == 0 or not need <= set(table.columns):
         raise ValueError(tr("format_range_chart needs a format_table() with columns {columns}.",
@@ -53,25 +43,19 @@ def format_range_chart(table, title: str = "what each format can represent"):
 
 def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, title: str = "",
                          size: str | None = None):
-    """Histograms of ``floor(log2|g|)`` against a format's limits.
+    """Histograms of ``floor(log2|g|)`` against a format's limits, one panel per histogram; the y
+    axis (fraction of the nonzero values per bin) is logarithmic, so the few that round to 0 show.
 
     Args:
         hists: ``{name: pd.Series}`` from `course_utils.formats.log2_histogram` (index: the
             exponent bin ``k`` of ``[2^k, 2^(k+1))``, values: counts).
-        fmt: the format whose limits are shaded: below half its smallest subnormal values round
-            to 0 (red), below its smallest normal they are subnormal (yellow), above its max they
-            overflow (purple).
+        fmt: the format whose limits are shaded: rounds to 0 (red), subnormal (yellow),
+            overflows (purple).
         scale: if given, each histogram is drawn again shifted by ``log2(scale)`` (dashed):
             where the same values sit after loss scaling.
-        title: the figure's title (default: "gradients against <format>'s range");
-        size: the size profile the gradients were measured at, appended as "size '...'".
-
-    One panel per histogram; the y axis (fraction of the nonzero values per bin) is logarithmic
-    so that the few values that round to 0 stay visible.
 
     Raises:
-        ValueError: no histograms, or a scale that is not a positive number.
-    """
+        ValueError: no histograms, or a scale that is not a positive number."""
     if not hists:
         raise ValueError(tr("log2_histogram_chart needs at least one histogram."))
     if scale is not None and not scale > 0:
@@ -115,18 +99,9 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
 
 def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = "",
                        size: str | None = None):
-    """GradScaler's scale after each step (log2 axis), skipped steps and injected inf/NaN marked.
-
-    Args:
-        steps: step numbers; ``scales``: the scale after ``scaler.update()`` at each step.
-        skipped: steps whose optimizer step was skipped; ``injected``: steps where an inf/NaN
-            was put into a gradient.
-        title: the axes title (default: "dynamic loss scaling"); size: the size profile,
-            appended as "size '...'".
-
-    Raises:
-        ValueError: ``steps`` and ``scales`` differ in length or are empty.
-    """
+    """GradScaler's scale after ``scaler.update()`` at each of ``steps`` (log2 axis), the ``skipped``
+    optimizer steps and the steps where an inf/NaN was ``injected`` marked. Raises ValueError
+    where ``steps`` and ``scales`` differ in length or are empty."""
     steps, scales = list(steps), [float(s) for s in scales]
     skipped, injected = list(skipped), list(injected)
     if not steps or len(steps) != len(scales):
@@ -153,24 +128,18 @@ def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = "",
 
 def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation loss (nats/byte)",
                       size: str | None = None, flushed: bool = False):
-    """Validation loss against optimizer step, one line per run, and beside it either a zoom on
-    the second half or, with ``flushed=True``, the share of gradients flushed to zero per step.
+    """Validation loss against optimizer step, one line per run, and beside it a zoom on the second
+    half or, with ``flushed=True``, the share (%) of gradients flushed to zero per step. The
+    legend gives each final loss (and mean flushed share).
 
     Args:
-        curves: ``{label: history}`` where a history is a `course_utils.training.TrainHistory`
-            (its ``val_steps`` and ``val_loss`` are drawn) or a ``(steps, losses)`` pair; with
-            ``flushed=True``, a `course_utils.training_arms.ArmHistory` (its ``flushed``, a share
-            0..1 per step, is drawn too).
-        title: the figure's title; ylabel: the loss's name and unit;
-        size: the size profile of the model trained, appended as "size '...'".
-        flushed: draw the flushed share (%) on the right instead of the zoom.
-
-    The legend gives each final loss (and, with ``flushed``, each run's mean flushed share).
+        curves: ``{label: history}``: a `course_utils.training.TrainHistory` or a ``(steps,
+            losses)`` pair; with ``flushed``, a `course_utils.training_arms.ArmHistory`.
+        ylabel: the loss's name and unit.
 
     Raises:
         ValueError: no curves, a curve whose steps and losses differ in length, or, with
-            ``flushed``, a history without flushed shares.
-    """
+            ``flushed``, a history without flushed shares."""
     if not curves:
         raise ValueError(tr("loss_curves_chart needs at least one curve."))
     data, shares = {}, {}

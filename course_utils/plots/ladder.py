@@ -84,23 +84,12 @@ def _caption(fig, labels, t_ms, notes) -> None:
 
 
 def comparison_chart(df, title: str = "", size: str | None = None):
-    """Three panels for a `course_utils.experiments.compare` table, one bar per configuration
-    (named by `course_utils.experiments.plain_label`): step time (ms, the first row's median ×
-    each ``time_ratio``, whiskers × its noise band, labelled only outside the noise; tables
-    without a ratio: own medians and IQRs), peak allocated memory and saved tensors by kind
-    (MiB = 2^20 bytes, the estimate as a black tick). Without two rows timed natively the time
-    panel is left out and the title says so.
-
-    Args:
-        df: reads ``label``, ``step_time_s``, ``step_time_iqr_s`` (seconds), ``time_ratio``,
-            ``peak_allocated``, ``est_peak_allocated``, ``activations``,
-            ``autocast_weight_copies``, ``logits``, ``est_saved_total`` (bytes) and, where
-            present, ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``emulated``.
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Raises:
-        ValueError: ``df`` has no rows.
-    """
+    """Three panels for a `course_utils.experiments.compare` table, one bar per configuration (in
+    words, `course_utils.experiments.plain_label`): step time (ms, the first row's median × each
+    ``time_ratio``, whiskers × its noise band, labelled only outside the noise; tables without a
+    ratio: own medians and IQRs), peak allocated memory and saved tensors by kind (MiB, the
+    estimate as a black tick). Without two rows timed natively the time panel is left out and the
+    title says so. Raises ValueError for a table without rows."""
     if len(df) == 0:
         raise ValueError(tr("comparison_chart() needs at least one row (a compare() table)."))
     labels, n = [plain_label(v) for v in df["label"]], len(df)
@@ -170,16 +159,9 @@ def _dashboard_references(df) -> list:
 
 
 def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None):
-    """The live dashboard's chart of the last ``last`` rows of ``df`` (`Dashboard.history`: ``run``,
-    ``label``, ``baseline``, ``status``, ``batch_size``, ``seq_len``, ``n_layers``, ``step_time_s``
-    in seconds, ``time_ratio`` and ``peak_ratio`` to the Run's baseline, the memory fields in
-    bytes and, where present, ``baseline_run``, ``time_verdict``, ``time_ratio_low``/``_high``,
-    ``emulated``): step time (ms, baselines grey, ratios only outside the noise) and the memory
-    breakdown (MiB = 2^20 bytes) with the peak as a tick and its ratio; failed rows marked.
-
-    Raises:
-        ValueError: ``df`` has no rows.
-    """
+    """The live dashboard's chart of the last ``last`` rows of `Dashboard.history`: step time (ms,
+    baselines grey, ratios to the Run's baseline only outside the noise) and the memory breakdown
+    (MiB) with the peak as a tick and its ratio; failed rows marked. Raises ValueError for no rows."""
     if len(df) == 0:
         raise ValueError(tr("dashboard_chart() needs at least one run in the history."))
     refs = _dashboard_references(df)
@@ -287,13 +269,10 @@ def _adoption_peaks(ax, story, vs) -> None:
 
 
 def adoption_chart(story, title: str = "", size: str | None = None):
-    """The order of adoption: step time (ms) and peak memory (MiB = 2^20 bytes) after each step of
-    ``story`` (`adoption_story`'s table); every ratio names the bar it is to (``vs``), a time
-    stands at that bar's height × the ratio (`._timing.drawn_heights`); estimates are hatched.
-
-    Raises:
-        ValueError: an empty ``story``, or a table without `adoption_story`'s columns.
-    """
+    """The order of adoption: step time (ms) and peak memory (MiB) after each step of ``story``
+    (`adoption_story`'s table); every ratio names the bar it is to (``vs``), a time stands at that
+    bar's height × the ratio; estimates are hatched. Raises ValueError for an empty ``story`` or a
+    table without `adoption_story`'s columns."""
     if len(story) == 0:
         raise ValueError(tr("adoption_chart() needs at least one step."))
     missing = {"step", "step_time_s", "peak_allocated", "source", "vs", "peak_ratio"} - set(story)
@@ -352,19 +331,15 @@ def adoption_story(df, steps, estimates=()):
 
     Each measured step is compared with (``vs``) the last adopted step measured in the same table
     (an emulated step is shown, not adopted); the first step of another table with that table's
-    row of an earlier adopted step (compile against the eager row of its own comparison). An
-    estimate's ``vs`` is the last step shown.
+    row of an earlier adopted step. An estimate's ``vs`` is the last step shown.
 
     Returns:
         One row per step shown: ``step``, ``step_time_s``, ``peak_allocated``, ``source``
-        (``measured`` or ``estimate``), ``adopted``, ``emulated``, ``vs`` (missing for the first),
-        ``peak_ratio`` (peak / ``vs``'s) and ``time_ratio``, ``time_verdict``,
-        ``time_ratio_low``, ``time_ratio_high`` against ``vs``
-        (`course_utils.step_timing.time_ratio` of the two rows' per-round times).
+        (``measured`` or ``estimate``), ``adopted``, ``emulated``, ``vs``, ``peak_ratio`` and
+        ``time_ratio``, ``time_verdict``, ``time_ratio_low``, ``time_ratio_high`` against ``vs``.
 
     Raises:
-        ValueError: no steps, or a label that is not a row of its table.
-    """
+        ValueError: no steps, or a label that is not a row of its table."""
     if not steps:
         raise ValueError(tr("adoption_story() needs at least one step."))
     rows, last, adopted = [], {}, {}  # last: id(table) -> (row, step) of its last adopted step

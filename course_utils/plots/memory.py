@@ -1,7 +1,5 @@
 """Where the bytes of a training step are: breakdowns, saved tensors, growth with batch and
 sequence, the allocation timeline, and estimates at model scale.
-
-MiB = 2^20 bytes, GiB = 2^30 bytes throughout.
 """
 from __future__ import annotations
 
@@ -27,21 +25,13 @@ from ._style import (
 
 
 def memory_breakdown_chart(df, title: str = "", size: str | None = None):
-    """Where a training step's bytes are, per configuration: measured and estimated, stacked.
+    """Where a training step's bytes are, per configuration: two stacked bars (MiB), measured (solid)
+    and estimated (hatched), the measured peak as a black tick with its ratio to the first row's.
 
-    Args:
-        df: a `course_utils.experiments.compare` table: ``label``, ``peak_allocated`` and the
-            memory fields ``parameters``, ``gradients``, ``optimizer_state``, ``activations``,
-            ``autocast_weight_copies``, ``logits`` with their ``est_`` twins (bytes).
-        title: the axes title (default: "where the bytes of a training step are");
-        size: the size profile, appended as "size '...'".
-
-    Two stacked bars (MiB) per configuration, measured (solid) and estimated (hatched); the
-    measured peak as a black tick with its ratio to the first row's.
-
-    Raises:
-        ValueError: ``df`` has no rows.
-    """
+    ``df``: a `course_utils.experiments.compare` table: ``label``, ``peak_allocated`` and the
+    memory fields ``parameters``, ``gradients``, ``optimizer_state``, ``activations``,
+    ``autocast_weight_copies``, ``logits`` with their ``est_`` twins (bytes). Raises ValueError
+    for a table without rows."""
     if len(df) == 0:
         raise ValueError(tr("memory_breakdown_chart needs at least one row."))
     n = len(df)
@@ -82,20 +72,12 @@ def memory_breakdown_chart(df, title: str = "", size: str | None = None):
 
 
 def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block", size: str | None = None):
-    """Stacked bars of the bytes saved for backward, one bar per table, one segment per module.
+    """Stacked bars of the bytes saved for backward (MiB), one bar per table, one segment per module
+    (in order of first appearance, labelled with the shapes it saved).
 
-    Args:
-        tables: ``{bar label: DataFrame}``, each frame as returned by
-            `course_utils.memory_timeline.saved_by_module` (columns ``module``, ``module_type``,
-            ``shape``, ``nbytes``).
-        title: the axes title; size: the size profile, appended as "size '...'".
-
-    Segments are grouped by module in order of first appearance, labelled with the module and
-    the shapes it saved; each bar shows its total in MiB (2^20 bytes).
-
-    Raises:
-        ValueError: no tables, or a table without the columns above.
-    """
+    ``tables``: ``{bar label: DataFrame}`` of `course_utils.memory_timeline.saved_by_module`
+    (``module``, ``module_type``, ``shape``, ``nbytes``). Raises ValueError for no tables or a
+    table without those columns."""
     if not tables:
         raise ValueError(tr("saved_tensors_chart needs at least one table."))
     groups, order = {}, []
@@ -141,22 +123,14 @@ def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block",
 
 
 def memory_growth_chart(df, title: str = "", size: str | None = None):
-    """Activation vs parameter-related memory as batch size and sequence length grow.
+    """Saved tensors and parameters + gradients + optimizer state (MiB) as the batch size and the
+    sequence length grow, one panel per sweep: estimates dashed over the measurements' open
+    markers, so a measurement equal to its estimate is a marker threaded by its line.
 
-    Args:
-        df: one row per configuration with columns ``sweep`` (``"batch_size"`` or
-            ``"seq_len"``: the dimension varied), ``batch_size``, ``seq_len``,
-            ``saved`` and ``est_saved`` (bytes saved for backward: measured, estimated),
-            ``static`` and ``est_static`` (parameters + gradients + optimizer state: measured
-            where known, else NaN; estimated).
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    One panel per sweep (linear axes, MiB): estimates as dashed lines over the measurements'
-    open markers, so a measurement equal to its estimate is a marker threaded by its line.
-
-    Raises:
-        ValueError: missing columns or no rows.
-    """
+    ``df``: one row per configuration: ``sweep`` (``"batch_size"`` or ``"seq_len"``, the
+    dimension varied), ``batch_size``, ``seq_len``, ``saved``/``est_saved`` and
+    ``static``/``est_static`` (bytes, measured NaN where unknown). Raises ValueError for missing
+    columns or no rows."""
     need = {"sweep", "batch_size", "seq_len", "saved", "est_saved", "static", "est_static"}
     if len(df) == 0 or need - set(df.columns):
         raise ValueError(tr("memory_growth_chart needs rows with columns {columns}.",
@@ -206,19 +180,12 @@ def _step_share(tl):
 
 def memory_timeline_chart(timelines: dict, title: str = "memory over one training step",
                           size: str | None = None):
-    """Bytes allocated (MiB above the step's start) over the step, one panel per run (shared
-    axes, peak marked), the marked phases shaded. The horizontal axis is the share of the step
-    (0-100 %), not milliseconds: on a CPU the profiler slows the step unevenly by more than the
-    step takes, so its clock would mislead.
+    """Bytes allocated (MiB above the step's start) over the step, one panel per run (shared axes,
+    peak marked), the marked phases shaded. The horizontal axis is the share of the step, not
+    milliseconds: on a CPU the profiler slows the step unevenly by more than the step takes.
 
-    Args:
-        timelines: ``{label: Timeline}`` (`course_utils.memory_timeline.memory_timeline`: ``t_ms``,
-            ``allocated`` in bytes, ``phases`` with ``name``, ``start_ms``, ``end_ms``).
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Raises:
-        ValueError: no timelines.
-    """
+    ``timelines``: ``{label: Timeline}`` (`course_utils.memory_timeline.memory_timeline`). Raises
+    ValueError for no timelines."""
     if not timelines:
         raise ValueError(tr("memory_timeline_chart needs at least one timeline."))
     n = len(timelines)
@@ -256,20 +223,12 @@ def memory_timeline_chart(timelines: dict, title: str = "memory over one trainin
 
 
 def scale_chart(sweep, gpus=None, title: str = ""):
-    """Estimated peak memory (GiB) of a training step against the micro-batch, one panel per model
-    and one line per recipe (`course_utils.memory_model.scale_sweep`: nothing here is measured).
-    A dotted line marks what the optimizer step holds; filled markers peak at the optimizer step,
-    open ones in backward. ``gpus`` are dashed lines in the panels where they reach 2.5% of the
-    largest value (lower, they would sit on the axis).
-
-    Args:
-        sweep: `scale_sweep`'s table (``model``, ``recipe``, ``micro-batch``, ``params (B)``,
-            ``peak GiB``, ``peak at``, ``optimizer step GiB``).
-        gpus: ``{name: memory in GiB}``; title: the figure's title.
-
-    Raises:
-        ValueError: an empty table, or one without those columns.
-    """
+    """Estimated peak memory (GiB) of a training step against the micro-batch, one panel per model,
+    one line per recipe, of `course_utils.memory_model.scale_sweep`'s table (nothing measured). A
+    dotted line marks what the optimizer step holds; filled markers peak there, open ones in
+    backward. ``gpus`` (``{name: GiB}``) are dashed lines where they reach 2.5% of the panel's
+    largest value (lower, they would sit on the axis). Raises ValueError for an empty table or
+    one without `scale_sweep`'s columns."""
     need = {"model", "recipe", "micro-batch", "params (B)", "peak GiB", "peak at",
             "optimizer step GiB"}
     if len(sweep) == 0 or not need <= set(sweep.columns):
@@ -317,20 +276,10 @@ def scale_chart(sweep, gpus=None, title: str = ""):
 
 
 def sharding_chart(table, config, ranks=(1, 2, 4, 8), title: str = "training state per rank"):
-    """Per-rank training state (MiB) against the number of ranks, one colour per ZeRO stage:
+    """Per-rank training state (MiB) against the number of ranks, one colour per ZeRO stage: the
     `course_utils.memory_model.sharded_estimate` of ``config`` as a line over ``ranks`` (and the
-    ranks measured), each rank's measurement in ``table`` as a dot.
-
-    Args:
-        table: `course_utils.distributed.sharding_table`'s DataFrame (``ranks``, ``ZeRO stage``,
-            ``total`` in MiB, one row per rank).
-        config: the `RunConfig` whose model was measured.
-        ranks: world sizes the estimate's lines are drawn over (log2 axis).
-        title: the axes title.
-
-    Raises:
-        ValueError: a table without rows (no rank measured).
-    """
+    ranks measured), each rank of ``table`` (`course_utils.distributed.sharding_table`) as a dot.
+    Raises ValueError for a table without rows."""
     if len(table) == 0:
         raise ValueError(tr("sharding_chart needs at least one measured rank."))
     xs = sorted(set(ranks) | {int(k) for k in table["ranks"]})

@@ -33,10 +33,9 @@ from ._timing import emulated_caption, not_drawn, time_note, time_notes
 
 
 def _tied(notes, bands, i: int, j: int, rounds=None, size: str = "") -> bool:
-    """Rows ``i`` and ``j`` take the same time within the noise: with ``rounds`` (each row's step
-    times, taken in the same rounds), unless their own per-round ratio
-    (`course_utils.step_timing.time_ratio`) says faster or slower; without, when both are within
-    noise of the first row or their noise bands ``bands[i]`` (to the first row, or None) overlap."""
+    """Rows ``i`` and ``j`` take the same time within the noise: by their own per-round ratio where
+    ``rounds`` (each row's step times, same rounds) are given, else both within noise of the first
+    row or their noise bands ``bands[i]`` (to the first row, or None) overlapping."""
     a, b = notes[i], notes[j]
     if a is None or b is None:
         return False
@@ -59,27 +58,14 @@ def _paired_rounds(df) -> list | None:
 
 
 def pareto_chart(df, title: str = "step time vs peak memory", size: str | None = None):
-    """Each configuration as a point (step time in ms: ``paired_step_time_s`` where the table has
-    it, as `course_utils.experiments.summary` prints it; peak allocated memory in MiB = 2^20
-    bytes), the non-dominated ones joined by a line: the Pareto front, where no other
-    configuration has a lower peak at a step time at least as short. Times within the noise of
-    each other (`_tied`) are a tie: the smaller one dominates, and tied neighbours on the front
-    are joined by a dotted line. Emulated rows are not drawn: a caption names them.
-
-    Each point is labelled in words (`course_utils.experiments.plain_label`) with its time ratio
-    to the first row only outside the noise, placed by `._style.place_point_labels`. Horizontal
-    error bars show the ratio's spread where given, else the interquartile range; the legend
-    says which, or that none was.
-
-    Args:
-        df: a `course_utils.experiments.compare` table (``label``, ``step_time_s``,
-            ``step_time_iqr_s``, ``peak_allocated`` and, where present, ``time_ratio``,
-            ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``emulated``).
-        title: the axes title; size: the size profile, appended as "size '...'".
-
-    Raises:
-        ValueError: no row has both a step time and a peak.
-    """
+    """Each configuration of a `course_utils.experiments.compare` table as a point (step time in ms,
+    as `course_utils.experiments.summary` prints it; peak allocated memory in MiB), the Pareto
+    front joined by a line: no other configuration has a lower peak at a step time at least as
+    short, times within the noise of each other (`_tied`) counting as a tie (tied neighbours joined
+    by a dotted line). Each point is labelled in words with its time ratio to the first row only
+    outside the noise; horizontal error bars show the ratio's spread, else the IQR. Emulated rows
+    are not drawn: a caption names them. Raises ValueError when no row has both a step time and a
+    peak, timed natively."""
     own = [nan(v) for v in df["step_time_s"]]
     paired = [nan(v) for v in df.get("paired_step_time_s", [np.nan] * len(df))]
     t = np.array([(p if np.isfinite(p) else o) * 1e3 for p, o in zip(paired, own)])
@@ -116,8 +102,8 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     ax.set_xlabel(tr("step time (ms)"))
     ax.set_ylabel(tr("peak allocated memory (MiB)"))
     ax.set_title(with_size(title, size))
-    lo = np.nanmin(t[ok] - (0 if err is None else err[0, ok]))
-    hi = np.nanmax(t[ok] + (0 if err is None else err[1, ok]))
+    below, above = np.zeros((2, len(t))) if err is None else err
+    lo, hi = np.nanmin(t[ok] - below[ok]), np.nanmax(t[ok] + above[ok])
     pad = 0.08 * (hi - lo) + 0.02 * hi
     ax.set_xlim(lo - pad, hi + 4 * pad)
     ax.set_ylim(0, np.nanmax(peak[ok]) * 1.25)
@@ -126,10 +112,8 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
     caption = emulated_caption(labels, t, notes)
     if caption:
         put_caption(fig, caption, width=110)
-    shown = np.flatnonzero(ok)
-    place_point_labels(fig, ax, texts, points=[
-        (t[i], peak[i], t[i] - (0 if err is None else err[0, i]),
-         t[i] + (0 if err is None else err[1, i])) for i in shown])
+    place_point_labels(fig, ax, texts, points=[(t[i], peak[i], t[i] - below[i], t[i] + above[i])
+                                               for i in np.flatnonzero(ok)])
     return fig
 
 
@@ -148,9 +132,8 @@ def _pareto_error_bars(t, iqr, ok, notes, first: str):
 
 
 def _front(t, peak, ok, tied) -> list[int]:
-    """The rows on the Pareto front, by step time: none is dominated, that is, no other row is
-    as small or smaller at a time as short (``tied(i, j)``: their times within the noise of
-    each other count as the same)."""
+    """The rows on the Pareto front, by step time: no other row is as small or smaller at a time as
+    short (``tied(i, j)``: times within the noise of each other count as the same)."""
     def faster(j, i):  # j is faster than i, outside the noise
         return t[j] < t[i] and not tied(i, j)
 
@@ -182,20 +165,10 @@ def _draw_front(ax, t, peak, idx, tied, has_err: bool, bars: str) -> list:
 
 
 def budget_chart(searches, title: str = "", size: str | None = None):
-    """Peak allocated memory (MiB = 2^20 bytes) against micro-batch for a list of
-    `course_utils.search.BatchSearch` (one per configuration): each measured batch as a dot
-    (filled: fits the budget; x: over it), the estimate dashed, the budget as a red line. Memory
-    only: the search times no step worth comparing (`race_chart` does).
-
-    Args:
-        searches: objects with ``label``, ``budget_bytes``, ``batch_size``, ``estimated``
-            (``[(batch, bytes)]``) and ``probes`` (each with ``batch_size``,
-            ``peak_allocated``, ``fits``).
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Raises:
-        ValueError: no searches.
-    """
+    """Peak allocated memory (MiB) against micro-batch, one colour per `course_utils.search.BatchSearch`
+    of ``searches``: each measured batch a dot (x: over the budget), the estimate dashed, the budget
+    a red line. Memory only: the search times no step worth comparing (`race_chart` does). Raises
+    ValueError for no searches."""
     if not searches:
         raise ValueError(tr("budget_chart() needs at least one BatchSearch."))
     fig = new_figure((8, 5.0))
@@ -230,21 +203,11 @@ def budget_chart(searches, title: str = "", size: str | None = None):
 
 
 def race_chart(race, title: str = "", size: str | None = None):
-    """Tokens per second of each configuration of a `course_utils.search.race`, at its largest
-    micro-batch under the budget, timed in alternation: the first bar at its own tokens/s, each
-    other at the first's / its time-per-token ratio to it (whiskers / that ratio's noise band),
-    labelled with the ratio only outside the noise and the name of the first bar; without a
-    ratio, its own tokens/s. Emulated configurations are not drawn (the caption names them).
-
-    Args:
-        race: a `course_utils.search.Race` (its ``table``: a `compare` table with
-            ``label``, ``batch_size``, ``grad_accum_steps``, ``tokens_per_s``, ``time_ratio``,
-            ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``emulated``).
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Raises:
-        ValueError: a race without rows.
-    """
+    """Tokens per second of each configuration of a `course_utils.search.Race` at its largest
+    micro-batch under the budget: the first bar at its own tokens/s, each other at the first's / its
+    time-per-token ratio to it (whiskers / that ratio's noise band), labelled with the ratio only
+    outside the noise. Emulated configurations are not drawn (the caption names them). Raises
+    ValueError for a race without rows."""
     df = race.table
     if len(df) == 0:
         raise ValueError(tr("race_chart() needs a race with at least one configuration."))
@@ -300,21 +263,11 @@ def race_chart(race, title: str = "", size: str | None = None):
 
 
 def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | None = None):
-    """Fine-tuning routes for one model on one GPU (`course_utils.lora.routes`), estimated.
-
-    One hatched horizontal bar per route: the estimated peak of a step (GiB = 2^30 bytes),
-    stacked by what is alive at that moment (`course_utils.memory_model.PEAK_PARTS`), with its
-    moment and "fits" / "does not fit" beside it; the GPU's memory as a dashed red line.
-
-    Args:
-        routes: `course_utils.lora.routes`' table (``route``, ``peak``, ``fits``, ``peak at``
-            and ``at peak: <part>`` columns, GiB).
-        gpu_gib: the GPU's memory (GiB). title: the figure's title; size: the size profile.
-
-    Raises:
-        ValueError: no routes, a table without the parts alive at the peak, or a non-positive
-            ``gpu_gib``.
-    """
+    """Fine-tuning routes of `course_utils.lora.routes`' table, estimated: one hatched bar per route,
+    the peak of a step (GiB) stacked by what is alive at that moment
+    (`course_utils.memory_model.PEAK_PARTS`), with its moment and whether it fits ``gpu_gib`` (GiB,
+    a dashed red line). Raises ValueError for no routes, a table without the parts alive at the
+    peak, or a non-positive ``gpu_gib``."""
     if len(routes) == 0:
         raise ValueError(tr("routes_chart() needs at least one route (course_utils.lora.routes())."))
     parts = [c.removeprefix("at peak: ") for c in routes.columns if c.startswith("at peak: ")]
