@@ -1,10 +1,6 @@
-"""What a dashboard Run reports (`course_utils.dashboard`): the message, the history table, the
-smaller variants after an out-of-memory error.
-
-Time words follow the course's one rule (`course_utils.step_timing.time_ratio`): a step-time ratio
-is printed only when its verdict is faster or slower, outside the measured noise; otherwise the
-words say "within noise", "too few rounds", "too small to time" or "emulated here: not the speed of real
-hardware". The table is `course_utils.experiments.summary`, the course's one results table.
+"""What a dashboard Run reports (`course_utils.dashboard`): the message, the history table
+(`course_utils.experiments.summary`), the smaller variants after an out-of-memory error. A
+step-time ratio is printed only outside the measured noise (docs/method.md#verdict-words).
 """
 from __future__ import annotations
 
@@ -60,9 +56,8 @@ def oom_suggestions(config: RunConfig, hw: HardwareInfo | None = None, limit: in
 
 
 def history_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The dashboard's history as a readable table: `course_utils.experiments.summary` (the
-    course's one results table: time ratios only outside the noise) with the row number, the
-    size and the measured dtypes of the saved activations; ratios are to each Run's baseline."""
+    """The dashboard's history as `course_utils.experiments.summary`'s table with the row number,
+    the size and the dtypes of the saved activations; ratios are to each Run's baseline."""
     labels = df["label"] + df["baseline"].map({True: " " + tr("(baseline)"), False: ""})
     out = summary(df.assign(label=labels)).reset_index()
     out = out.rename(columns={"time vs first": "time vs baseline"})
@@ -96,8 +91,7 @@ def dtype_text(acts: dict | None) -> str:
 
 
 def time_words(row: dict, size: str) -> str:
-    """What the message says about a row's step time against its baseline: a ratio only when
-    the verdict is faster or slower (outside the noise)."""
+    """What the message says about a row's step time against its baseline."""
     verdict, ratio = row.get("time_verdict"), row.get("time_ratio")
     low, high = row.get("time_ratio_low"), row.get("time_ratio_high")
     timing = tr(str(row.get("timing")))  # how it was timed, from the measurement
@@ -157,13 +151,9 @@ def _measured(row: dict, base: dict, size: str) -> str:
 def result_message(configs, rows: list[dict], hw: HardwareInfo, size: str, notes=(),
                    forced=(), took_s: float | None = None,
                    predicted_s: float | None = None) -> str:
-    """The message after a Run of ``configs`` (baseline first) that added history ``rows``.
-
-    Args:
-        notes: notes to show (e.g. "bf16 is emulated on this CPU").
-        forced: refusals that "run anyway" overrode.
-        took_s, predicted_s: the Run's seconds, measured and predicted.
-    """
+    """The message after a Run of ``configs`` (baseline first) that added history ``rows``, with
+    ``notes``, the refusals that "run anyway" ``forced``, and the Run's seconds, measured and
+    predicted."""
     base, row = rows[0], rows[-1]
     lines, kind = [], "ok"
     name = f"<b>{html.escape(row['label'])}</b> (#{row['run']})"
@@ -202,10 +192,8 @@ def result_message(configs, rows: list[dict], hw: HardwareInfo, size: str, notes
 
 def header_html(hw: HardwareInfo, size: str, base: RunConfig, recipe, budget_s: float,
                 synchronous: str | None = None) -> str:
-    """The dashboard's first line: the hardware, the size, the recipe and what a Run does.
-
-    ``synchronous``: why Runs happen on the kernel's thread here (e.g. on Colab), said with
-    what that means (no Stop button); None where they happen on a worker thread."""
+    """The dashboard's first line: the hardware, the size, the recipe and what a Run does;
+    ``synchronous``: why Runs happen on the kernel's thread here (None: on a worker thread)."""
     scaler = " + GradScaler" if recipe.grad_scaler else ""
     sync = ("" if synchronous is None else " " + tr(
         "A Run happens in the kernel's thread here ({why}): the progress bar still moves, but "

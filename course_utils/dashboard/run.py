@@ -1,24 +1,9 @@
-"""One Run of the live dashboard (`course_utils.dashboard`): what it runs, how long it will take,
-and the step hook that shows its progress and stops it between steps.
-
-**What a Run runs.** The chosen configuration and its *baseline* (`baseline_of`): the same
-size in the precision this machine trains in (`recommend_precision`: fp32 on a CPU without
-bf16 instructions, bf16 on Ampere, fp16 on a T4) with no checkpointing and no compile. Both go
-through `course_utils.experiments.compare`: memory from one step each, then step time in
-alternation, round after round, so that their ratio has a noise band (an emulated precision:
-one step, labelled).
-
-**How long it takes** (`plan_run`), before it starts: the step time of each configuration from
-a `StepClock` (measured by an earlier Run, or scaled by FLOPs from a calibration no more than
-2x away: one short step of this configuration, or of a smaller batch of it) times the steps the
-Run really performs: per configuration one warm-up step (a tiny batch where the precision is
-emulated on a CPU) and one profiled memory step (which also times an emulated precision), then
-the rounds of alternation that fit the timing budget (`course_utils.step_timing.steps_for_budget`: at
-least `course_utils.step_timing.MIN_ROUNDS`).
-
-**Progress and Stop** (`StepHook`): the training step every Run and calibration runs is wrapped;
-the wrapper counts steps for the progress bar, raises `Stopped` before the next step once Stop
-was pressed, and records the dtypes of the saved activations of each model's first step.
+"""One Run of the live dashboard (`course_utils.dashboard`): what it runs (the configuration and
+its baseline, `run_configs`, through `course_utils.experiments.compare`), how long it will take
+before it starts (`plan_run`: a `StepClock`'s step times × the steps the Run performs: per
+configuration a warm-up and a profiled memory step, then the rounds of alternation that fit the
+budget, `course_utils.step_timing.steps_for_budget`), and the step hook that shows its progress
+and stops it between steps (`StepHook`).
 """
 from __future__ import annotations
 
@@ -70,8 +55,8 @@ class Stopped(Exception):
 
 
 def baseline_of(config: RunConfig, hw: HardwareInfo) -> RunConfig:
-    """The baseline a Run compares ``config`` with: same size, device and accumulation, the
-    recipe precision of ``hw`` (`recommend_precision`), no checkpointing, no compile."""
+    """The baseline a Run compares ``config`` with: the recipe precision of ``hw``
+    (`recommend_precision`), no checkpointing, no compile, all else the same."""
     return config.replace(precision=recommend_precision(hw).precision, checkpoint="none",
                           compile=False)
 
@@ -93,21 +78,17 @@ def effective_flops(config: RunConfig) -> float:
 
 
 class StepHook:
-    """A training step (same signature as `course_utils.training.train_step`) that counts,
-    reports and can be stopped.
-
-    Before each step it raises `Stopped` once ``stop`` is set; after each step it calls
-    ``on_step(count)``. The first step of each model runs inside a `SavedTensorMeter`, and
-    ``dtypes[config]`` gets the saved floating-point activations' bytes by dtype (models are
-    matched to ``configs`` in the order they first step, by autocast dtype; compiled ones are
-    skipped). ``__wrapped__`` is the wrapped step (`inspect.unwrap`): what a measurement's
-    side step runs (MPS's peak, taken on the CPU: `course_utils.measure.memory_step`).
+    """A training step (`course_utils.training.train_step`'s signature) that raises `Stopped`
+    before a step once ``stop`` is set and calls ``on_step(count)`` after each. The first step of
+    each model runs inside a `SavedTensorMeter`: ``dtypes[config]`` gets its saved floating-point
+    activations' bytes by dtype (models matched to ``configs`` by autocast dtype in the order
+    they first step; compiled ones skipped). ``__wrapped__``: the step itself (`inspect.unwrap`).
     """
 
     def __init__(self, step_fn: Callable = train_step, stop: threading.Event | None = None,
                  on_step: Callable[[int], None] | None = None, configs=()):
         self.step_fn, self.stop = step_fn, stop or threading.Event()
-        self.__wrapped__ = step_fn  # inspect.unwrap: the step without the counting
+        self.__wrapped__ = step_fn
         self.on_step = on_step
         self.count = 0
         self.dtypes: dict = {}
@@ -152,14 +133,8 @@ class _Sample:
 
 
 class StepClock:
-    """Seconds per training step on this machine: calibrated, then learned from every Run.
-
-    `step_s` answers from the latest measurement of the same configuration, else scales the
-    nearest measurement (in FLOPs) of the same device and precision by `effective_flops`,
-    within `RESCALE_LIMIT` (compiled configurations use the uncompiled step time).
-    `calibrate` measures one short step; on a device's first calibration also the fixed costs
-    of a Run (`factor`).
-    """
+    """Seconds per training step on this machine: calibrated (`calibrate`), then learned from
+    every Run (`record`), predicted by `step_s`; a Run's fixed costs by `factor`."""
 
     def __init__(self):
         self._samples: list[_Sample] = []
@@ -189,14 +164,11 @@ class StepClock:
                                         abs(math.log(p[1].flops / flops)), -p[0]))[1]
 
     def step_s(self, config: RunConfig, hw: HardwareInfo | None = None) -> float | None:
-        """Predicted seconds of one training step of ``config``: the nearest sample scaled by
-        FLOPs (compiled: the uncompiled step).
-
-        None when nothing of this device and precision was measured yet, or (given ``hw``)
-        when the nearest sample is more than `RESCALE_LIMIT` times away in FLOPs and a
-        calibration could come closer: fixed per-step costs make a small step a poor guide
-        to a big one, and the other way round.
-        """
+        """Predicted seconds of one training step of ``config``: the latest sample of it, else
+        the nearest of the same device and precision scaled by `effective_flops` (compiled: the
+        uncompiled step). None when nothing of this device and precision was measured yet, or
+        (given ``hw``) when that sample is over `RESCALE_LIMIT` times away in FLOPs and a
+        calibration could come closer (fixed per-step costs make a small step a poor guide)."""
         plain = config.replace(compile=False)
         near = self._nearest(plain)
         if near is None:
@@ -220,12 +192,9 @@ class StepClock:
         return self.factors.get(device, {}).get(name, default)
 
     def calibrate(self, config: RunConfig, hw: HardwareInfo, hook: StepHook) -> RunConfig:
-        """Time one step of ``config`` or, above a FLOP cap (lower where the precision is
-        emulated), of a smaller batch (then sequence, then depth) of it, and record it. The
-        first calibration on a device also times a model's setup and a profiled memory step.
-
-        Runs through ``hook`` (so Stop works). Returns the configuration timed.
-        """
+        """Time and record one step of `calibration_config` of ``config`` through ``hook`` (so
+        Stop works); a device's first calibration also times a model's setup and a profiled
+        memory step (`factor`). Returns the configuration timed."""
         cal = calibration_config(config, hw)
         state = prepare(cal, hw, hook)  # the warm-up also pays first-use costs (data, kernels)
         fixed = None
@@ -270,8 +239,7 @@ class RunPlan:
 
     Attributes:
         configs: the configurations compared, the baseline first.
-        emulated: per configuration, whether its precision is emulated here (timed on its
-            profiled memory step).
+        emulated: per configuration, whether its precision is emulated here.
         step_s: predicted seconds of one step of each (None where not calibrated yet).
         rounds: predicted rounds of alternation (None if nothing is timed natively).
         steps: training steps the Run performs (warm-up + memory + timed).
@@ -308,7 +276,7 @@ class RunPlan:
 
 def plan_run(configs, clock: StepClock, hw: HardwareInfo, budget_s: float) -> RunPlan:
     """The steps and predicted seconds of `compare`-ing ``configs`` with ``budget_s`` seconds
-    of alternation (see the module docstring for the steps counted)."""
+    of alternation."""
     emulated = tuple(is_emulated(hw, c.precision) for c in configs)
     step_s = tuple(clock.step_s(c, hw) for c in configs)
     native = [t for t, e in zip(step_s, emulated) if not e]

@@ -1,36 +1,13 @@
 """The live dashboard's widget: pick a precision, a checkpoint policy and a size, press Run.
 
 Over 400 lines because it is one class, `Dashboard`, whose controls, callbacks and Run share its
-widget state; what a Run runs and what it reports live beside it (`course_utils.dashboard.run`,
-`course_utils.dashboard.report`).
-
-Each Run compares the chosen configuration with its baseline (the recipe precision of this
-machine, no checkpointing, same size: `course_utils.dashboard.run`) through
-`course_utils.experiments.compare`: memory from one step each, step time in alternation so the
-ratio has a noise band; a ratio is printed only outside the noise. Before a Run, its duration
-is predicted from calibrated step times and the steps it really performs; a Run predicted above
-``slow_limit_s`` is refused unless "run anyway" is ticked.
-
-**Where a Run happens.** In JupyterLab and Notebook a Run happens on a worker thread, so the
-kernel stays free: the progress bar moves step by step and Stop ends the Run between two steps.
-Colab does not render widget updates sent from a background thread
-(googlecolab/colabtools#3373: the values change in the kernel, the page never shows them), so
-there (``google.colab`` imported) a Run happens synchronously, in the click's callback on the
-kernel's thread: the progress bar and the result still update as it goes, and Stop is hidden,
-since the kernel handles no other click until the Run ends (interrupting the kernel stops it).
-`background_updates_render` makes the choice; the constructor's ``background`` or the
-environment variable ``COURSE_DASHBOARD`` (``thread`` or ``sync``) overrides it.
-
-Everything a Run produces lands in widget values (``HTML.value``, ``Image.value``), so tests
-run it synchronously without a kernel and read the results::
-
-    d = Dashboard(size="smoke", background=False)   # synchronous: the click returns when done
-    d.precision.value = "bf16"
-    d.run_button.click()
-    d.history          # one row per measured configuration (baselines included), pandas
-    d.message.value    # what the learner reads
-
-Works with ipywidgets 7.7 (Colab's) and 8.x.
+widget state. Each Run compares the chosen configuration with its baseline (`course_utils.dashboard.run`);
+a Run predicted above ``slow_limit_s`` is refused unless "run anyway" is ticked. A Run happens
+on a worker thread (the bar moves, Stop works) except on Colab, which does not render widget
+updates sent from a background thread (googlecolab/colabtools#3373): there it happens in the
+click's callback on the kernel's thread and Stop is hidden (`background_updates_render`).
+Everything a Run produces lands in widget values, so tests run it with ``background=False``
+and read ``history`` and ``message.value``. Works with ipywidgets 7.7 (Colab's) and 8.x.
 """
 from __future__ import annotations
 
@@ -88,22 +65,11 @@ _COLUMNS = ("run", "click", "label", "baseline", "baseline_run", "status", "prec
             "est_saved_total", "saved_ratio", "saved_dtypes", "oom", "error")
 
 
-
 def background_updates_render() -> tuple[bool, str]:
-    """Whether widget updates sent from a worker thread reach the page here, and why.
-
-    ``$COURSE_DASHBOARD`` decides when set (``thread``: yes, ``sync``: no). Otherwise no on
-    Colab (``google.colab`` is imported in every Colab kernel), whose front end does not render
-    updates from a background thread (googlecolab/colabtools#3373), and yes elsewhere
-    (JupyterLab, Notebook, VS Code: ipywidgets' documented "updating a widget in the
-    background").
-
-    Returns:
-        ``(renders, reason)``, e.g. ``(False, "Colab shows no widget updates ...")``.
-
-    Raises:
-        ValueError: ``$COURSE_DASHBOARD`` is set to something else.
-    """
+    """``(renders, reason)``: whether widget updates sent from a worker thread reach the page here,
+    and why: ``$COURSE_DASHBOARD`` when set (``thread``: yes, ``sync``: no), else no on Colab
+    (``google.colab`` imported; googlecolab/colabtools#3373) and yes elsewhere. Raises ValueError
+    for a ``$COURSE_DASHBOARD`` that is neither."""
     env = os.environ.get(MODE_ENV, "").strip().lower()
     if env:
         if env not in ("thread", "sync"):
@@ -129,34 +95,23 @@ class Dashboard:
     a chart.
 
     Args:
-        size: size profile of the defaults (``smoke``, ``cpu``, ``t4``, ``a100``, ``h100``);
-            default `course_utils.config.size_profile()`.
+        size: size profile of the defaults (default `course_utils.config.size_profile()`).
         device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (default: this machine's best).
-        hw: the `HardwareInfo` behind the recipe, the baseline and the refusals (default:
-            detected; tests pass a fake one).
+        hw: the `HardwareInfo` behind the recipe, the baseline and the refusals (default: detected).
         budget_s: seconds of alternating timed steps per Run (default
             `course_utils.step_timing.default_budget_s` of the size).
         slow_limit_s: refuse Runs predicted to take longer (seconds) unless "run anyway".
-        step_fn: the training step (default `course_utils.training.train_step`).
-        compare_fn: the comparison (default `course_utils.experiments.compare`).
-        background: True runs each Run on a worker thread (the kernel stays free: the bar
-            moves and Stop works); False runs it synchronously on the kernel's thread, in the
-            click's callback (the bar and the result still update; Stop is hidden); None
-            (default) asks `background_updates_render` (False on Colab, ``$COURSE_DASHBOARD``).
-        clock: a `course_utils.dashboard.run.StepClock` (default: a new one, calibrated by the
-            first Run of each precision).
+        step_fn, compare_fn: the training step and the comparison (`train_step`, `compare`).
+        background: True runs each Run on a worker thread; False synchronously on the
+            caller's thread, Stop hidden; None (default) asks `background_updates_render`.
+        clock: a `course_utils.dashboard.run.StepClock` (default: a new one).
 
-    Widgets: ``header``, ``precision``, ``checkpoint``, ``batch_size``, ``seq_len``, ``n_layers``,
-    ``grad_accum_steps``, ``compile``, ``force``, ``run_button``, ``stop_button``,
-    ``clear_button``, ``progress``, ``progress_label``, ``preview``, ``message``, ``table``,
-    ``chart``, ``widget`` (the layout). Results: ``history``, ``measurements``, ``last_plan``,
-    ``last_run_s`` (seconds of the last Run after calibration), ``last_hook``; ``background``
-    and ``mode_reason`` say where a Run happens and why.
+    Results: ``history``, ``measurements``, ``last_plan``, ``last_run_s`` (seconds of the last
+    Run after calibration), ``last_hook``, ``mode_reason`` (why a Run happens where it does).
 
     Raises:
         ValueError: an unknown size profile, a device this machine lacks, a non-positive budget,
-            a ``$COURSE_DASHBOARD`` other than ``thread`` or ``sync``.
-    """
+            a ``$COURSE_DASHBOARD`` other than ``thread`` or ``sync``."""
 
     def __init__(self, size: str | None = None, *, device: str | None = None,
                  hw: HardwareInfo | None = None, budget_s: float | None = None,
@@ -231,29 +186,23 @@ class Dashboard:
                           self.force, self.clear_button]),
             self.preview, self.message, self.table, self.chart])
         self.widget.add_class("course-dashboard")
-        for name in ("precision", "checkpoint", "batch_size", "seq_len", "n_layers",
-                     "grad_accum_steps", "compile", "force", "run_button", "stop_button",
-                     "clear_button", "progress", "progress_label", "preview", "message", "table",
-                     "chart"):  # CSS hooks for the browser test: course-run-button, ...
-            getattr(self, name).add_class("course-" + name.replace("_", "-"))
-        for w in (self.precision, self.checkpoint, self.batch_size, self.seq_len,
-                  self.n_layers, self.grad_accum_steps, self.compile, self.force):
-            w.observe(self._on_change, names="value")
+        controls = ("precision", "checkpoint", "batch_size", "seq_len", "n_layers",
+                    "grad_accum_steps", "compile", "force")
+        for name in controls + ("run_button", "stop_button", "clear_button", "progress",
+                                "progress_label", "preview", "message", "table", "chart"):
+            getattr(self, name).add_class("course-" + name.replace("_", "-"))  # CSS hooks
+        for name in controls:
+            getattr(self, name).observe(self._on_change, names="value")
         self.run_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         self.clear_button.on_click(lambda _: self.clear())
 
     def _ipython_display_(self, **kwargs):
-        """Display the layout (works with ipywidgets 7, which has no ``_repr_mimebundle_``)."""
+        """Display the layout (ipywidgets 7 has no ``_repr_mimebundle_``)."""
         display(self.widget)
 
-    # ------------------------------------------------------------------ state
     def current_config(self) -> RunConfig:
-        """The `RunConfig` the controls describe.
-
-        Raises:
-            ValueError: an invalid combination, with RunConfig's message.
-        """
+        """The `RunConfig` the controls describe; raises ValueError (RunConfig's) for an invalid one."""
         return self.base.replace(
             precision=self.precision.value, checkpoint=self.checkpoint.value.strip() or "none",
             batch_size=int(self.batch_size.value), seq_len=int(self.seq_len.value),
@@ -263,14 +212,10 @@ class Dashboard:
     @property
     def history(self) -> pd.DataFrame:
         """One row per measured configuration, each Run's baseline first: `compare`'s columns
-        (bytes, seconds, ``time_ratio``/``time_verdict``/``peak_ratio``/``saved_ratio`` to that
-        Run's baseline) plus ``run`` (row number), ``click`` (Run number), ``baseline``,
-        ``baseline_run``, ``status`` (``ok``/``OOM``/``error``) and ``saved_dtypes``."""
+        (ratios to that Run's baseline) plus ``run`` (row number), ``click`` (Run number),
+        ``baseline``, ``baseline_run``, ``status`` (``ok``/``OOM``/``error``), ``saved_dtypes``."""
         df = pd.DataFrame(self._rows)
-        for col in _COLUMNS:
-            if col not in df.columns:
-                df[col] = None
-        return df
+        return df.assign(**{col: None for col in _COLUMNS if col not in df.columns})
 
     def plan(self, config: RunConfig | None = None):
         """The `course_utils.dashboard.run.RunPlan` of a Run of ``config`` (default: the
@@ -301,7 +246,6 @@ class Dashboard:
                                limit=self.slow_limit_s))
         return problems, list(dict.fromkeys(notes))
 
-    # ------------------------------------------------------------------ callbacks
     def _on_change(self, change=None) -> None:
         if change is not None and change.get("owner") is self.n_layers:
             self.checkpoint.options = policy_options(int(self.n_layers.value))
@@ -337,11 +281,11 @@ class Dashboard:
         caller's thread (in a kernel: the kernel's), returning when the Run is done."""
         if self._thread is not None and self._thread.is_alive():
             return
-        if not self.background:
+        if self.background:
+            self._thread = threading.Thread(target=self.run, name="course-dashboard-run", daemon=True)
+            self._thread.start()
+        else:
             self.run()
-            return
-        self._thread = threading.Thread(target=self.run, name="course-dashboard-run", daemon=True)
-        self._thread.start()
 
     def stop(self) -> None:
         """The Stop button: end the Run before its next training step."""
@@ -361,16 +305,10 @@ class Dashboard:
         self.progress_label.value = text
 
     def run(self):
-        """One Run, here and now: validate, calibrate what is not yet, refuse what is too slow,
-        compare the configuration with its baseline, update history, table, chart and message.
-
-        Never raises: invalid settings, refusals, out-of-memory errors, failures, a Stop and
-        an interrupted kernel (KeyboardInterrupt, the only way to stop a synchronous Run)
-        become messages, and the dashboard stays usable.
-
-        Returns:
-            The `Measurement` of the chosen configuration, or None when nothing was measured.
-        """
+        """One Run, here and now: validate, calibrate, refuse what is too slow, compare with the
+        baseline, update history, table, chart and message. Never raises: invalid settings, refusals,
+        failures, a Stop and a kernel interrupt become messages. Returns the `Measurement` of the
+        chosen configuration, or None when nothing was measured."""
         self._stop.clear()
         self.run_button.disabled, self.stop_button.disabled = True, False
         self.message.value = ""
@@ -495,17 +433,6 @@ class Dashboard:
 
 
 def dashboard(size: str | None = None, **kwargs) -> Dashboard:
-    """Show the live dashboard (the one line of lesson 03's dashboard cell).
-
-    Args:
-        size: size profile of the default settings (default: ``$COURSE_SIZE`` or chosen from
-            the hardware, as everywhere in the course).
-        **kwargs: passed to `Dashboard` (``device``, ``budget_s``, ``slow_limit_s``, ...).
-
-    Returns:
-        The `Dashboard`; as the last expression of a cell it displays itself.
-
-    Raises:
-        ValueError: an unknown size profile, a device this machine lacks.
-    """
+    """The live dashboard (`Dashboard` of ``size`` and ``kwargs``); as the last expression of a cell
+    it displays itself. Raises ValueError for an unknown size profile or a device this machine lacks."""
     return Dashboard(size, **kwargs)

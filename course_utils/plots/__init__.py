@@ -1,15 +1,13 @@
 """Charts of the course: measured vs estimated time and memory, by subject.
 
-Every chart function builds a ``matplotlib.figure.Figure`` (never pyplot, so nothing is drawn
-behind the caller's back) and returns it; the figure shows itself as a PNG when it is the last
-expression of a notebook cell, and ``fig.savefig(...)`` writes it anywhere.
+Every chart function returns a ``matplotlib.figure.Figure`` made without pyplot that shows itself
+as a PNG when it is a notebook cell's last expression (`._style.ChartFigure`). Every chart takes
+a ``title`` and, where its data was measured at a size, ``size``: the size profile, appended to
+the title as "size '...'". MiB = 2^20 bytes, GiB = 2^30 bytes throughout.
 
-Modules: `ladder` (a `compare` table: the ladder, the dashboard, the order of adoption),
-`tradeoffs` (the Pareto front, the largest batch under a budget, the race at those
-batches), `formats` (lesson 01: number
-formats, gradient histograms, GradScaler, loss curves), `memory` (where the bytes are:
-breakdowns, saved tensors, growth, timeline, estimates at scale, ZeRO sharding per rank),
-`checkpointing` (segments, attention), `claims` (the ledger as a table).
+Modules: `ladder` (a `compare` table, the dashboard, the order of adoption), `tradeoffs` (the
+Pareto front, the budget search, the race, fine-tuning routes), `formats` (lesson 01), `memory`
+(where the bytes are), `checkpointing` (segments, attention), `claims` (the ledger as a table).
 """
 from .checkpointing import attention_memory_chart, segments_chart
 from .claims import styled_claims

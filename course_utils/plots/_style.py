@@ -24,6 +24,9 @@ from ..terms import MiB
 COLORS = MappingProxyType({
     "activations": "#4C72B0", "autocast_weight_copies": "#DD8452", "logits": "#55A868",
     "parameters": "#8172B3", "gradients": "#937860", "optimizer_state": "#DA8BC3"})
+#: The memory buckets of a training step, in the order charts stack them.
+BREAKDOWN = ("parameters", "gradients", "optimizer_state", "activations", "autocast_weight_copies",
+             "logits")
 #: Colours for series without a fixed meaning (one per configuration), in order.
 SERIES = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860")
 #: Number formats -> colour.
@@ -32,20 +35,14 @@ FORMAT_COLORS = MappingProxyType({
     "fp8 e5m2": "#8172B3"})
 #: Step-time bars, fp32 baselines (dashboard), failures, "not measured" notes.
 TIME_COLOR, BASELINE_COLOR, ALERT_COLOR, MUTED_COLOR = "#4C72B0", "#9E9E9E", "#B71C1C", "#757575"
-#: Hatch of an estimated bar, and of a bar timed under emulation (not the hardware's real speed).
-HATCH, EMULATED_HATCH = "//", "xx"
+#: Hatch of an estimated bar.
+HATCH = "//"
 
 
 class ChartFigure(Figure):
-    """A ``matplotlib.figure.Figure`` that displays itself in Jupyter without pyplot.
-
-    A plain ``Figure`` (not made by pyplot) shows as ``<Figure size ...>`` text in a kernel
-    unless ``%matplotlib inline`` has registered matplotlib's formatter; this one gives IPython
-    a PNG through ``_repr_png_``, so a chart shows exactly once when it is a cell's last
-    expression (with or without ``%matplotlib inline``, whose formatter then takes precedence)
-    and not at all after an assignment or a trailing ``;``. ``display(fig)`` shows it anywhere.
-    Its canvas is Agg's, so ``fig.canvas.get_renderer()`` and ``fig.savefig`` work headless.
-    """
+    """A ``matplotlib.figure.Figure`` that shows itself as a PNG in Jupyter without pyplot: once
+    when it is a cell's last expression, not after an assignment or a trailing ``;`` (a plain
+    ``Figure`` shows as ``<Figure size ...>`` text unless ``%matplotlib inline`` ran)."""
 
     def _repr_png_(self) -> bytes:
         buf = io.BytesIO()
@@ -59,11 +56,10 @@ HANGUL_FONT = "NanumGothic"
 
 
 def use_hangul_font() -> bool:
-    """Let every chart draw Hangul: register NanumGothic with matplotlib's font manager and put
-    it after the default family as a fallback (matplotlib >= 3.6 falls back glyph by glyph), so
-    English text keeps its font and Korean text gets NanumGothic instead of empty boxes. Reads
-    the font file from ``koreanize-matplotlib`` without importing it (its import changes global
-    settings). Idempotent; returns False, changing nothing, where that package is missing."""
+    """Let every chart draw Hangul: register NanumGothic and put it after the default family as a
+    fallback (matplotlib >= 3.6 falls back glyph by glyph). Reads the font files of
+    ``koreanize-matplotlib`` without importing it (its import changes global settings).
+    Idempotent; returns False, changing nothing, where that package is missing."""
     spec = importlib.util.find_spec("koreanize_matplotlib")
     if spec is None or not spec.submodule_search_locations:
         return False
@@ -84,14 +80,21 @@ def use_hangul_font() -> bool:
 
 
 def new_figure(figsize, **kwargs) -> ChartFigure:
-    """A `ChartFigure` with an Agg canvas and constrained layout (which reserves room for
-    legends placed outside the axes, ``fig.legend(loc="outside ...")``, and for the title), able
-    to draw Hangul (`use_hangul_font`)."""
+    """A `ChartFigure` with an Agg canvas and constrained layout (room for ``fig.legend(loc="outside
+    ...")`` and the title), able to draw Hangul (`use_hangul_font`)."""
     use_hangul_font()
     kwargs.setdefault("layout", "constrained")
     fig = ChartFigure(figsize=figsize, **kwargs)
     FigureCanvasAgg(fig)
     return fig
+
+
+def bucket_name(kind: str) -> str:
+    """A memory bucket (a `Measurement` field) as a legend names it, in the learner's language."""
+    return {"parameters": tr("parameters"), "gradients": tr("gradients"),
+            "optimizer_state": tr("AdamW state"), "activations": tr("activations"),
+            "autocast_weight_copies": tr("autocast weight copies"),
+            "logits": tr("logits + loss")}[kind]
 
 
 def nan(v) -> float:
@@ -110,16 +113,11 @@ def column(df, name, default=np.nan) -> list:
 
 
 def with_size(title: str, size: str | None) -> str:
-    """``title`` in the learner's language (`course_utils.i18n.tr`: a caller's title that the
-    catalog holds is translated, any other stays as given) followed by the size profile
+    """``title`` in the learner's language (`course_utils.i18n.tr`) followed by the size profile
     (``"size 'cpu'"``) unless it already names it."""
     title = tr(title) if title else title
-    if not size:
-        return title
-    if f"size '{size}'" in title:
-        return title
     tag = tr("size '{size}'", size=size)
-    if tag in title:
+    if not size or f"size '{size}'" in title or tag in title:
         return title
     return f"{title}, {tag}" if title else tag
 
@@ -131,41 +129,30 @@ def set_title(fig, title: str, size: str | None = None, **kwargs) -> None:
         fig.suptitle(text, **kwargs)
 
 
-def lay_out(fig):
-    """Run ``fig``'s layout (positions final, nothing drawn) and return a renderer to measure
-    texts with: for labels placed by their measured size."""
-    engine = fig.get_layout_engine()
-    if engine is not None:
-        engine.execute(fig)
-    return fig.canvas.get_renderer()
-
-
 def overlaps(a, b, pad: float = 0.0) -> bool:
     """Whether two display-space bounding boxes overlap (``pad`` pixels of margin)."""
     return not (a.x1 + pad <= b.x0 or b.x1 + pad <= a.x0 or a.y1 + pad <= b.y0 or b.y1 + pad <= a.y0)
 
 
-#: Offsets (points) tried in turn for a point's label: right-above, right-below, left-above, ...
-#: The first four touch the point; the others are joined to it by a leader line.
-LABEL_OFFSETS = ((6, 5, "left"), (6, -13, "left"), (-6, 5, "right"), (-6, -13, "right"),
-                 (6, 17, "left"), (6, -25, "left"), (-6, 17, "right"), (-6, -25, "right"),
-                 (6, 29, "left"), (6, -37, "left"), (-6, 29, "right"), (-6, -37, "right"),
-                 (6, 41, "left"), (6, -49, "left"), (-6, 41, "right"), (-6, -49, "right"))
-#: Offsets from this one on are far from the point: a leader line joins label and point.
+#: Offsets (points) tried in turn for a point's label: right-above, right-below, left-above, ...,
+#: each ring 12 points further out; from `LEADER_FROM` on, a leader line joins label and point.
+LABEL_OFFSETS = tuple((dx, dy, "left" if dx > 0 else "right") for k in range(4)
+                      for dx, dy in ((6, 5 + 12 * k), (6, -13 - 12 * k), (-6, 5 + 12 * k),
+                                     (-6, -13 - 12 * k)))
 LEADER_FROM = 4
 #: Half the size (points) of the box around a marker or an error bar a label must not cover.
 MARKER_PAD = 4.5
 
 
 def _point_boxes(ax, points, renderer):
-    """Display-space boxes of each point's marker and horizontal error bar: ``points`` holds
-    ``(x, y, x_low, x_high)`` in data coordinates (``x_low``/``x_high`` the bar's ends, or x)."""
+    """Display-space boxes of each point's marker and horizontal error bar (``points``: ``(x, y,
+    x_low, x_high)`` in data coordinates)."""
     pad = MARKER_PAD * renderer.points_to_pixels(1.0)
     boxes = []
     for x, y, lo, hi in points:
         (px, py), (plo, _), (phi, _) = ax.transData.transform([(x, y), (lo, y), (hi, y)])
-        boxes.append([Bbox([[px - pad, py - pad], [px + pad, py + pad]]),
-                      Bbox([[min(plo, phi), py - pad * 0.7], [max(plo, phi), py + pad * 0.7]])])
+        boxes += [Bbox([[px - pad, py - pad], [px + pad, py + pad]]),
+                  Bbox([[min(plo, phi), py - pad * 0.7], [max(plo, phi), py + pad * 0.7]])]
     return boxes
 
 
@@ -176,16 +163,16 @@ def _distance(box, p) -> float:
 
 
 def place_point_labels(fig, ax, texts, points=None) -> None:
-    """Move each of ``texts`` (annotations of points, ``textcoords="offset points"``) to the
-    first of `LABEL_OFFSETS` where it stays inside the axes, overlaps no label placed before
-    it and covers no point's marker or error bar (``points``: one ``(x, y, x_low, x_high)`` per
-    text, in data coordinates; a label over another point's marker, or nearer another point than
-    its own, reads as that point's label), else to the one that does fewest of these. A label
-    placed at `LEADER_FROM` or beyond is joined to its point by a leader line. Call it last: it
-    lays the figure out to measure."""
-    renderer = lay_out(fig)
+    """Move each of ``texts`` (annotations, ``textcoords="offset points"``) to the first of
+    `LABEL_OFFSETS` where it stays inside the axes, overlaps no label placed before it, covers no
+    marker or error bar and is nearer its own point than any other (``points``: one ``(x, y,
+    x_low, x_high)`` per text, data coordinates), else to the one that breaks fewest of these.
+    Call it last: it lays the figure out to measure."""
+    if fig.get_layout_engine() is not None:
+        fig.get_layout_engine().execute(fig)
+    renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
-    obstacles = [b for pair in _point_boxes(ax, points or [], renderer) for b in pair]
+    obstacles = _point_boxes(ax, points or [], renderer)
     anchors = ax.transData.transform([(x, y) for x, y, _, _ in points]) if points else []
     placed = []
     for n, text in enumerate(texts):
@@ -212,8 +199,7 @@ def place_point_labels(fig, ax, texts, points=None) -> None:
         placed.append(box)
         if k >= LEADER_FROM:  # far from its point: a thin line from the label's near edge to it
             px, py = ax.transData.transform(text.xy)
-            ex = box.x0 if dx > 0 else box.x1
-            ey = box.y0 if dy > 0 else box.y1
+            ex, ey = (box.x0 if dx > 0 else box.x1), (box.y0 if dy > 0 else box.y1)
             gap = MARKER_PAD * renderer.points_to_pixels(1.0)
             dist = np.hypot(ex - px, ey - py)
             sx, sy = px + (ex - px) * gap / dist, py + (ey - py) * gap / dist  # off the marker

@@ -1,45 +1,25 @@
-"""What a chart may say about a step-time ratio: the ratio only outside the measured noise.
+"""What a chart may say about a step-time ratio: the ratio only outside the measured noise
+(docs/method.md#verdict-words), from a `course_utils.experiments.compare` table's ``time_ratio``,
+``time_ratio_low``/``time_ratio_high``, ``time_verdict`` and ``emulated``; tables without them
+fall back on the interquartile ranges (``step_time_iqr_s``), else "(noise unknown)".
 
-`course_utils.experiments.compare` gives each row ``time_ratio`` (median step-time ratio to the
-reference row), its spread ``time_ratio_low`` / ``time_ratio_high``, a ``time_verdict`` (one of
-`course_utils.step_timing.VERDICTS`) and ``emulated`` (the precision is emulated on this
-hardware: its time is not the speed of real hardware). Older tables lack these columns; then
-the verdict is read from the interquartile ranges (``step_time_iqr_s``) when both rows have
-one, else the ratio is printed with "(noise unknown)".
-
-A bar and its whisker say what its label says: a row whose ratio is to a drawn reference bar
-stands at the reference's height × the ratio, and its whisker spans the reference's height ×
-(low, high), so the whisker reaches the reference bar exactly when the label says "within
-noise" (`drawn_heights`, `error_bars`). The ratio is the median of per-round ratios, which can
-differ from the ratio of two median step times; the noise band always reaches the latter.
+A bar whose ratio is to a drawn reference bar stands at the reference's height × the ratio, its
+whisker at that height × (low, high), so the whisker reaches the reference bar exactly when the
+label says "within noise" (`drawn_heights`, `error_bars`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..i18n import tr
-from ..step_timing import TOO_SMALL
 from ._style import column, nan
-
-#: What a bar says for each verdict that is not a ratio (too few rounds and too small to time
-#: say their verdict), in English; a `TimeNote`'s text is in the learner's language.
-WITHIN_NOISE, EMULATED, NOT_TIMED = "≈1x (within noise)", "emulated here", "not timed"
-#: What stands where an emulated time would be: emulated times are never drawn on a time axis
-#: (`not_drawn` gives it in the learner's language).
-NOT_DRAWN = "emulated:\nnot drawn"
 
 
 def not_drawn() -> str:
-    """`NOT_DRAWN` in the learner's language."""
+    """What stands where an emulated time would be: emulated times are never drawn on a time axis."""
     return tr("emulated:\nnot drawn")
-
-
-def verdict_text(verdict: str) -> str:
-    """A verdict word (`course_utils.step_timing.VERDICTS`) as a chart shows it, in the learner's
-    language; the constant itself stays English (code compares it)."""
-    return tr(verdict)
 
 
 @dataclass(frozen=True)
@@ -47,12 +27,10 @@ class TimeNote:
     """The annotation of one row's step time.
 
     Attributes:
-        text: what to print by the bar (one line; "" for nothing), in the learner's language.
-        verdict: the verdict it stands for (`course_utils.step_timing.VERDICTS`, or
-            ``"reference"``/``"unknown"``).
-        emulated: draw the bar hatched and say "emulated here".
-        band: ``(low, high)`` of the ratio's spread relative to the ratio itself (multiply the
-            bar by them for its error bar), or None.
+        text: what to print by the bar ("" for nothing), in the learner's language.
+        verdict: `course_utils.step_timing.VERDICTS`, ``"reference"`` or ``"unknown"``.
+        emulated: the precision is emulated here (no bar on a time axis).
+        band: ``(low, high)`` of the ratio's spread divided by the ratio, or None.
         ratio: the ratio to the reference row (``time_ratio``), or None where not finite.
     """
 
@@ -84,21 +62,12 @@ def _verdict_from_iqr(t, iqr, t_ref, iqr_ref) -> str | None:
 
 def time_note(ratio, verdict=None, emulated=False, low=np.nan, high=np.nan,
               reference: bool = False, iqr_verdict: str | None = None) -> TimeNote:
-    """The annotation of one step time (see the module's docstring).
-
-    Args:
-        ratio: step time / the reference row's (``time_ratio``).
-        verdict: ``time_verdict`` (None/NaN: not given).
-        emulated: ``emulated``.
-        low, high: ``time_ratio_low`` / ``time_ratio_high``.
-        reference: this row is the one the others are divided by (says "reference").
-        iqr_verdict: the verdict from interquartile ranges, for tables without ``time_verdict``.
-    """
+    """The annotation of one row's step time from its ``time_ratio``, ``time_verdict`` (None/NaN:
+    not given), ``emulated`` and noise band; ``reference``: the row the others are divided by;
+    ``iqr_verdict``: the verdict from interquartile ranges, for tables without ``time_verdict``."""
     ratio, low, high = nan(ratio), nan(low), nan(high)
     note = _time_note(ratio, verdict, emulated, low, high, reference, iqr_verdict)
-    if np.isfinite(ratio) and ratio > 0:
-        note = TimeNote(note.text, note.verdict, note.emulated, note.band, float(ratio))
-    return note
+    return replace(note, ratio=float(ratio)) if np.isfinite(ratio) and ratio > 0 else note
 
 
 def _time_note(ratio, verdict, emulated, low, high, reference, iqr_verdict) -> TimeNote:
@@ -121,24 +90,14 @@ def _time_note(ratio, verdict, emulated, low, high, reference, iqr_verdict) -> T
         return TimeNote(tr("{ratio:.2f}x slower", ratio=ratio), verdict, False, band)
     if verdict == "within noise":
         return TimeNote(tr("≈1x (within noise)"), verdict, False, band)
-    if verdict == TOO_SMALL:
-        return TimeNote(tr("too small to time"), verdict, False, band)
-    if verdict == "too few rounds":
-        return TimeNote(tr("too few rounds"), verdict, False, band)
     if verdict is None:
         return TimeNote(tr("{ratio:.2f}x (noise unknown)", ratio=ratio), "unknown", False, band)
-    return TimeNote(verdict_text(verdict), verdict, False, band)  # a verdict not known here yet
+    return TimeNote(tr(verdict), verdict, False, band)  # too few rounds, too small to time, ...
 
 
 def time_notes(df, reference_rows) -> list[TimeNote]:
-    """One `TimeNote` per row of ``df`` (a `compare` table or the dashboard's history).
-
-    Args:
-        df: reads ``time_ratio`` and, where present, ``time_verdict``, ``emulated``,
-            ``time_ratio_low``, ``time_ratio_high``, ``step_time_s``, ``step_time_iqr_s``.
-        reference_rows: for each row, the position (in ``df``) of the row its ratio is to, or
-            None where that row is not in ``df``.
-    """
+    """One `TimeNote` per row of ``df`` (a `compare` table or the dashboard's history);
+    ``reference_rows``: per row, the position in ``df`` of the row its ratio is to, or None."""
     ratio, verdict = column(df, "time_ratio"), column(df, "time_verdict", None)
     emulated = column(df, "emulated", False)
     low, high = column(df, "time_ratio_low"), column(df, "time_ratio_high")
@@ -152,16 +111,9 @@ def time_notes(df, reference_rows) -> list[TimeNote]:
 
 
 def drawn_heights(heights, notes, reference_rows) -> np.ndarray:
-    """The heights to draw: a row whose note has a ratio to a drawn row of ``heights`` stands
-    at that row's drawn height × the ratio (so bar, label and table's ``ref × ratio`` agree);
-    the reference rows, rows without a ratio and rows whose reference is not drawn keep their
-    own height. Rows are taken in order, so a chain (each step against the previous) multiplies.
-
-    Args:
-        heights: per row, its own value (a median step time, ms), NaN where none.
-        notes: per row, its `TimeNote` (or None).
-        reference_rows: per row, the position of the row its ratio is to, or None.
-    """
+    """The heights to draw: a row with a ratio to a drawn row stands at that row's drawn height × the
+    ratio (so bar, label and table agree), the others at their own ``heights`` (ms, NaN where
+    none); a chain multiplies. ``notes``: per row, a `TimeNote` or None."""
     h = np.array([nan(v) for v in heights], dtype=float)
     out = h.copy()
     for i, (n, ref) in enumerate(zip(notes, reference_rows)):
@@ -176,9 +128,8 @@ def drawn_heights(heights, notes, reference_rows) -> np.ndarray:
 
 
 def error_bars(heights, notes) -> np.ndarray | None:
-    """``(2, n)`` below/above error bars for bars of ``heights`` from each note's ratio spread,
-    or None when no row has one. With heights from `drawn_heights`, a row's whisker spans its
-    reference's height × (low, high)."""
+    """``(2, n)`` below/above error bars for bars of ``heights`` from each note's band, or None when
+    no row has one."""
     if not any(n.band for n in notes):
         return None
     err = np.zeros((2, len(notes)))
@@ -189,17 +140,9 @@ def error_bars(heights, notes) -> np.ndarray | None:
     return err
 
 
-def emulated_caption(labels, t_ms, notes, reference_ms=None) -> str:
-    """The sentence under a chart that leaves emulated step times off its time axis:
-    ``"Not drawn on the time axis: bf16 (emulated here). Emulated arithmetic is not this
-    hardware's speed for that precision."`` ("" when nothing is emulated). The emulated time
-    itself is not repeated here: a table prints it once, rounded (issue 24).
-
-    Args:
-        labels, t_ms, notes: per row, its name, step time (ms) and `TimeNote`; a row is named
-            when its note is emulated and it has a time.
-        reference_ms: unused (kept for callers that pass the row the ratio is to).
-    """
+def emulated_caption(labels, t_ms, notes) -> str:
+    """The sentence under a chart that leaves emulated step times off its time axis ("" when none
+    is): each row whose `TimeNote` is emulated and whose step time (ms) is finite, by its label."""
     parts = [tr("{label} (emulated here)", label=lab) for lab, t, n in zip(labels, t_ms, notes)
              if n is not None and n.emulated and np.isfinite(nan(t))]
     if not parts:

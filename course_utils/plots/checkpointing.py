@@ -12,24 +12,13 @@ from ._style import mib, new_figure, set_title, with_size
 
 
 def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
-    """Saved bytes and peak memory against the number of checkpointed segments.
+    """Saved bytes and peak memory (MiB) against the number of checkpointed segments (log2 axis), a
+    dotted line at ``sqrt(n_layers)``. The first method is a thick pale line under the others, so
+    two methods that measure the same bytes both show.
 
-    Args:
-        df: one row per (method, segments) with columns ``method`` (a label such as
-            ``"every segment checkpointed"``), ``segments``, ``saved_bytes``, ``peak_bytes``
-            (measured, bytes) and optionally ``est_saved`` / ``est_peak`` (a model, bytes,
-            drawn dashed for each method that has them).
-        n_layers: the stack's depth ``N``; a dotted line marks ``sqrt(N)`` segments.
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Two panels (MiB = 2^20 bytes, log2 segment axis), one legend below them. The first method is
-    a thick, pale line with large open markers and the others thin lines with small filled
-    markers drawn over it, so that where two methods measure the same bytes (the peaks of
-    ``checkpoint_sequential`` and of the every-segment loop often coincide) both stay visible.
-
-    Raises:
-        ValueError: missing columns or no rows.
-    """
+    ``df``: one row per (method, segments): ``method``, ``segments``, ``saved_bytes``,
+    ``peak_bytes`` (bytes) and optionally ``est_saved``/``est_peak`` (a model, drawn dashed).
+    Raises ValueError for missing columns or no rows."""
     need = {"method", "segments", "saved_bytes", "peak_bytes"}
     if len(df) == 0 or need - set(df.columns):
         raise ValueError(tr("segments_chart needs rows with columns {columns}.",
@@ -56,8 +45,7 @@ def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
                     textcoords="offset points", fontsize=8, color="grey")
         ax.set_xscale("log", base=2)
         segs = sorted({int(s) for s in df["segments"]})
-        ax.set_xticks(segs)
-        ax.set_xticklabels([str(s) for s in segs])
+        ax.set_xticks(segs, [str(s) for s in segs])
         ax.set_xlabel(tr("segments (N = {n_layers} blocks)", n_layers=n_layers))
         ax.set_ylabel("MiB")
         ax.set_ylim(bottom=0)
@@ -71,21 +59,12 @@ def segments_chart(df, n_layers: int, title: str = "", size: str | None = None):
 
 def attention_memory_chart(df, title: str = "saved bytes of one block vs sequence length",
                            size: str | None = None):
-    """Log-log saved bytes against sequence length, one line per attention implementation.
+    """Log-log saved bytes (MiB) against sequence length (tokens), one line per attention
+    implementation; the legend gives each measured line's slope between its last two points (1:
+    linear, 2: quadratic).
 
-    Args:
-        df: columns ``attention``, ``seq_len``, ``saved_bytes`` (measured) and optionally
-            ``est_bytes`` (estimate, drawn dashed). The legend gives each measured line's slope
-            between its last two points (1: linear in the sequence, 2: quadratic).
-        title: the axes title; size: the size profile, appended as "size '...'".
-
-    Log-log axes (tokens, MiB = 2^20 bytes); the legend sits right of the axes. Measurements are
-    open markers on a thin line, estimates dashed lines drawn over them, so that an estimate equal
-    to its measurement threads the markers instead of hiding under them.
-
-    Raises:
-        ValueError: missing columns or no rows.
-    """
+    ``df``: ``attention``, ``seq_len``, ``saved_bytes`` and optionally ``est_bytes`` (an estimate,
+    dashed over the measured markers). Raises ValueError for missing columns or no rows."""
     need = {"attention", "seq_len", "saved_bytes"}
     if len(df) == 0 or need - set(df.columns):
         raise ValueError(tr("attention_memory_chart needs rows with columns {columns}.",
@@ -108,8 +87,7 @@ def attention_memory_chart(df, title: str = "saved bytes of one block vs sequenc
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     xs = sorted({int(v) for v in df["seq_len"]})
-    ax.set_xticks(xs)
-    ax.set_xticklabels([str(v) for v in xs])
+    ax.set_xticks(xs, [str(v) for v in xs])
     ax.set_xlabel(tr("sequence length (tokens)"))
     ax.set_ylabel(tr("saved for backward (MiB, log scale)"))
     ax.set_title(with_size(title, size))

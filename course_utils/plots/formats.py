@@ -8,27 +8,13 @@ from matplotlib.ticker import MaxNLocator
 
 from ..formats import format_info
 from ..i18n import tr
-from ._style import FORMAT_COLORS, SERIES, new_figure, with_size
+from ._style import FORMAT_COLORS, SERIES, new_figure, set_title, with_size
 
 
 def format_range_chart(table, title: str = "what each format can represent"):
-    """Representable magnitudes of each format on a log axis (one horizontal bar per format).
-
-    Args:
-        table: `course_utils.formats.format_table()` (columns ``smallest subnormal``,
-            ``smallest normal``, ``max``, ``eps``; indexed by format name).
-        title: the axes title (a property of the formats, not a measurement: no size).
-
-    The solid part of a bar is the normal range [smallest normal, max]; the light part the
-    subnormal range [smallest subnormal, smallest normal) where precision thins out. Each bar is
-    labelled with its eps (the relative spacing of values near 1).
-
-    Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot.
-
-    Raises:
-        ValueError: ``table`` lacks one of the columns above or has no rows.
-    """
+    """Representable magnitudes of each format of ``table`` (`course_utils.formats.format_table`) on a
+    log axis: the normal range solid, the subnormal range light, each bar labelled with its eps.
+    Raises ValueError for a table without rows or without its columns."""
     need = {"smallest subnormal", "smallest normal", "max", "eps"}
     if len(table) == 0 or not need <= set(table.columns):
         raise ValueError(tr("format_range_chart needs a format_table() with columns {columns}.",
@@ -45,8 +31,7 @@ def format_range_chart(table, title: str = "what each format can represent"):
         ax.barh(y, hi - mid, left=mid, color=c, height=0.6)
         ax.annotate(f"eps = {float(r['eps']):.3g}", (hi, y), xytext=(4, 0),
                     textcoords="offset points", va="center", fontsize=8)
-    ax.set_yticks(range(len(names)))
-    ax.set_yticklabels(names)
+    ax.set_yticks(range(len(names)), names)
     ax.set_xlabel(tr("log10 |value|   (light: subnormal range, solid: normal range)"))
     ax.axvline(0, color="grey", lw=0.8, ls=":")
     ax.grid(axis="x", alpha=0.3)
@@ -58,28 +43,19 @@ def format_range_chart(table, title: str = "what each format can represent"):
 
 def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, title: str = "",
                          size: str | None = None):
-    """Histograms of ``floor(log2|g|)`` against a format's limits.
+    """Histograms of ``floor(log2|g|)`` against a format's limits, one panel per histogram; the y
+    axis (fraction of the nonzero values per bin) is logarithmic, so the few that round to 0 show.
 
     Args:
         hists: ``{name: pd.Series}`` from `course_utils.formats.log2_histogram` (index: the
             exponent bin ``k`` of ``[2^k, 2^(k+1))``, values: counts).
-        fmt: the format whose limits are shaded: below half its smallest subnormal values round
-            to 0 (red), below its smallest normal they are subnormal (yellow), above its max they
-            overflow (purple).
+        fmt: the format whose limits are shaded: rounds to 0 (red), subnormal (yellow),
+            overflows (purple).
         scale: if given, each histogram is drawn again shifted by ``log2(scale)`` (dashed):
             where the same values sit after loss scaling.
-        title: the figure's title (default: "gradients against <format>'s range");
-        size: the size profile the gradients were measured at, appended as "size '...'".
-
-    The y axis is logarithmic (fraction of the nonzero values per bin), so that the few values
-    that round to 0 stay visible next to the many that do not.
-
-    Returns:
-        A ``matplotlib.figure.Figure`` (one panel per histogram) made without pyplot.
 
     Raises:
-        ValueError: no histograms, or a scale that is not a positive number.
-    """
+        ValueError: no histograms, or a scale that is not a positive number."""
     if not hists:
         raise ValueError(tr("log2_histogram_chart needs at least one histogram."))
     if scale is not None and not scale > 0:
@@ -123,21 +99,9 @@ def log2_histogram_chart(hists: dict, fmt="fp16", scale: float | None = None, ti
 
 def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = "",
                        size: str | None = None):
-    """GradScaler's scale after each step (log2 axis), skipped steps and injected inf/NaN marked.
-
-    Args:
-        steps: step numbers; ``scales``: the scale after ``scaler.update()`` at each step.
-        skipped: steps whose optimizer step was skipped; ``injected``: steps where an inf/NaN
-            was put into a gradient.
-        title: the axes title (default: "dynamic loss scaling"); size: the size profile,
-            appended as "size '...'".
-
-    Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot.
-
-    Raises:
-        ValueError: ``steps`` and ``scales`` differ in length or are empty.
-    """
+    """GradScaler's scale after ``scaler.update()`` at each of ``steps`` (log2 axis), the ``skipped``
+    optimizer steps and the steps where an inf/NaN was ``injected`` marked. Raises ValueError
+    where ``steps`` and ``scales`` differ in length or are empty."""
     steps, scales = list(steps), [float(s) for s in scales]
     skipped, injected = list(skipped), list(injected)
     if not steps or len(steps) != len(scales):
@@ -164,27 +128,18 @@ def scaler_trace_chart(steps, scales, skipped=(), injected=(), title: str = "",
 
 def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation loss (nats/byte)",
                       size: str | None = None, flushed: bool = False):
-    """Validation loss against optimizer step, one line per run, and beside it either a zoom on
-    the second half or, with ``flushed=True``, the share of gradients flushed to zero per step.
+    """Validation loss against optimizer step, one line per run, and beside it a zoom on the second
+    half or, with ``flushed=True``, the share (%) of gradients flushed to zero per step. The
+    legend gives each final loss (and mean flushed share).
 
     Args:
-        curves: ``{label: history}`` where a history is a `course_utils.training.TrainHistory`
-            (its ``val_steps`` and ``val_loss`` are drawn) or a ``(steps, losses)`` pair; with
-            ``flushed=True``, a `course_utils.training_arms.ArmHistory` (its ``flushed``, a share
-            0..1 per step, is drawn too).
-        title: the figure's title; ylabel: the loss's name and unit;
-        size: the size profile of the model trained, appended as "size '...'".
-        flushed: draw the flushed share (%) on the right instead of the zoom, so that harm and
-            its cause are read side by side.
-
-    Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot; the legend gives each final loss
-        (and, with ``flushed``, each run's mean flushed share).
+        curves: ``{label: history}``: a `course_utils.training.TrainHistory` or a ``(steps,
+            losses)`` pair; with ``flushed``, a `course_utils.training_arms.ArmHistory`.
+        ylabel: the loss's name and unit.
 
     Raises:
         ValueError: no curves, a curve whose steps and losses differ in length, or, with
-            ``flushed``, a history without flushed shares.
-    """
+            ``flushed``, a history without flushed shares."""
     if not curves:
         raise ValueError(tr("loss_curves_chart needs at least one curve."))
     data, shares = {}, {}
@@ -232,6 +187,5 @@ def loss_curves_chart(curves: dict, title: str = "", ylabel: str = "validation l
     fig.legend(loc="outside lower center", ncol=min(len(data), 2), fontsize=8, frameon=False,
                title=tr("run: final loss, mean flushed share") if flushed
                else tr("run: final loss"), title_fontsize=8)
-    if with_size(title, size):
-        fig.suptitle(with_size(title, size), fontsize=11)
+    set_title(fig, title, size, fontsize=11)
     return fig

@@ -1,12 +1,7 @@
 """Charts of a `course_utils.experiments.compare` table and its relatives: the ladder of
-configurations, the live dashboard, the order of adoption, the Pareto front, the budget search.
+configurations (lesson 03), the live dashboard (`course_utils.dashboard`), the order of adoption.
 
-Step-time ratios are printed only where the measured noise allows (`._timing`): a bar says
-"1.26x (slower)", "≈1x (within noise)", "too small to time" or "emulated here" (hatched).
-
-Over 400 lines because the four charts are one subject: each draws the same ladder of
-configurations with the same time bars, noise notes and caption (`_time_bars`, `_caption`), and
-splitting them would export those private helpers across modules.
+Step-time ratios are printed only outside the measured noise (`._timing`, docs/method.md#verdict-words).
 """
 from __future__ import annotations
 
@@ -20,14 +15,15 @@ from matplotlib.patches import Patch
 from ..experiments import plain_label
 from ..i18n import tr
 from ..step_timing import time_ratio
-from ..terms import MiB
 from ._style import (
     ALERT_COLOR,
     BASELINE_COLOR,
+    BREAKDOWN,
     COLORS,
     HATCH,
     MUTED_COLOR,
     TIME_COLOR,
+    bucket_name,
     mib,
     nan,
     new_figure,
@@ -43,21 +39,12 @@ from ._timing import (
     time_notes,
 )
 
-_SAVED = ("activations", "autocast_weight_copies", "logits")
-_BREAKDOWN = ("parameters", "gradients", "optimizer_state") + _SAVED
-
-
-def _bucket_name(kind: str) -> str:
-    """A memory bucket (a `Measurement` field) as a legend names it, in the learner's language."""
-    return {"parameters": tr("parameters"), "gradients": tr("gradients"),
-            "optimizer_state": tr("AdamW state"), "activations": tr("activations"),
-            "autocast_weight_copies": tr("autocast weight copies"),
-            "logits": tr("logits + loss")}[kind]
+_SAVED = BREAKDOWN[3:]  # activations, autocast weight copies, logits
 
 
 def _no_time_bar(ax, xi, t_ms, note: TimeNote) -> bool:
-    """Where a row gets no step-time bar, say why at its slot and return True: not timed (an
-    estimate, a row never timed) or emulated (never on a time axis: the caption gives it)."""
+    """Where a row gets no step-time bar (not timed, or emulated), say why at its slot; return
+    True."""
     if np.isfinite(t_ms) and not note.emulated:
         return False
     ax.annotate(not_drawn() if np.isfinite(t_ms) else tr("not timed"), (xi, 0), xytext=(0, 3),
@@ -66,20 +53,13 @@ def _no_time_bar(ax, xi, t_ms, note: TimeNote) -> bool:
     return True
 
 
-def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None,
-               refs=None) -> str:
-    """Step-time bars (ms) annotated by ``notes``; returns what the error bars show.
-
-    ``refs``: per row, the position of the row its ratio is to (None: not drawn here). A row
-    with a ratio to a drawn row stands at that row's height × the ratio, its whisker at that
-    height × (low, high) (`._timing.drawn_heights`); the others at their own median."""
-    if refs is not None:
-        t_ms = drawn_heights(t_ms, notes, refs)
-    err, shows = error_bars(t_ms, notes), tr("spread of the ratio")
+def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, refs, fallback_err=None) -> None:
+    """Step-time bars (ms) annotated by ``notes``, at `._timing.drawn_heights` (``refs``: per row,
+    the position of the row its ratio is to); ``fallback_err``: error bars where no note has a band."""
+    t_ms = drawn_heights(t_ms, notes, refs)
+    err = error_bars(t_ms, notes)
     if err is None and fallback_err is not None and np.nansum(fallback_err) > 0:
-        err, shows = np.nan_to_num(fallback_err), tr("IQR")
-    elif err is None:
-        shows = ""
+        err = np.nan_to_num(fallback_err)
     for i, (xi, ti, note) in enumerate(zip(x, t_ms, notes)):
         if _no_time_bar(ax, xi, ti, note):
             continue
@@ -94,68 +74,36 @@ def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, fallback_err=None,
     drawn = np.array([np.nan if n.emulated else v for v, n in zip(t_ms, notes)], dtype=float)
     top = np.nanmax(np.append(drawn + (0 if err is None else err[1]), 0))
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
-    return shows
 
 
-def _caption(fig, labels, t_ms, notes, reference: int | None = 0) -> None:
+def _caption(fig, labels, t_ms, notes) -> None:
     """Say under ``fig`` which emulated times its time axis leaves out."""
-    ref = None if reference is None else (labels[reference], t_ms[reference])
-    text = emulated_caption(labels, t_ms, notes, ref)
+    text = emulated_caption(labels, t_ms, notes)
     if text:
         put_caption(fig, text)
 
 
-def _comparison_times(ax_t, x, t, notes, df) -> None:
-    """`comparison_chart`'s step-time panel: bars at the first row's median × each ratio."""
-    iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
-    _time_bars(ax_t, x, t, notes, [TIME_COLOR] * len(x), np.vstack([iqr, iqr]), refs=[0] * len(x))
-    ax_t.set_ylabel(tr("step time (ms)"))
-    ax_t.set_title(tr("step time"), fontsize=10)
-
-
 def comparison_chart(df, title: str = "", size: str | None = None):
-    """Three panels for a `course_utils.experiments.compare` table, one bar per configuration
-    (two, with the title saying so, where fewer than two rows are timed natively: a time panel
-    of one bar compares nothing).
-
-    Each configuration is named in words (`course_utils.experiments.plain_label`).
-
-    1. step time (ms): the first row's median, and each other row at that median × its
-       ``time_ratio`` (the median of per-round ratios, as the table prints it), annotated with
-       the ratio only where the difference is outside the noise (else "≈1x (within noise)",
-       "too small to time"); emulated precisions labelled "not drawn"; error bars: the first row's
-       median × (``time_ratio_low``, ``time_ratio_high``), so a whisker reaches the first bar
-       exactly when the ratio is within noise; tables without a ratio: own medians and IQRs;
-    2. peak allocated memory (MiB = 2^20 bytes), measured bars with the estimate as a black tick;
-    3. saved tensors (MiB) stacked by kind (activations, autocast weight copies, logits + loss),
-       with the estimated total as a tick.
-    The legend sits below the panels, clear of the bars.
-
-    Args:
-        df: reads ``label``, ``step_time_s``, ``step_time_iqr_s`` (seconds), ``time_ratio``,
-            ``peak_allocated``, ``est_peak_allocated``, ``activations``,
-            ``autocast_weight_copies``, ``logits``, ``est_saved_total`` (bytes) and, where
-            present, ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``emulated``.
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Returns:
-        A ``matplotlib.figure.Figure`` (made without pyplot; shows itself in Jupyter).
-
-    Raises:
-        ValueError: ``df`` has no rows.
-    """
+    """Three panels for a `course_utils.experiments.compare` table, one bar per configuration (in
+    words, `course_utils.experiments.plain_label`): step time (ms, the first row's median × each
+    ``time_ratio``, whiskers × its noise band, labelled only outside the noise; tables without a
+    ratio: own medians and IQRs), peak allocated memory and saved tensors by kind (MiB, the
+    estimate as a black tick). Without two rows timed natively the time panel is left out and the
+    title says so. Raises ValueError for a table without rows."""
     if len(df) == 0:
         raise ValueError(tr("comparison_chart() needs at least one row (a compare() table)."))
     labels, n = [plain_label(v) for v in df["label"]], len(df)
     x = np.arange(n)
     notes = time_notes(df, [0] * n)
     t = np.array([nan(v) * 1e3 for v in df["step_time_s"]])
-    # a time panel with one bar compares nothing (every other row emulated): left out, said once
     timed = sum(1 for v, note in zip(t, notes) if not np.isnan(v) and not note.emulated) >= 2
     fig = new_figure((max(10, 2.2 * n + 6) * (1 if timed else 0.7), 4.9))
     if timed:
         ax_t, ax_p, ax_s = fig.subplots(1, 3)
-        _comparison_times(ax_t, x, t, notes, df)
+        iqr = np.array([nan(v) * 1e3 / 2 for v in df["step_time_iqr_s"]])
+        _time_bars(ax_t, x, t, notes, [TIME_COLOR] * n, [0] * n, np.vstack([iqr, iqr]))
+        ax_t.set_ylabel(tr("step time (ms)"))
+        ax_t.set_title(tr("step time"), fontsize=10)
     else:
         ax_p, ax_s = fig.subplots(1, 2)
         title = tr("{title} (step time not drawn: only one configuration runs natively here)",
@@ -177,19 +125,18 @@ def comparison_chart(df, title: str = "", size: str | None = None):
     ax_s.set_ylabel("MiB")
     ax_s.set_title(tr("saved tensors (for backward)"), fontsize=10)
     for ax in ((ax_t, ax_p, ax_s) if timed else (ax_p, ax_s)):
-        ax.set_xticks(x)
-        ax.set_xticklabels([textwrap.fill(lab, 20) for lab in labels], rotation=30, ha="right",
-                           fontsize=8)
+        ax.set_xticks(x, [textwrap.fill(lab, 20) for lab in labels], rotation=30, ha="right",
+                      fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     ax_p.margins(y=0.1)
     ax_s.margins(y=0.1)
     handles = [Patch(color=COLORS["parameters"], label=tr("peak allocated (measured)"))]
-    handles += [Patch(color=COLORS[k], label=tr("saved: {bucket}", bucket=_bucket_name(k)))
+    handles += [Patch(color=COLORS[k], label=tr("saved: {bucket}", bucket=bucket_name(k)))
                 for k in _SAVED]
     handles.append(Line2D([], [], color="black", lw=2, label=tr("estimate")))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=8,
                frameon=False)
-    _caption(fig, labels, t, notes, 0 if not notes[0].emulated else None)
+    _caption(fig, labels, t, notes)
     set_title(fig, title, size)
     return fig
 
@@ -212,28 +159,9 @@ def _dashboard_references(df) -> list:
 
 
 def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None):
-    """The live dashboard's chart (`course_utils.dashboard`): its last ``last`` rows.
-
-    ``df`` is `Dashboard.history`: one row per measured configuration with ``run``, ``label``,
-    ``baseline`` (True for the baseline each Run compares with: the recipe precision, no
-    checkpointing), ``status`` (``ok``/``OOM``/``error``), ``batch_size``, ``seq_len``,
-    ``n_layers``, ``step_time_s`` (seconds), ``time_ratio`` and ``peak_ratio`` (to that
-    baseline), the memory fields in bytes and, where present, ``baseline_run``,
-    ``time_verdict``, ``time_ratio_low``/``time_ratio_high`` and ``emulated``.
-
-    1. step time (ms) per row, baselines in grey, each bar annotated with its ratio to its
-       baseline only outside the noise ("≈1x (within noise)", "too small to time", "emulated here"
-       otherwise; emulated bars hatched); 2. memory breakdown (MiB = 2^20 bytes) stacked:
-       parameters, gradients, AdamW state, saved activations, autocast weight copies, logits;
-       the measured peak as a black tick, annotated with its ratio to the baseline's peak.
-       Rows that ran out of memory or failed are marked.
-
-    Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot (nothing is shown implicitly).
-
-    Raises:
-        ValueError: ``df`` has no rows.
-    """
+    """The live dashboard's chart of the last ``last`` rows of `Dashboard.history`: step time (ms,
+    baselines grey, ratios to the Run's baseline only outside the noise) and the memory breakdown
+    (MiB) with the peak as a tick and its ratio; failed rows marked. Raises ValueError for no rows."""
     if len(df) == 0:
         raise ValueError(tr("dashboard_chart() needs at least one run in the history."))
     refs = _dashboard_references(df)
@@ -252,7 +180,7 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
     colors = [BASELINE_COLOR if b else TIME_COLOR for b in df["baseline"]]
     shown_refs = [None if r is None or r < keep else r - keep for r in refs[keep:]]
     _time_bars(ax_t, x, t, [nt if good else TimeNote("", "failed") for nt, good in zip(notes, ok)],
-               colors, refs=shown_refs)
+               colors, shown_refs)
     for xi, status in zip(x, df["status"]):
         if status != "ok":
             for ax in (ax_t, ax_m):
@@ -261,12 +189,12 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
                             color=ALERT_COLOR, fontsize=9, fontweight="bold")
     ax_t.set_ylabel(tr("step time (ms)"))
     ax_t.set_title(tr("step time (ratio to the baseline, where outside the noise)"), fontsize=10)
-    _caption(fig, labels, t, notes, None)
+    _caption(fig, labels, t, notes)
 
     bottom = np.zeros(n)
-    for kind in _BREAKDOWN:
+    for kind in BREAKDOWN:
         vals = np.nan_to_num(mib(df[kind]))
-        ax_m.bar(x, vals, bottom=bottom, color=COLORS[kind], label=_bucket_name(kind))
+        ax_m.bar(x, vals, bottom=bottom, color=COLORS[kind], label=bucket_name(kind))
         bottom = bottom + vals
     peak = mib(df["peak_allocated"])
     ax_m.scatter(x, peak, marker="_", s=500, color="black", linewidths=2,
@@ -280,8 +208,7 @@ def dashboard_chart(df, last: int = 10, title: str = "", size: str | None = None
     ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax_m.set_ylim(0, np.nanmax(np.append(np.append(peak, bottom), 1e-9)) * 1.18)
     for ax in (ax_t, ax_m):
-        ax.set_xticks(x)
-        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     set_title(fig, title, size)
     return fig
@@ -323,7 +250,7 @@ def _adoption_times(ax, story, refs, vs) -> list:
 def _adoption_peaks(ax, story, vs) -> None:
     """The peak-memory panel of `adoption_chart`."""
     color = COLORS["parameters"]
-    vals = np.array([nan(v) / MiB for v in story["peak_allocated"]], dtype=float)
+    vals = mib(story["peak_allocated"])
     for xi, v, ratio, ref_name, src in zip(np.arange(len(story)), vals, story["peak_ratio"], vs,
                                            story["source"]):
         if not np.isfinite(v):
@@ -342,18 +269,10 @@ def _adoption_peaks(ax, story, vs) -> None:
 
 
 def adoption_chart(story, title: str = "", size: str | None = None):
-    """The order of adoption: step time (ms) and peak memory (MiB = 2^20 bytes) after each step.
-
-    ``story`` is `adoption_story`'s table. Every ratio printed by a bar names the bar it is a
-    ratio to (``vs``): the step before it measured in the same comparison and adopted here.
-    A step time stands at that bar's height × the ratio, its whisker at that height × the noise
-    band (so the whisker reaches that bar exactly when the label says "within noise"); a time
-    is printed only outside the noise. Emulated step times are not drawn (the caption gives
-    them); estimates are hatched and labelled "(estimate)".
-
-    Raises:
-        ValueError: an empty ``story``.
-    """
+    """The order of adoption: step time (ms) and peak memory (MiB) after each step of ``story``
+    (`adoption_story`'s table); every ratio names the bar it is to (``vs``), a time stands at that
+    bar's height × the ratio; estimates are hatched. Raises ValueError for an empty ``story`` or a
+    table without `adoption_story`'s columns."""
     if len(story) == 0:
         raise ValueError(tr("adoption_chart() needs at least one step."))
     missing = {"step", "step_time_s", "peak_allocated", "source", "vs", "peak_ratio"} - set(story)
@@ -370,11 +289,10 @@ def adoption_chart(story, title: str = "", size: str | None = None):
     notes = _adoption_times(axes[0], story, refs, vs)
     _adoption_peaks(axes[1], story, vs)
     for ax in axes:
-        ax.set_xticks(np.arange(len(story)))
-        ax.set_xticklabels(names, rotation=20, ha="right", fontsize=9)
+        ax.set_xticks(np.arange(len(story)), names, rotation=20, ha="right", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     t = [nan(v) * 1e3 for v in story["step_time_s"]]
-    _caption(fig, names, t, notes, 0 if not notes[0].emulated else None)
+    _caption(fig, names, t, notes)
     set_title(fig, title, size)
     return fig
 
@@ -388,14 +306,11 @@ def _story_row(name, table, i, ref, vs) -> dict:
     if ref is not None:
         peak_ratio = nan(row["peak_allocated"]) / nan(table.iloc[ref]["peak_allocated"])
         if ms is not None:
-            a, b = ms[i], ms[ref]   # read through the table's first row: the quotient of the
-            # times the ladder's table prints (experiments.summary), as evidence.time_between
+            a, b = ms[i], ms[ref]   # through the first row, as the ladder's table prints it
             r = time_ratio(a.step_times_s, b.step_times_s, size=table.attrs.get("size", ""),
                            emulated=a.emulated or b.emulated,
                            through=None if ms[0].emulated else ms[0].step_times_s)
-            ratio, verdict = (np.nan if r.ratio is None else r.ratio), r.verdict
-            low = np.nan if r.low is None else r.low
-            high = np.nan if r.high is None else r.high
+            ratio, low, high, verdict = nan(r.ratio), nan(r.low), nan(r.high), r.verdict
     paired = row.get("paired_step_time_s", np.nan)   # the time the ladder's table prints
     step_s = row["step_time_s"] if paired is None or pd.isna(paired) else paired
     return {"step": name, "step_time_s": step_s, "peak_allocated": row["peak_allocated"],
@@ -414,23 +329,17 @@ def adoption_story(df, steps, estimates=()):
             whose label is None was not measured here and is left out.
         estimates: ``[(name, peak bytes)]``: estimated steps appended at the end (no time).
 
-    Each measured step is compared with the last step before it that was measured in the same
-    table and adopted (a step whose precision is emulated here is shown, not adopted); the first
-    step read from another table, with that table's row of an earlier adopted step (its
-    reference: say compile against the eager row of its own comparison). That step's name is the
-    row's ``vs``. An estimate's ``vs`` is the last step shown.
+    Each measured step is compared with (``vs``) the last adopted step measured in the same table
+    (an emulated step is shown, not adopted); the first step of another table with that table's
+    row of an earlier adopted step. An estimate's ``vs`` is the last step shown.
 
     Returns:
         One row per step shown: ``step``, ``step_time_s``, ``peak_allocated``, ``source``
-        (``measured`` or ``estimate``), ``adopted``, ``emulated``, ``vs`` (missing for the first),
-        ``peak_ratio`` (peak / ``vs``'s), and for the step time against ``vs``:
-        ``time_ratio``, ``time_verdict``, ``time_ratio_low``, ``time_ratio_high``
-        (`course_utils.step_timing.time_ratio` of the two rows' per-round times: a verdict only
-        outside the noise; "emulated" where either precision is).
+        (``measured`` or ``estimate``), ``adopted``, ``emulated``, ``vs``, ``peak_ratio`` and
+        ``time_ratio``, ``time_verdict``, ``time_ratio_low``, ``time_ratio_high`` against ``vs``.
 
     Raises:
-        ValueError: no steps, or a label that is not a row of its table.
-    """
+        ValueError: no steps, or a label that is not a row of its table."""
     if not steps:
         raise ValueError(tr("adoption_story() needs at least one step."))
     rows, last, adopted = [], {}, {}  # last: id(table) -> (row, step) of its last adopted step

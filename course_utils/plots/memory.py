@@ -1,7 +1,5 @@
 """Where the bytes of a training step are: breakdowns, saved tensors, growth with batch and
 sequence, the allocation timeline, and estimates at model scale.
-
-MiB = 2^20 bytes, GiB = 2^30 bytes throughout.
 """
 from __future__ import annotations
 
@@ -12,42 +10,28 @@ from matplotlib.lines import Line2D
 from ..i18n import tr
 from ..memory_model import ZERO_STAGES, sharded_estimate
 from ..terms import MiB
-from ._style import ALERT_COLOR, COLORS, HATCH, SERIES, mib, new_figure, set_title, with_size
-
-_BREAKDOWN = ("parameters", "gradients", "optimizer_state", "activations",
-              "autocast_weight_copies", "logits")
-
-
-def _bucket_name(kind: str) -> str:
-    """A memory bucket (a `Measurement` field) as a legend names it, in the learner's language."""
-    return {"parameters": tr("parameters"), "gradients": tr("gradients"),
-            "optimizer_state": tr("AdamW state"), "activations": tr("saved activations"),
-            "autocast_weight_copies": tr("autocast weight copies"),
-            "logits": tr("logits + loss")}[kind]
+from ._style import (
+    ALERT_COLOR,
+    BREAKDOWN,
+    COLORS,
+    HATCH,
+    SERIES,
+    bucket_name,
+    mib,
+    new_figure,
+    set_title,
+    with_size,
+)
 
 
 def memory_breakdown_chart(df, title: str = "", size: str | None = None):
-    """Where a training step's bytes are, per configuration: measured and estimated, stacked.
+    """Where a training step's bytes are, per configuration: two stacked bars (MiB), measured (solid)
+    and estimated (hatched), the measured peak as a black tick with its ratio to the first row's.
 
-    Args:
-        df: a `course_utils.experiments.compare` table: ``label``, ``peak_allocated`` and the
-            memory fields ``parameters``, ``gradients``, ``optimizer_state``, ``activations``,
-            ``autocast_weight_copies``, ``logits`` with their ``est_`` twins (bytes).
-        title: the axes title (default: "where the bytes of a training step are");
-        size: the size profile, appended as "size '...'".
-
-    For each configuration two bars: measured (solid) and the analytic estimate (hatched), each
-    stacked as parameters, gradients, AdamW state, saved activations, autocast weight copies,
-    logits + loss (MiB). The measured peak is a black tick, annotated with its ratio to the
-    first row. The stack is not the peak: gradients and saved activations are not all alive at
-    the same moment.
-
-    Returns:
-        A ``matplotlib.figure.Figure`` made without pyplot.
-
-    Raises:
-        ValueError: ``df`` has no rows.
-    """
+    ``df``: a `course_utils.experiments.compare` table: ``label``, ``peak_allocated`` and the
+    memory fields ``parameters``, ``gradients``, ``optimizer_state``, ``activations``,
+    ``autocast_weight_copies``, ``logits`` with their ``est_`` twins (bytes). Raises ValueError
+    for a table without rows."""
     if len(df) == 0:
         raise ValueError(tr("memory_breakdown_chart needs at least one row."))
     n = len(df)
@@ -57,11 +41,11 @@ def memory_breakdown_chart(df, title: str = "", size: str | None = None):
     ax = fig.subplots()
     for offset, prefix, hatch in ((-w / 2, "", None), (w / 2, "est_", HATCH)):
         bottom = np.zeros(n)
-        for key in _BREAKDOWN:
+        for key in BREAKDOWN:
             vals = np.nan_to_num(mib(df[prefix + key]))
+            name = tr("saved activations") if key == "activations" else bucket_name(key)
             ax.bar(x + offset, vals, w, bottom=bottom, color=COLORS[key], hatch=hatch,
-                   edgecolor="white" if hatch else None,
-                   label=_bucket_name(key) if not prefix else None)
+                   edgecolor="white" if hatch else None, label=name if not prefix else None)
             bottom = bottom + vals
         for xi, top in zip(x, bottom):
             ax.annotate(tr("sum {total:.0f}", total=top), (xi + offset, top), xytext=(0, 2),
@@ -77,9 +61,7 @@ def memory_breakdown_chart(df, title: str = "", size: str | None = None):
                         xytext=(0, -8), textcoords="offset points", ha="center", va="top",
                         fontsize=8, fontweight="bold",
                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"{lab}\n" + tr("measured | estimate") for lab in df["label"]],
-                       fontsize=9)
+    ax.set_xticks(x, [f"{lab}\n" + tr("measured | estimate") for lab in df["label"]], fontsize=9)
     ax.set_ylabel("MiB")
     ax.grid(axis="y", alpha=0.3)
     ax.margins(y=0.18)
@@ -90,20 +72,12 @@ def memory_breakdown_chart(df, title: str = "", size: str | None = None):
 
 
 def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block", size: str | None = None):
-    """Stacked bars of the bytes saved for backward, one bar per table, one segment per module.
+    """Stacked bars of the bytes saved for backward (MiB), one bar per table, one segment per module
+    (in order of first appearance, labelled with the shapes it saved).
 
-    Args:
-        tables: ``{bar label: DataFrame}``, each frame as returned by
-            `course_utils.memory_timeline.saved_by_module` (columns ``module``, ``module_type``,
-            ``shape``, ``nbytes``).
-        title: the axes title; size: the size profile, appended as "size '...'".
-
-    Segments are grouped by module in order of first appearance and labelled with the module
-    name and the shapes it saved; each bar is annotated with its total in MiB (2^20 bytes).
-
-    Raises:
-        ValueError: no tables, or a table without the columns above.
-    """
+    ``tables``: ``{bar label: DataFrame}`` of `course_utils.memory_timeline.saved_by_module`
+    (``module``, ``module_type``, ``shape``, ``nbytes``). Raises ValueError for no tables or a
+    table without those columns."""
     if not tables:
         raise ValueError(tr("saved_tensors_chart needs at least one table."))
     groups, order = {}, []
@@ -136,8 +110,7 @@ def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block",
     for i, total in enumerate(bottom):
         ax.annotate(f"{total:.2f} MiB", (i, total), xytext=(0, 3), textcoords="offset points",
                     ha="center", fontsize=9)
-    ax.set_xticks(range(len(bars)))
-    ax.set_xticklabels(bars)
+    ax.set_xticks(range(len(bars)), bars)
     ax.set_ylabel(tr("saved for backward (MiB)"))
     ax.set_ylim(0, max(bottom.max() * 1.12, 1e-9))
     ax.set_title(with_size(title, size))
@@ -150,24 +123,14 @@ def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block",
 
 
 def memory_growth_chart(df, title: str = "", size: str | None = None):
-    """Activation vs parameter-related memory as batch size and sequence length grow.
+    """Saved tensors and parameters + gradients + optimizer state (MiB) as the batch size and the
+    sequence length grow, one panel per sweep: estimates dashed over the measurements' open
+    markers, so a measurement equal to its estimate is a marker threaded by its line.
 
-    Args:
-        df: one row per configuration with columns ``sweep`` (``"batch_size"`` or
-            ``"seq_len"``: the dimension varied), ``batch_size``, ``seq_len``,
-            ``saved`` and ``est_saved`` (bytes saved for backward: measured, estimated),
-            ``static`` and ``est_static`` (parameters + gradients + optimizer state: measured
-            where known, else NaN; estimated).
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Draws one panel per sweep (linear axes, so linear growth is a straight line; MiB): the
-    estimates as dashed lines drawn over the measurements as open markers, so that a
-    measurement equal to its estimate shows as a marker threaded by the line rather than one
-    hiding the other; one legend below the panels serves them all.
-
-    Raises:
-        ValueError: missing columns or no rows.
-    """
+    ``df``: one row per configuration: ``sweep`` (``"batch_size"`` or ``"seq_len"``, the
+    dimension varied), ``batch_size``, ``seq_len``, ``saved``/``est_saved`` and
+    ``static``/``est_static`` (bytes, measured NaN where unknown). Raises ValueError for missing
+    columns or no rows."""
     need = {"sweep", "batch_size", "seq_len", "saved", "est_saved", "static", "est_static"}
     if len(df) == 0 or need - set(df.columns):
         raise ValueError(tr("memory_growth_chart needs rows with columns {columns}.",
@@ -188,8 +151,7 @@ def memory_growth_chart(df, title: str = "", size: str | None = None):
                     zorder=3, label=tr("{series} (measured)", series=name))
             ax.plot(x, mib(d["est_" + col]), "--", lw=1.6, color=color, zorder=4,
                     label=tr("{series} (estimate)", series=name))
-        ax.set_xticks(x)
-        ax.set_xticklabels([str(int(v)) for v in x])
+        ax.set_xticks(x, [str(int(v)) for v in x])
         ax.set_xlim(0, x.max() * 1.05)
         ax.set_ylim(bottom=0)
         ax.set_xlabel(names.get(sweep, sweep))
@@ -208,8 +170,8 @@ def memory_growth_chart(df, title: str = "", size: str | None = None):
 
 
 def _step_share(tl):
-    """A function mapping a time (ms) of ``tl`` to its share of the step (%), from the first
-    event or phase start to the last event or phase end."""
+    """A function mapping a time (ms) of ``tl`` to its share (%) of the span of its events and
+    phases."""
     ends = list(tl.t_ms) + [p.start_ms for p in tl.phases] + [p.end_ms for p in tl.phases]
     t0, t1 = (min(ends), max(ends)) if ends else (0.0, 1.0)
     span = (t1 - t0) or 1.0
@@ -218,22 +180,12 @@ def _step_share(tl):
 
 def memory_timeline_chart(timelines: dict, title: str = "memory over one training step",
                           size: str | None = None):
-    """Bytes allocated (MiB above the step's start) over the step, one panel per run, with the
-    marked phases shaded. The horizontal axis is the share of each run's step (0-100 %), not
-    milliseconds: on a CPU the profiler that records the allocations slows the step by more than
-    the step takes (unevenly), so its clock would mislead; the phases' shares still show where
-    recomputation adds work.
+    """Bytes allocated (MiB above the step's start) over the step, one panel per run (shared axes,
+    peak marked), the marked phases shaded. The horizontal axis is the share of the step, not
+    milliseconds: on a CPU the profiler slows the step unevenly by more than the step takes.
 
-    Args:
-        timelines: ``{label: Timeline}`` (`course_utils.memory_timeline.memory_timeline`: ``t_ms``,
-            ``allocated`` in bytes, ``phases`` with ``name``, ``start_ms``, ``end_ms``).
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    The panels share both axes so that heights compare directly; each panel marks its peak.
-
-    Raises:
-        ValueError: no timelines.
-    """
+    ``timelines``: ``{label: Timeline}`` (`course_utils.memory_timeline.memory_timeline`). Raises
+    ValueError for no timelines."""
     if not timelines:
         raise ValueError(tr("memory_timeline_chart needs at least one timeline."))
     n = len(timelines)
@@ -271,25 +223,12 @@ def memory_timeline_chart(timelines: dict, title: str = "memory over one trainin
 
 
 def scale_chart(sweep, gpus=None, title: str = ""):
-    """Estimated peak memory of a training step against the micro-batch, one panel per model
-    and one line per recipe, for `course_utils.memory_model.scale_sweep` (estimates only:
-    nothing here is measured).
-
-    A dotted line marks what the optimizer step holds (weights, gradients, AdamW state and its
-    temporaries): where a recipe's line lies on it, the peak is the optimizer step and no recipe
-    lowers it; where it leaves it, the saved tensors set the peak and the recipes part. A filled
-    marker is a peak at the optimizer step, an open one a peak in backward. ``gpus``
-    (``{name: GiB}``) are dashed horizontal lines, named at the right, in the panels where they
-    reach 2.5% of the largest value (lower, they would sit on the axis).
-
-    Args:
-        sweep: `scale_sweep`'s table (``model``, ``recipe``, ``micro-batch``, ``params (B)``,
-            ``peak GiB``, ``peak at``, ``optimizer step GiB``).
-        gpus: ``{name: memory in GiB}``; title: the figure's title.
-
-    Raises:
-        ValueError: an empty table, or one without those columns.
-    """
+    """Estimated peak memory (GiB) of a training step against the micro-batch, one panel per model,
+    one line per recipe, of `course_utils.memory_model.scale_sweep`'s table (nothing measured). A
+    dotted line marks what the optimizer step holds; filled markers peak there, open ones in
+    backward. ``gpus`` (``{name: GiB}``) are dashed lines where they reach 2.5% of the panel's
+    largest value (lower, they would sit on the axis). Raises ValueError for an empty table or
+    one without `scale_sweep`'s columns."""
     need = {"model", "recipe", "micro-batch", "params (B)", "peak GiB", "peak at",
             "optimizer step GiB"}
     if len(sweep) == 0 or not need <= set(sweep.columns):
@@ -317,8 +256,8 @@ def scale_chart(sweep, gpus=None, title: str = ""):
             ax.annotate(name, (1, gib), xycoords=("axes fraction", "data"), xytext=(-3, 3),
                         textcoords="offset points", ha="right", fontsize=8, color=ALERT_COLOR)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(set(sub["micro-batch"])))
-        ax.set_xticklabels([str(v) for v in sorted(set(sub["micro-batch"]))])
+        batches = sorted(set(sub["micro-batch"]))
+        ax.set_xticks(batches, [str(v) for v in batches])
         ax.set_ylim(0, max([top, *shown.values()]) * 1.1)
         ax.set_title(tr("{model} ({billions:.2f}B parameters)", model=model,
                         billions=sub['params (B)'].iloc[0]), fontsize=10)
@@ -337,20 +276,10 @@ def scale_chart(sweep, gpus=None, title: str = ""):
 
 
 def sharding_chart(table, config, ranks=(1, 2, 4, 8), title: str = "training state per rank"):
-    """Per-rank training state (MiB) against the number of ranks, one colour per ZeRO stage:
+    """Per-rank training state (MiB) against the number of ranks, one colour per ZeRO stage: the
     `course_utils.memory_model.sharded_estimate` of ``config`` as a line over ``ranks`` (and the
-    ranks measured), each rank's measurement in ``table`` as a dot.
-
-    Args:
-        table: `course_utils.distributed.sharding_table`'s DataFrame (``ranks``, ``ZeRO stage``,
-            ``total`` in MiB, one row per rank).
-        config: the `RunConfig` whose model was measured.
-        ranks: world sizes the estimate's lines are drawn over (log2 axis).
-        title: the axes title.
-
-    Returns a ``matplotlib.figure.Figure`` made without pyplot; raises ValueError for a table
-    without rows (no rank measured).
-    """
+    ranks measured), each rank of ``table`` (`course_utils.distributed.sharding_table`) as a dot.
+    Raises ValueError for a table without rows."""
     if len(table) == 0:
         raise ValueError(tr("sharding_chart needs at least one measured rank."))
     xs = sorted(set(ranks) | {int(k) for k in table["ranks"]})

@@ -32,75 +32,40 @@ from ._style import (
 from ._timing import emulated_caption, not_drawn, time_note, time_notes
 
 
-def _tied(notes, bands, i: int, j: int, rounds=None) -> bool:
-    """Rows ``i`` and ``j`` take the same time within the noise. With ``rounds`` (each row's
-    step times, taken in the same rounds: `compare`'s measurements), from the two rows' own
-    per-round ratios (`course_utils.step_timing.time_ratio`): tied unless that says faster or
-    slower. Without them: both within noise of the first row, or their noise bands ``bands[i]``
-    (ratios to the first row, or None) overlap, which can call two rows tied whose direct
-    comparison is settled (lesson 02 once left selective off the front that way, 1.08x against
-    every-2's 1.27x)."""
+def _tied(notes, bands, i: int, j: int, rounds=None, size: str = "") -> bool:
+    """Rows ``i`` and ``j`` take the same time within the noise: by their own per-round ratio where
+    ``rounds`` (each row's step times, same rounds) are given, else both within noise of the first
+    row or their noise bands ``bands[i]`` (to the first row, or None) overlapping."""
     a, b = notes[i], notes[j]
     if a is None or b is None:
         return False
     if rounds is not None:
-        return time_ratio(rounds[i], rounds[j], size=rounds.size).verdict not in ("faster", "slower")
+        return time_ratio(rounds[i], rounds[j], size=size).verdict not in ("faster", "slower")
     if {a.verdict, b.verdict} <= {"within noise", "reference"}:
         return True
     return bool(bands[i] and bands[j] and bands[i][0] <= bands[j][1]
                 and bands[j][0] <= bands[i][1])
 
 
-class _Rounds(list):
-    """Each row's step times (seconds), paired by round, and the table's size profile."""
-
-    size: str = ""
-
-
-def _paired_rounds(df) -> _Rounds | None:
-    """The step times of `compare`'s measurements (``df.attrs["measurements"]``) when every row
-    was timed in the same rounds, else None."""
-    ms = df.attrs.get("measurements") if hasattr(df, "attrs") else None
+def _paired_rounds(df) -> list | None:
+    """The step times (seconds) of `compare`'s measurements (``df.attrs["measurements"]``) when
+    every row was timed in the same rounds, else None."""
+    ms = df.attrs.get("measurements")
     if not ms or len(ms) != len(df):
         return None
     times = [list(getattr(m, "step_times_s", []) or []) for m in ms]
-    if len({len(t) for t in times}) != 1 or len(times[0]) < 2:
-        return None
-    out = _Rounds(times)
-    out.size = df.attrs.get("size", "")
-    return out
+    return times if len({len(t) for t in times}) == 1 and len(times[0]) >= 2 else None
 
 
 def pareto_chart(df, title: str = "step time vs peak memory", size: str | None = None):
-    """Each configuration as a point (step time in ms, peak allocated memory in MiB = 2^20
-    bytes; the step time is ``paired_step_time_s`` where the table has it, the first row's
-    median times the row's ratio, as `course_utils.experiments.summary` prints it), the
-    non-dominated ones joined by a line: the Pareto front, where no other configuration has a
-    lower peak at a step time at least as short. Two configurations whose times are within the
-    noise of each other are a tie in time: the smaller one dominates, and tied points on the
-    front are joined by a dotted line. Two rows are tied unless their own per-round ratio
-    (`compare`'s measurements, timed in the same rounds) says faster or slower; a table without
-    them falls back on the rows' noise bands against the first row overlapping. Emulated rows
-    are not drawn (their time is not this hardware's speed): a caption names them.
-
-    Each point is labelled with its configuration in words (`course_utils.experiments.plain_label`;
-    "(no checkpointing)" where the policy is ``none``) and, against the first row, its time ratio
-    only where the difference is outside the noise ("≈1x (within noise)", "too small to time"
-    otherwise), beside its own point: no label covers another point's marker or error bar, and
-    a label placed away from its point is joined to it by a leader line
-    (`course_utils.plots._style.place_point_labels`). Horizontal error bars show the ratio's spread
-    (``time_ratio_low``/``time_ratio_high``) where given, else the interquartile range
-    (``step_time_iqr_s``) where one was measured; the legend says which, or that none was.
-
-    Args:
-        df: a `course_utils.experiments.compare` table (``label``, ``step_time_s``,
-            ``step_time_iqr_s``, ``peak_allocated`` and, where present, ``time_ratio``,
-            ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``emulated``).
-        title: the axes title; size: the size profile, appended as "size '...'".
-
-    Raises:
-        ValueError: no row has both a step time and a peak.
-    """
+    """Each configuration of a `course_utils.experiments.compare` table as a point (step time in ms,
+    as `course_utils.experiments.summary` prints it; peak allocated memory in MiB), the Pareto
+    front joined by a line: no other configuration has a lower peak at a step time at least as
+    short, times within the noise of each other (`_tied`) counting as a tie (tied neighbours joined
+    by a dotted line). Each point is labelled in words with its time ratio to the first row only
+    outside the noise; horizontal error bars show the ratio's spread, else the IQR. Emulated rows
+    are not drawn: a caption names them. Raises ValueError when no row has both a step time and a
+    peak, timed natively."""
     own = [nan(v) for v in df["step_time_s"]]
     paired = [nan(v) for v in df.get("paired_step_time_s", [np.nan] * len(df))]
     t = np.array([(p if np.isfinite(p) else o) * 1e3 for p, o in zip(paired, own)])
@@ -129,27 +94,26 @@ def pareto_chart(df, title: str = "step time vs peak memory", size: str | None =
         texts.append(ax.annotate(text, (t[i], peak[i]), xytext=(6, 5), textcoords="offset points",
                                  fontsize=8))
 
-    rounds = _paired_rounds(df)
-    idx = _front(t, peak, ok, lambda i, j: _tied(notes, bands, i, j, rounds))
-    handles = _draw_front(ax, t, peak, idx, lambda a, b: _tied(notes, bands, a, b, rounds),
-                          err is not None, bars)
+    rounds, size_of_rounds = _paired_rounds(df), df.attrs.get("size", "")
+
+    def tied(i, j):
+        return _tied(notes, bands, i, j, rounds, size_of_rounds)
+    handles = _draw_front(ax, t, peak, _front(t, peak, ok, tied), tied, err is not None, bars)
     ax.set_xlabel(tr("step time (ms)"))
     ax.set_ylabel(tr("peak allocated memory (MiB)"))
     ax.set_title(with_size(title, size))
-    lo = np.nanmin(t[ok] - (0 if err is None else err[0, ok]))
-    hi = np.nanmax(t[ok] + (0 if err is None else err[1, ok]))
+    below, above = np.zeros((2, len(t))) if err is None else err
+    lo, hi = np.nanmin(t[ok] - below[ok]), np.nanmax(t[ok] + above[ok])
     pad = 0.08 * (hi - lo) + 0.02 * hi
     ax.set_xlim(lo - pad, hi + 4 * pad)
     ax.set_ylim(0, np.nanmax(peak[ok]) * 1.25)
     ax.grid(alpha=0.3)
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
-    caption = emulated_caption(labels, t, notes, None if emulated[0] else (labels[0], t[0]))
+    caption = emulated_caption(labels, t, notes)
     if caption:
         put_caption(fig, caption, width=110)
-    shown = np.flatnonzero(ok)
-    place_point_labels(fig, ax, texts, points=[
-        (t[i], peak[i], t[i] - (0 if err is None else err[0, i]),
-         t[i] + (0 if err is None else err[1, i])) for i in shown])
+    place_point_labels(fig, ax, texts, points=[(t[i], peak[i], t[i] - below[i], t[i] + above[i])
+                                               for i in np.flatnonzero(ok)])
     return fig
 
 
@@ -168,9 +132,8 @@ def _pareto_error_bars(t, iqr, ok, notes, first: str):
 
 
 def _front(t, peak, ok, tied) -> list[int]:
-    """The rows on the Pareto front, by step time: none is dominated, that is, no other row is
-    as small or smaller at a time as short (``tied(i, j)``: their times within the noise of
-    each other count as the same)."""
+    """The rows on the Pareto front, by step time: no other row is as small or smaller at a time as
+    short (``tied(i, j)``: times within the noise of each other count as the same)."""
     def faster(j, i):  # j is faster than i, outside the noise
         return t[j] < t[i] and not tied(i, j)
 
@@ -201,31 +164,11 @@ def _draw_front(ax, t, peak, idx, tied, has_err: bool, bars: str) -> list:
     return handles
 
 
-def _wrap(label: str, width: int = 18) -> str:
-    """A configuration's label in words (`course_utils.experiments.plain_label`), wrapped for an
-    axis."""
-    return textwrap.fill(plain_label(label), width)
-
-
 def budget_chart(searches, title: str = "", size: str | None = None):
-    """Peak allocated memory (MiB = 2^20 bytes) against micro-batch for a list of
-    `course_utils.search.BatchSearch` (one per configuration): each measured batch as a dot
-    (filled: fits the budget; x: over it), the estimate as a dashed line, the budget as a red
-    line. One legend below the panel names each configuration (in words) and its largest batch.
-
-    Memory only: the search times no step worth comparing (one step per batch, not in
-    alternation), so the chart draws no throughput; `race_chart` draws the race that times the
-    configurations at their largest batches.
-
-    Args:
-        searches: objects with ``label``, ``budget_bytes``, ``batch_size``, ``estimated``
-            (``[(batch, bytes)]``) and ``probes`` (each with ``batch_size``,
-            ``peak_allocated``, ``fits``).
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Raises:
-        ValueError: no searches.
-    """
+    """Peak allocated memory (MiB) against micro-batch, one colour per `course_utils.search.BatchSearch`
+    of ``searches``: each measured batch a dot (x: over the budget), the estimate dashed, the budget
+    a red line. Memory only: the search times no step worth comparing (`race_chart` does). Raises
+    ValueError for no searches."""
     if not searches:
         raise ValueError(tr("budget_chart() needs at least one BatchSearch."))
     fig = new_figure((8, 5.0))
@@ -255,34 +198,16 @@ def budget_chart(searches, title: str = "", size: str | None = None):
     ax_m.grid(alpha=0.3)
     ax_m.xaxis.get_major_locator().set_params(integer=True)
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
-    if with_size(title, size):
-        fig.suptitle(with_size(title, size))
+    set_title(fig, title, size)
     return fig
 
 
 def race_chart(race, title: str = "", size: str | None = None):
-    """Tokens per second of each configuration of a `course_utils.search.race`, at its largest
-    micro-batch under the budget, timed step by step in alternation.
-
-    The first bar: its tokens per optimizer step / its median step time. Each bar after it
-    stands at the first bar's tokens/s / its time per token against the first row (the median
-    of the per-round ratios, as the table's tokens/s), with whiskers at the first bar /
-    (high, low) of that ratio's noise band, so a whisker reaches the first bar exactly when the
-    ratio is within noise. A bar is annotated with that ratio and the name of the first bar (the
-    best plain configuration comes first), the ratio only where the difference lies outside the
-    noise ("1.23x faster", "≈1x (within noise)", "too small to time"). Without a ratio a bar stands at
-    its own tokens/s.
-    A configuration whose precision is emulated here is not drawn (the caption names it).
-
-    Args:
-        race: a `course_utils.search.Race` (its ``table``: a `compare` table with
-            ``label``, ``batch_size``, ``grad_accum_steps``, ``tokens_per_s``, ``time_ratio``,
-            ``time_ratio_low``, ``time_ratio_high``, ``time_verdict``, ``emulated``).
-        title: the figure's title; size: the size profile, appended as "size '...'".
-
-    Raises:
-        ValueError: a race without rows.
-    """
+    """Tokens per second of each configuration of a `course_utils.search.Race` at its largest
+    micro-batch under the budget: the first bar at its own tokens/s, each other at the first's / its
+    time-per-token ratio to it (whiskers / that ratio's noise band), labelled with the ratio only
+    outside the noise. Emulated configurations are not drawn (the caption names them). Raises
+    ValueError for a race without rows."""
     df = race.table
     if len(df) == 0:
         raise ValueError(tr("race_chart() needs a race with at least one configuration."))
@@ -294,7 +219,7 @@ def race_chart(race, title: str = "", size: str | None = None):
     notes = [time_note(r, v, e, lo, hi, reference=i == 0)
              for i, (r, v, e, lo, hi) in enumerate(zip(ratio, verdicts, emulated, low, high))]
     tps = np.array([nan(v) for v in df["tokens_per_s"]], dtype=float)
-    labels = [f"{_wrap(lab)}\n" + tr("micro-batch {batch}", batch=b)
+    labels = [f"{textwrap.fill(plain_label(lab), 18)}\n" + tr("micro-batch {batch}", batch=b)
               for lab, b in zip(df["label"], df["batch_size"])]
     fig = new_figure((max(7.0, 2.4 * n + 2.5), 4.8))
     ax = fig.subplots()
@@ -325,8 +250,7 @@ def race_chart(race, title: str = "", size: str | None = None):
             ax.annotate(text.replace(" (", "\n("), (xi, end), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8,
                         color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
-    ax.set_xticks(x)
-    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel(tr("tokens/s"))
     ax.set_ylim(0, top * 1.3 if top > 0 else 1)
     ax.grid(axis="y", alpha=0.3)
@@ -339,23 +263,11 @@ def race_chart(race, title: str = "", size: str | None = None):
 
 
 def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | None = None):
-    """Fine-tuning routes for one model on one GPU (`course_utils.lora.routes`), estimated.
-
-    One horizontal bar per route: the estimated peak of a step, stacked by what is alive at
-    that moment (`course_utils.memory_model.PEAK_PARTS`: weights, AdamW state, gradients, saved
-    tensors, temporaries), so the bar ends at the peak; beside it the peak, its moment and
-    "fits" / "does not fit"; the GPU's memory as a dashed red line, named above the bars. All
-    values are estimates (GiB = 2^30 bytes), hatched to say so.
-
-    Args:
-        routes: `course_utils.lora.routes`' table (``route``, ``peak``, ``fits``, ``peak at``
-            and ``at peak: <part>`` columns, GiB).
-        gpu_gib: the GPU's memory (GiB). title: the figure's title; size: the size profile.
-
-    Raises:
-        ValueError: no routes, a table without the parts alive at the peak, or a non-positive
-            ``gpu_gib``.
-    """
+    """Fine-tuning routes of `course_utils.lora.routes`' table, estimated: one hatched bar per route,
+    the peak of a step (GiB) stacked by what is alive at that moment
+    (`course_utils.memory_model.PEAK_PARTS`), with its moment and whether it fits ``gpu_gib`` (GiB,
+    a dashed red line). Raises ValueError for no routes, a table without the parts alive at the
+    peak, or a non-positive ``gpu_gib``."""
     if len(routes) == 0:
         raise ValueError(tr("routes_chart() needs at least one route (course_utils.lora.routes())."))
     parts = [c.removeprefix("at peak: ") for c in routes.columns if c.startswith("at peak: ")]
@@ -388,8 +300,7 @@ def routes_chart(routes, gpu_gib: float = 24.0, title: str = "", size: str | Non
     ax.axvline(gpu_gib, color=ALERT_COLOR, ls="--", lw=1)
     ax.annotate(tr("{gib:g} GiB GPU", gib=gpu_gib), (gpu_gib, n - 0.45), ha="center", va="bottom",
                 fontsize=8, color=ALERT_COLOR, annotation_clip=False)
-    ax.set_yticks(y)
-    ax.set_yticklabels(routes["route"], fontsize=9)
+    ax.set_yticks(y, routes["route"], fontsize=9)
     ax.set_xlim(0, max(peak.max(), left.max(), gpu_gib) * 1.8)
     ax.set_ylim(-0.6, n - 0.1)
     ax.set_xlabel(tr("GiB (estimate, not measured)"))
