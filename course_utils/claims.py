@@ -451,6 +451,8 @@ _RULES = {"C1": _c1, "C2": _c2, "C3": _c3, "C4": _c4, "C5": _c5, "C6": _c6, "C7"
           "C14": _c14, "C15": _c15, "C16": _c16, "C17": _c17, "C18": _c18, "C19": _c19,
           "C20": _c20}
 _DERIVED = {"C10"}
+#: Claims judged from step times: a stand-in GPU (course_utils.stand_in) times at its own speed.
+_TIMED = {"C3", "C5", "C7", "C19", "C20"}
 
 
 def _jsonable(v):
@@ -480,6 +482,11 @@ def verdict(claim: str, where: str = "", record: bool | None = None, **measured)
     if claim not in _RULES:
         raise _unknown_claim(claim)
     status, evidence = _RULES[claim](**measured)
+    stand_in = detect().stand_in if claim in _TIMED else None
+    if stand_in and status != "not measured here":
+        status, evidence = "not measured here", tr(
+            "{stand_in}: its steps run at the bigger GPU's speed, so they cannot say how long "
+            "the smaller card's take", stand_in=stand_in)
     basis = ("none" if status == "not measured here"
              else "derived" if claim in _DERIVED else "measured")
     v = Verdict(claim, status, evidence, where, basis)

@@ -160,3 +160,16 @@ def test_the_batch_search_names_the_stand_ins_memory_and_searches_under_its_cap(
     assert "139.8" not in found.method
     assert as_t4.cap(0) == pytest.approx(T4_BYTES, abs=1)  # the stand-in's cap again afterwards
     assert guard.memory_headroom(hardware.detect("cuda"))[0] == T4_BYTES
+
+
+def test_the_stand_in_judges_no_claim_from_its_step_times(as_t4):
+    """An H200 as a T4 timed full checkpointing at +71 % and printed C5 "busted": the H200's
+    speed, not a T4's (results/NVIDIA-H200-2026-11-27-branches, lesson 02)."""
+    from course_utils.claims import verdict
+    from course_utils.step_timing import time_ratio
+    slow = time_ratio([1.71] * 9, [1.0] * 9, size="h100")
+    for claim, inputs in [("C5", {"full_time": slow}), ("C7", {"full_time": slow}),
+                          ("C20", {"per_token_time": slow})]:
+        v = verdict(claim, record=False, **inputs)
+        assert v.status == "not measured here" and "H200" in v.evidence, (claim, v)
+    assert verdict("C4", record=False, peak_ratio=0.4, saved_ratio=0.1).status == "held"
