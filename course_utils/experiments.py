@@ -24,7 +24,7 @@ from .measure import (
     time_in_alternation,
 )
 from .memory_model import estimate
-from .step_timing import default_budget_s, emulated_factor, printed_band, time_ratio
+from .step_timing import band_span, default_budget_s, emulated_factor, printed_band, time_ratio
 from .terms import GiB, MiB, check_positive_int
 from .training import train_step
 
@@ -218,20 +218,24 @@ def size_text(n: int) -> str:
         return f"{n / GiB:.2f} GiB"
     return f"{n / MiB:.1f} MiB" if abs(n) >= 100 * MiB else f"{sig_text(n / MiB, 3)} MiB"
 
-def time_cell(ratio, verdict) -> str:
+def time_cell(ratio, verdict, low=None, high=None) -> str:
     """A time ratio in a table cell: ``"1.31x slower"``, ``"1.43x faster"`` (a speed-up), ``"about
-    20x (emulated)"``, else the verdict alone (docs/method.md#verdict-words)."""
+    20x (emulated)"``, else the verdict alone (docs/method.md#verdict-words); with the noise band
+    ``low``-``high`` of the ratio, a verdict of faster, slower or within noise carries it as printed
+    (`printed_band`): ``"1.43x faster (1.21-1.70x)"``, since no verdict stands without its band."""
     if ratio is None or pd.isna(ratio) or verdict == "not timed":
         return tr("not timed")
     if verdict == "reference":
         return tr("1.00x (reference)")
-    if verdict == "faster":
-        return tr("{factor:.2f}x faster", factor=1 / ratio)
-    if verdict == "slower":
-        return tr("{ratio:.2f}x slower", ratio=ratio)
     if verdict == "emulated":
         return tr("about {factor} (emulated)", factor=emulated_factor(ratio))
-    return tr(verdict)
+    cell = (tr("{factor:.2f}x faster", factor=1 / ratio) if verdict == "faster"
+            else tr("{ratio:.2f}x slower", ratio=ratio) if verdict == "slower" else tr(verdict))
+    if verdict not in ("faster", "slower", "within noise") or low is None or high is None \
+            or pd.isna(low) or pd.isna(high):
+        return cell
+    lo, hi = printed_band(ratio, low, high) if verdict == "faster" else (low, high)
+    return f"{cell} ({band_span(lo, hi)})"
 
 
 def _per_token(ratio, low, high, verdicts, tokens):
@@ -283,14 +287,11 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
                       for t, v in zip(steps, verdicts)]
     if per_token:
         ratio, low, high, verdicts = _per_token(ratio, low, high, verdicts, tokens)
-    cells = [time_cell(r, v) for r, v in zip(ratio, verdicts)]
+    cells = [time_cell(r, v, lo, hi) for r, v, lo, hi in zip(ratio, verdicts, low, high)]
     if "oom" in df:
         cells = [tr("out of memory") if o else c for o, c in zip(df["oom"], cells)]
     out["time per token vs first" if per_token else "time vs first"] = cells
     if detail:
-        out["noise band"] = [
-            None if lo is None or pd.isna(lo) else f"{lo:.2f}-{hi:.2f}x"
-            for lo, hi in zip(low, high)]
         out["tokens/s"] = [  # at the printed step time: tokens per step / that step
             None if v is None or pd.isna(v) or not s or not o else sig_text(v * o / s)
             for v, s, o in zip(df.get("tokens_per_s", [None] * len(df)), steps, own)]

@@ -265,8 +265,8 @@ def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
     capped = tr(" (capped by {cap})", cap=hw.isa_cap) if hw.isa_cap else ""
     return Recommendation("fp32", False, tr(
         "this CPU ({name}, {isa}{capped}) has no bf16 instructions: bf16 autocast is emulated "
-        "here, and fp16 too. Train in fp32 here; the lessons still measure bf16's memory effect, "
-        "which does not depend on how the arithmetic is done.", name=hw.name,
+        "here, and fp16 too. Train in fp32 here; the lessons still measure bf16's saved-tensor "
+        "bytes, which do not depend on how the arithmetic is done.", name=hw.name,
         isa=isa, capped=capped))
 
 

@@ -35,7 +35,7 @@ from .measure import EMULATED_TIMING, Measurement, noting_out_of_memory, time_in
 from .memory_timeline import memory_timeline, phase
 from .offload import OffloadedBlock, offloaded_bytes
 from .saved_tensors import SavedTensorMeter, storage_bytes
-from .step_timing import default_budget_s, printed_band, time_ratio
+from .step_timing import default_budget_s, time_ratio
 from .terms import (
     GiB,
     MiB,
@@ -640,11 +640,7 @@ class Profile:
         if m is ref:
             return tr("1.00x (reference, emulated)") if m.emulated else tr("1.00x (reference)")
         r = self.ratio(m)
-        cell = time_cell(r.ratio, r.verdict)
-        if r.low is None or r.ratio is None or r.verdict not in ("faster", "slower", "within noise"):
-            return cell
-        lo, hi = printed_band(r.ratio, r.low, r.high) if r.verdict == "faster" else (r.low, r.high)
-        return f"{cell} ({lo:.2f}-{hi:.2f}x)"
+        return time_cell(r.ratio, r.verdict, r.low, r.high)
 
     def table(self) -> pd.DataFrame:
         """One row per configuration: `Measurement.as_row`'s fields, then ``time_ratio`` (with

@@ -20,7 +20,7 @@ from .i18n import tr
 
 __all__ = ["VERDICTS", "TOO_SMALL", "TOO_SMALL_WHY", "MIN_ROUNDS", "default_budget_s",
            "steps_for_budget", "time_step", "interleaved", "TimeRatio", "time_ratio", "spread",
-           "BLOCKS", "printed_band", "band_verdict", "agreement", "emulated_factor"]
+           "BLOCKS", "printed_band", "band_span", "band_verdict", "agreement", "emulated_factor"]
 
 #: The verdict at a size too small to time (docs/method.md#verdict-words), and why, in words.
 TOO_SMALL = "too small to time"
@@ -130,6 +130,14 @@ def printed_band(ratio: float, low: float, high: float) -> tuple[float, float]:
     if ratio >= 1:
         return round(low, 2), round(high, 2)
     return round(1 / high, 2), round(1 / low, 2)
+
+
+def band_span(low: float, high: float) -> str:
+    """A printed noise band, ``"0.95-1.07x"``: two decimals, one from 10x, none from 100x (the
+    band of a few noisy rounds supports no more)."""
+    def x(v):
+        return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+    return f"{x(low)}-{x(high)}x"
 
 
 def band_verdict(ratio: float, low: float, high: float) -> str:
