@@ -140,7 +140,7 @@ def _c1(hw, bf16_time=None, bf16_vs_tf32=None):
     a bf16 matmul's time / a TF32 one's (one probe each). Held from 1.5x faster, on an Ampere+ GPU
     only; depends when a bf16 matmul is less than 1.5x faster than TF32 (a baseline's speed-up)."""
     here = (tr(" Here: {described}", described=bf16_time.describe(tr("the bf16 step")))
-            if bf16_time and bf16_time.ratio else "")
+            if bf16_time and bf16_time.ratio and bf16_time.verdict != "emulated" else "")
     if not (hw.device == "cuda" and hw.native_bf16):
         return "not measured here", tr("a claim about Ampere+ GPUs; this is {gpu}.{here}",
                                        gpu=_gpu(hw), here=here)

@@ -24,7 +24,7 @@ from .measure import (
     time_in_alternation,
 )
 from .memory_model import estimate
-from .step_timing import band_span, default_budget_s, emulated_factor, printed_band, time_ratio
+from .step_timing import band_span, default_budget_s, printed_band, time_ratio
 from .terms import GiB, MiB, check_positive_int
 from .training import train_step
 
@@ -218,17 +218,18 @@ def size_text(n: int) -> str:
         return f"{n / GiB:.2f} GiB"
     return f"{n / MiB:.1f} MiB" if abs(n) >= 100 * MiB else f"{sig_text(n / MiB, 3)} MiB"
 
+
 def time_cell(ratio, verdict, low=None, high=None) -> str:
-    """A time ratio in a table cell: ``"1.31x slower"``, ``"1.43x faster"`` (a speed-up), ``"about
-    20x (emulated)"``, else the verdict alone (docs/method.md#verdict-words); with the noise band
-    ``low``-``high`` of the ratio, a verdict of faster, slower or within noise carries it as printed
+    """A time ratio in a table cell: ``"1.31x slower"``, ``"1.43x faster"`` (a speed-up), else the
+    verdict alone (docs/method.md#verdict-words; ``"emulated"`` without its factor, which the setup
+    cell prints once). With the band ``low``-``high``, a verdict carries it as printed
     (`printed_band`): ``"1.43x faster (1.21-1.70x)"``, since no verdict stands without its band."""
     if ratio is None or pd.isna(ratio) or verdict == "not timed":
         return tr("not timed")
     if verdict == "reference":
         return tr("1.00x (reference)")
-    if verdict == "emulated":
-        return tr("about {factor} (emulated)", factor=emulated_factor(ratio))
+    if verdict == "emulated":  # its factor is printed once, by the setup cell's matmul probe
+        return tr("emulated")
     cell = (tr("{factor:.2f}x faster", factor=1 / ratio) if verdict == "faster"
             else tr("{ratio:.2f}x slower", ratio=ratio) if verdict == "slower" else tr(verdict))
     if verdict not in ("faster", "slower", "within noise") or low is None or high is None \

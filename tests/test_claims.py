@@ -182,7 +182,7 @@ def test_c5_is_inconclusive_when_its_band_straddles_an_edge_of_the_held_range():
 
 def test_hardware_claims_say_why_not_measured_here():
     v = verdict("C1", hw=CPU, bf16_time=ratio(3.4, emulated=True))
-    assert v.status == "not measured here" and "Ampere" in v.evidence and "about 3.4x" in v.evidence
+    assert v.status == "not measured here" and "Ampere" in v.evidence and "3.4" not in v.evidence
     assert verdict("C16", hw=CPU, recipe="fp32").status == "not measured here"
     assert verdict("C16", hw=A100).status == "not measured here"  # on CUDA, but not timed
     # a T4 stand-in on an H200 timed bf16 at 0.14x fp16's and was "busted": the H200's speed
