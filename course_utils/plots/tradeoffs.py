@@ -150,8 +150,9 @@ def _draw_front(ax, t, peak, idx, tied, has_err: bool, bars: str) -> list:
     """Draw the front through the rows ``idx`` (a tie between neighbours dotted); return the
     legend's handles: the front, the points and their bars, and the tie where one is drawn."""
     front = tr("Pareto front: no other policy is smaller at a step time as short")
-    ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label=tr("Pareto front"))
-    handles = [Line2D([], [], color="#DD8452", label=front),
+    ring = dict(marker="o", markersize=12, markerfacecolor="none", markeredgewidth=1.5)  # a front
+    ax.plot(t[idx], peak[idx], "-", color="#DD8452", zorder=2, label=tr("Pareto front"), **ring)
+    handles = [Line2D([], [], color="#DD8452", label=front, **ring),  # of one point shows too
                Line2D([], [], color="#9bb0d6" if has_err else TIME_COLOR, marker="o",
                       markerfacecolor=TIME_COLOR, markeredgecolor=TIME_COLOR, label=bars)]
     ties = [(a, b) for a, b in zip(idx, idx[1:]) if tied(a, b)]
