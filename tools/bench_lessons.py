@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from html import unescape
 from pathlib import Path
 from unittest import mock
 
@@ -54,6 +55,15 @@ def _name(path: Path) -> str:
         return str(path)
 
 
+def _html_table_text(html: str) -> str:
+    """An HTML table's rows as text, cells joined by `` | `` (tags and the Styler's CSS dropped)."""
+    rows = []
+    for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", html, flags=re.S):
+        cells = re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", tr, flags=re.S)
+        rows.append(" | ".join(unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in cells))
+    return "\n".join(rows)
+
+
 def transcript(nb) -> str:
     """An executed notebook's text outputs, cell by cell (``--- [cell id]`` headings; a chart is
     ``<chart>``, colour codes removed): what a learner read, in a file that diffs and reads
@@ -71,7 +81,10 @@ def transcript(nb) -> str:
             elif "image/png" in o.get("data", {}):
                 parts.append("<chart>\n")
             elif "text/plain" in o.get("data", {}):
-                parts.append(o["data"]["text/plain"] + "\n")
+                plain = o["data"]["text/plain"]
+                if plain.startswith("<pandas.io.formats.style.Styler") and "text/html" in o["data"]:
+                    plain = _html_table_text(o["data"]["text/html"])  # a Styler has no text form
+                parts.append(plain + "\n")
         out.append(f"--- [{c.get('id')}]\n" + re.sub(r"\x1b\[[0-9;]*m", "", "".join(parts)))
     return "\n".join(out)
 
