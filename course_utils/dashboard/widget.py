@@ -387,7 +387,7 @@ class Dashboard:
         self.last_run_s = time.perf_counter() - t0
         self._stage(self.progress.max, tr("done"), "success")
         self.message.value = result_message(
-            configs, rows, self.hw, self.size, notes, problems if force else [],
+            configs, rows, self.hw, notes, problems if force else [],
             self.last_run_s, self.last_plan.seconds if self.last_plan else None)
         return self.measurements[-1] if df is not None else None
 

@@ -53,9 +53,11 @@ def _no_time_bar(ax, xi, t_ms, note: TimeNote) -> bool:
     return True
 
 
-def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, refs, fallback_err=None) -> None:
+def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, refs, fallback_err=None, label=None,
+               headroom: float = 1.3) -> None:
     """Step-time bars (ms) annotated by ``notes``, at `._timing.drawn_heights` (``refs``: per row,
-    the position of the row its ratio is to); ``fallback_err``: error bars where no note has a band."""
+    the position of the row its ratio is to); ``fallback_err``: error bars where no note has a band;
+    ``label(i, note)``: a bar's label (default: the note's text)."""
     t_ms = drawn_heights(t_ms, notes, refs)
     err = error_bars(t_ms, notes)
     if err is None and fallback_err is not None and np.nansum(fallback_err) > 0:
@@ -66,14 +68,15 @@ def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, refs, fallback_err=No
         ax.bar(xi, ti, color=colors[i], edgecolor=colors[i], lw=1.2,
                yerr=None if err is None else err[:, i:i + 1], capsize=3,
                error_kw={"ecolor": "black", "elinewidth": 1})
-        if note.text:
+        text = note.text.replace(" (", "\n(") if label is None else label(i, note)
+        if text:
             top = ti + (0 if err is None else err[1, i])
-            ax.annotate(note.text.replace(" (", "\n("), (xi, top), xytext=(0, 3),
+            ax.annotate(text, (xi, top), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8,
                         color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
     drawn = np.array([np.nan if n.emulated else v for v, n in zip(t_ms, notes)], dtype=float)
     top = np.nanmax(np.append(drawn + (0 if err is None else err[1]), 0))
-    ax.set_ylim(0, top * 1.3 if top > 0 else 1)
+    ax.set_ylim(0, top * headroom if top > 0 else 1)
 
 
 def _caption(fig, labels, t_ms, notes) -> None:
@@ -222,31 +225,6 @@ def _adoption_label(note: str, vs, estimate: bool) -> str:
     return (text + ("\n" + tr("(estimate)") if estimate else "")).strip()
 
 
-def _adoption_times(ax, story, refs, vs) -> list:
-    """The step-time panel of `adoption_chart`; returns the rows' `TimeNote`s."""
-    x = np.arange(len(story))
-    notes = time_notes(story, refs)
-    t = drawn_heights([nan(v) * 1e3 for v in story["step_time_s"]], notes, refs)
-    err = error_bars(t, notes)
-    for i, (xi, v, note, ref_name) in enumerate(zip(x, t, notes, vs)):
-        if _no_time_bar(ax, xi, v, note):
-            continue
-        e = None if err is None else err[:, i:i + 1]
-        ax.bar(xi, v, color=TIME_COLOR, edgecolor=TIME_COLOR, lw=1.2, yerr=e, capsize=3,
-               error_kw={"ecolor": "black", "elinewidth": 1})
-        label = _adoption_label(note.text, ref_name, False)
-        if label:
-            ax.annotate(label, (xi, v + (0 if e is None else e[1, 0])), xytext=(0, 3),
-                        textcoords="offset points", ha="center", fontsize=8)
-    shown = [np.nan if n.emulated else v + (0 if err is None else err[1, i])
-             for i, (v, n) in enumerate(zip(t, notes))]
-    top = np.nanmax(shown) if np.isfinite(shown).any() else 1.0
-    ax.set_ylim(0, top * 1.35)
-    ax.set_ylabel(tr("step time (ms)"))
-    ax.set_title(tr("step time"), fontsize=10)
-    return notes
-
-
 def _adoption_peaks(ax, story, vs) -> None:
     """The peak-memory panel of `adoption_chart`."""
     color = COLORS["parameters"]
@@ -286,12 +264,16 @@ def adoption_chart(story, title: str = "", size: str | None = None):
             for i, (r, t) in enumerate(zip(refs, story["step_time_s"]))]
     fig = new_figure((12, 4.6))
     axes = fig.subplots(1, 2)
-    notes = _adoption_times(axes[0], story, refs, vs)
+    notes = time_notes(story, refs)
+    t = [nan(v) * 1e3 for v in story["step_time_s"]]
+    _time_bars(axes[0], np.arange(len(story)), t, notes, [TIME_COLOR] * len(story), refs,
+               label=lambda i, note: _adoption_label(note.text, vs[i], False), headroom=1.35)
+    axes[0].set_ylabel(tr("step time (ms)"))
+    axes[0].set_title(tr("step time"), fontsize=10)
     _adoption_peaks(axes[1], story, vs)
     for ax in axes:
         ax.set_xticks(np.arange(len(story)), names, rotation=20, ha="right", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    t = [nan(v) * 1e3 for v in story["step_time_s"]]
     _caption(fig, names, t, notes)
     set_title(fig, title, size)
     return fig
