@@ -24,6 +24,7 @@ from ._style import (
     MUTED_COLOR,
     TIME_COLOR,
     bucket_name,
+    column,
     mib,
     nan,
     new_figure,
@@ -149,15 +150,10 @@ def _dashboard_references(df) -> list:
     runs = list(df["run"]) if "run" in df.columns else list(range(len(df)))
     pos = {r: i for i, r in enumerate(runs)}
     refs, last_base = [], None
-    base_runs = list(df["baseline_run"]) if "baseline_run" in df.columns else [None] * len(df)
-    for i, (is_base, base_run) in enumerate(zip(df["baseline"], base_runs)):
+    for i, (is_base, base_run) in enumerate(zip(df["baseline"], column(df, "baseline_run", None))):
         if is_base:
             last_base = i
-            refs.append(i)
-        elif base_run is not None and not (isinstance(base_run, float) and np.isnan(base_run)):
-            refs.append(pos.get(base_run))
-        else:
-            refs.append(last_base)
+        refs.append(last_base if is_base or np.isnan(nan(base_run)) else pos.get(base_run))
     return refs
 
 
