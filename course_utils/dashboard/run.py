@@ -139,10 +139,6 @@ class StepClock:
         self.factors: dict = {}  # device -> {"memory_per_layer": s, "setup_per_param": s}
         self.render_s = _DEFAULT_RENDER_S
 
-    @staticmethod
-    def _key(config: RunConfig) -> tuple:
-        return config.device, config.precision
-
     def record(self, config: RunConfig, seconds: float) -> None:
         """Remember that one step of ``config`` took ``seconds`` (compiled runs are ignored:
         their steps say nothing about an uncompiled one)."""
@@ -153,8 +149,9 @@ class StepClock:
     def _nearest(self, config: RunConfig) -> _Sample | None:
         """The latest sample of ``config`` itself, else the one nearest in FLOPs (the latest
         among equals) of the same device and precision."""
-        key = self._key(config)
-        same = [(i, s) for i, s in enumerate(self._samples) if self._key(s.config) == key]
+        key = config.device, config.precision
+        same = [(i, s) for i, s in enumerate(self._samples)
+                if (s.config.device, s.config.precision) == key]
         if not same:
             return None
         flops = effective_flops(config)

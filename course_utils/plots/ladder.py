@@ -43,17 +43,6 @@ from ._timing import (
 _SAVED = BREAKDOWN[3:]  # activations, autocast weight copies, logits
 
 
-def _no_time_bar(ax, xi, t_ms, note: TimeNote) -> bool:
-    """Where a row gets no step-time bar (not timed, or emulated), say why at its slot; return
-    True."""
-    if np.isfinite(t_ms) and not note.emulated:
-        return False
-    ax.annotate(not_drawn() if np.isfinite(t_ms) else tr("not timed"), (xi, 0), xytext=(0, 3),
-                textcoords="offset points", ha="center", va="bottom", fontsize=8,
-                color=MUTED_COLOR)
-    return True
-
-
 def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, refs, fallback_err=None, label=None,
                headroom: float = 1.3) -> None:
     """Step-time bars (ms) annotated by ``notes``, at `._timing.drawn_heights` (``refs``: per row,
@@ -64,7 +53,10 @@ def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, refs, fallback_err=No
     if err is None and fallback_err is not None and np.nansum(fallback_err) > 0:
         err = np.nan_to_num(fallback_err)
     for i, (xi, ti, note) in enumerate(zip(x, t_ms, notes)):
-        if _no_time_bar(ax, xi, ti, note):
+        if not np.isfinite(ti) or note.emulated:  # no bar: say why at its slot
+            ax.annotate(not_drawn() if np.isfinite(ti) else tr("not timed"), (xi, 0), xytext=(0, 3),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                        color=MUTED_COLOR)
             continue
         ax.bar(xi, ti, color=colors[i], edgecolor=colors[i], lw=1.2,
                yerr=None if err is None else err[:, i:i + 1], capsize=3,
