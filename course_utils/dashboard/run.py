@@ -212,8 +212,7 @@ class StepClock:
 def calibration_config(config: RunConfig, hw: HardwareInfo) -> RunConfig:
     """``config`` itself, or a smaller batch (then sequence, then fewer layers) of it whose
     step stays under the calibration FLOP cap of its precision here; never compiled."""
-    cfg = config.replace(compile=False, grad_accum_steps=1) if config.grad_accum_steps > 1 \
-        or config.compile else config
+    cfg = config.replace(compile=False, grad_accum_steps=1)
     caps = dict(_CALIBRATION_FLOPS)
     cap = caps[cfg.precision] if is_emulated(hw, cfg.precision) else caps["native"]
     while effective_flops(cfg) > cap:
