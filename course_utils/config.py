@@ -1,8 +1,7 @@
 """What one training run is: `ModelShape` (the model's dimensions) inside `RunConfig` (batch,
 precision, checkpoint policy, device...), and the course's size profiles (`SIZE_PROFILES`):
 ``smoke`` (tests: seconds), ``cpu`` (a laptop), ``t4``, ``a100``, ``h100`` (large enough for
-tensor cores to show). `size_profile()` picks one from the hardware; ``$COURSE_SIZE`` overrides
-it. The words a configuration is written in are in `course_utils.terms`.
+tensor cores to show): `size_profile()` picks one from the hardware (``$COURSE_SIZE`` wins).
 """
 from __future__ import annotations
 

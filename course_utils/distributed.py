@@ -1,8 +1,7 @@
 """Run a training script under ``torchrun`` from a notebook and collect what each rank reports
-(lesson 04 and its exercise): `launch`, `rank_report`, `state_bytes`, `sharding_table`,
-`write_module`. Each rank ends with ``os._exit`` after its script: gloo's threads outlive
-``destroy_process_group()`` while a DDP model holds the group, and tearing the interpreter down
-beside them aborted a rank now and then (``terminate called without an active exception``).
+(lesson 04 and its exercise). Each rank ends with ``os._exit`` after its script: gloo's threads
+outlive ``destroy_process_group()`` while a DDP model holds the group, and tearing the interpreter
+down beside them aborted a rank now and then (``terminate called without an active exception``).
 
 Sources: PyTorch docs "torchrun (Elastic Launch)" (workers start their own sessions, so a
 time-out stops them one by one), "Getting Started with Distributed Data Parallel", FSDP2's

@@ -35,8 +35,7 @@ class GradientCapture:
 class capture_gradients:  # noqa: N801 - used like a function: ``with capture_gradients(m) as g``
     """Context manager: collect a model's parameter and activation gradients of one backward
     (run the forward and ``loss.backward()`` inside the block; zero existing ``.grad`` first).
-    Each submodule's floating-point output tensor gets one tensor hook; ``__enter__`` returns a
-    `GradientCapture`, filled when the block ends.
+    ``__enter__`` returns a `GradientCapture`, filled when the block ends.
 
     Args:
         max_values: keep about this many elements in all (at most twice as many), every

@@ -239,13 +239,11 @@ def recommend_precision(hw: HardwareInfo | None = None) -> Recommendation:
                 "{name} (compute capability {cc}) runs bf16 natively: bf16 has fp32's exponent "
                 "range, so no loss scaling is needed.", name=hw.name, cc=ccs))
         if hw.fp16_fast:
-            if hw.bf16_emulated:
-                return Recommendation("fp16", True, tr(
-                    "{name} (compute capability {cc}) has fp16 tensor cores but no native bf16: "
-                    "use fp16 autocast with GradScaler (loss scaling keeps small gradients from "
-                    "flushing to zero). torch.cuda.is_bf16_supported() says True here, but only "
-                    "because bf16 is emulated.", name=hw.name, cc=ccs), "fp16")
             return Recommendation("fp16", True, tr(
+                "{name} (compute capability {cc}) has fp16 tensor cores but no native bf16: "
+                "use fp16 autocast with GradScaler (loss scaling keeps small gradients from "
+                "flushing to zero). torch.cuda.is_bf16_supported() says True here, but only "
+                "because bf16 is emulated.", name=hw.name, cc=ccs) if hw.bf16_emulated else tr(
                 "{name} (compute capability {cc}) has fp16 tensor cores but no native bf16: use "
                 "fp16 autocast with GradScaler (loss scaling keeps small gradients from flushing "
                 "to zero).", name=hw.name, cc=ccs), "fp16")

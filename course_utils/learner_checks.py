@@ -1,11 +1,7 @@
 """Checks of a learner's code from the outside, importable by the graded exercises, the grader's
-kernel and ``tests/`` alike (no notebook globals: every helper takes what it checks).
-
-Exercise 02 (activation checkpointing): reference forwards (`forward_plain`, `forward_full`,
-`forward_selective`, `checkpoint_every_segment`) and what the tests compare of a forward:
-`gradients`, `forward_calls`, `kept_after_forward`, `matmul_flops`. Exercise 03 (the production
-step): `StepProbe` and `step_gradients` see what a step hands its optimizer; `relative_error`
-compares two lists of gradients.
+kernel and ``tests/`` alike (no notebook globals: every helper takes what it checks). Exercise 02
+(activation checkpointing): reference forwards and what the tests compare of a forward. Exercise
+03 (the production step): what a step hands its optimizer (`step_gradients`).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Inf and NaN in a training step (lesson 01 §6): two faults to inject into a real step, and the
-guards that catch them (`GUARDS`, run by `guarded_step`), each with what it tells you.
-
-Faults: `nan_in_weight` (a NaN that stays until the weight is overwritten) and `overflow` (a
-module output scaled past its dtype's largest finite value, ``torch.finfo``). Guards:
+"""Inf and NaN in a training step (lesson 01 §6): two faults to inject into a real step
+(`nan_in_weight`, `overflow`), and the guards that catch them (`GUARDS`, run by `guarded_step`):
 
 * ``"skip"``: `course_utils.training.train_step`'s default, no ``optimizer.step()`` when the
   gradient norm is inf or NaN (GradScaler's rule, ``torch.amp.GradScaler.step``);

@@ -1,10 +1,9 @@
 """Auto-checked conceptual questions for the graded exercises: ``quiz.check("bf16-no-scaler",
 answer)`` checks a choice (``"b"``) or a number (rounded to ``digits`` decimals) against a bank,
 ``course_utils/quizzes/<exercise>.json``, that stores only the answer's salted hash (`answer_key`)
-and the explanation sealed with the answer (`seal`): neither the cell nor the file gives it away
-(trying every choice still works: these questions teach, they do not examine). A wrong answer
-gets the hint. `author` adds a question; `translate` adds a language, which `check` prints to a
-learner of that language (`course_utils.i18n.language`).
+and the explanation sealed with the answer (`seal`): neither the cell nor the file gives it away.
+A wrong answer gets the hint. `author` adds a question; `translate` adds a language, which
+`check` prints to a learner of that language (`course_utils.i18n.language`).
 """
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def dtype_text(acts: dict | None) -> str:
     return ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(acts.items(), key=lambda kv: -kv[1]))
 
 
-def time_words(row: dict, size: str) -> str:
+def time_words(row: dict) -> str:
     """What the message says about a row's step time against its baseline."""
     verdict, ratio = row.get("time_verdict"), row.get("time_ratio")
     low, high = row.get("time_ratio_low"), row.get("time_ratio_high")
@@ -124,13 +124,13 @@ def table_html(df: pd.DataFrame) -> str:
         float_format=lambda v: f"{v:,.2f}") + "</div>")
 
 
-def _measured(row: dict, base: dict, size: str) -> str:
+def _measured(row: dict, base: dict) -> str:
     step = row.get("paired_step_time_s")  # the baseline's median x the ratio: agrees with it
     step = step if pd.notna(step) else row.get("step_time_s")
     parts = [tr("step {ms:,.1f} ms", ms=step * 1e3) if pd.notna(step) else ""]
     other = row is not base
     if other and base["status"] == "ok":
-        parts.append(time_words(row, size))
+        parts.append(time_words(row))
     if pd.notna(row.get("peak_allocated")):
         peak = row["peak_allocated"] / MiB
         parts.append(tr("peak {peak:,.1f} MiB ({ratio:.2f}x the baseline's)", peak=peak,
@@ -148,9 +148,8 @@ def _measured(row: dict, base: dict, size: str) -> str:
     return "; ".join(p for p in parts if p) + "."
 
 
-def result_message(configs, rows: list[dict], hw: HardwareInfo, size: str, notes=(),
-                   forced=(), took_s: float | None = None,
-                   predicted_s: float | None = None) -> str:
+def result_message(configs, rows: list[dict], hw: HardwareInfo, notes=(), forced=(),
+                   took_s: float | None = None, predicted_s: float | None = None) -> str:
     """The message after a Run of ``configs`` (baseline first) that added history ``rows``, with
     ``notes``, the refusals that "run anyway" ``forced``, and the Run's seconds, measured and
     predicted."""
@@ -172,7 +171,7 @@ def result_message(configs, rows: list[dict], hw: HardwareInfo, size: str, notes
     elif row is base:
         lines.append(tr("{name} is the baseline itself (the recipe here, no checkpointing).",
                         name=name))
-        lines.append(_measured(row, base, size))
+        lines.append(_measured(row, base))
     else:
         lines.append(tr("{name} against its baseline {baseline} (#{run}: the recipe here, no "
                         "checkpointing, same size).", name=name,
@@ -180,7 +179,7 @@ def result_message(configs, rows: list[dict], hw: HardwareInfo, size: str, notes
         if base["status"] == "OOM":
             lines.append(tr("The baseline of this size ran out of memory; this configuration "
                             "fits."))
-        lines.append(_measured(row, base, size))
+        lines.append(_measured(row, base))
     lines += [tr("ran anyway: {problem}", problem=html.escape(p)) for p in forced]
     lines += [tr("note: {note}", note=html.escape(n)) for n in notes]
     if took_s is not None:

@@ -1,9 +1,7 @@
-"""One Run of the live dashboard (`course_utils.dashboard`): what it runs (the configuration and
-its baseline, `run_configs`, through `course_utils.experiments.compare`), how long it will take
-before it starts (`plan_run`: a `StepClock`'s step times × the steps the Run performs: per
-configuration a warm-up and a profiled memory step, then the rounds of alternation that fit the
-budget, `course_utils.step_timing.steps_for_budget`), and the step hook that shows its progress
-and stops it between steps (`StepHook`).
+"""One Run of the live dashboard (`course_utils.dashboard`): what it runs (`run_configs`: the
+configuration and its baseline, through `course_utils.experiments.compare`), how long it will
+take (`plan_run`, from a `StepClock`'s step times), and the step hook that shows its progress and
+stops it between steps (`StepHook`).
 """
 from __future__ import annotations
 
@@ -141,10 +139,6 @@ class StepClock:
         self.factors: dict = {}  # device -> {"memory_per_layer": s, "setup_per_param": s}
         self.render_s = _DEFAULT_RENDER_S
 
-    @staticmethod
-    def _key(config: RunConfig) -> tuple:
-        return config.device, config.precision
-
     def record(self, config: RunConfig, seconds: float) -> None:
         """Remember that one step of ``config`` took ``seconds`` (compiled runs are ignored:
         their steps say nothing about an uncompiled one)."""
@@ -155,8 +149,9 @@ class StepClock:
     def _nearest(self, config: RunConfig) -> _Sample | None:
         """The latest sample of ``config`` itself, else the one nearest in FLOPs (the latest
         among equals) of the same device and precision."""
-        key = self._key(config)
-        same = [(i, s) for i, s in enumerate(self._samples) if self._key(s.config) == key]
+        key = config.device, config.precision
+        same = [(i, s) for i, s in enumerate(self._samples)
+                if (s.config.device, s.config.precision) == key]
         if not same:
             return None
         flops = effective_flops(config)
@@ -217,8 +212,7 @@ class StepClock:
 def calibration_config(config: RunConfig, hw: HardwareInfo) -> RunConfig:
     """``config`` itself, or a smaller batch (then sequence, then fewer layers) of it whose
     step stays under the calibration FLOP cap of its precision here; never compiled."""
-    cfg = config.replace(compile=False, grad_accum_steps=1) if config.grad_accum_steps > 1 \
-        or config.compile else config
+    cfg = config.replace(compile=False, grad_accum_steps=1)
     caps = dict(_CALIBRATION_FLOPS)
     cap = caps[cfg.precision] if is_emulated(hw, cfg.precision) else caps["native"]
     while effective_flops(cfg) > cap:
@@ -276,17 +270,15 @@ class RunPlan:
 
 def plan_run(configs, clock: StepClock, hw: HardwareInfo, budget_s: float) -> RunPlan:
     """The steps and predicted seconds of `compare`-ing ``configs`` with ``budget_s`` seconds
-    of alternation."""
+    of alternation: per configuration a warm-up and a profiled memory step, then the rounds that
+    fit the budget (`course_utils.step_timing.steps_for_budget`)."""
     emulated = tuple(is_emulated(hw, c.precision) for c in configs)
     step_s = tuple(clock.step_s(c, hw) for c in configs)
     native = [t for t, e in zip(step_s, emulated) if not e]
     steps = 2 * len(configs)  # warm-up + memory step; an emulated one is timed on the latter
     rounds = None
     if native:
-        if None in native:
-            rounds = MIN_ROUNDS
-        else:
-            rounds = steps_for_budget(sum(native), budget_s, lo=MIN_ROUNDS)
+        rounds = MIN_ROUNDS if None in native else steps_for_budget(sum(native), budget_s, lo=MIN_ROUNDS)
         steps += rounds * len(native)
     if None in step_s:
         return RunPlan(tuple(configs), emulated, step_s, rounds, steps, None)

@@ -3,11 +3,9 @@
 Over 400 lines because it is one class, `Dashboard`, whose controls, callbacks and Run share its
 widget state. Each Run compares the chosen configuration with its baseline (`course_utils.dashboard.run`);
 a Run predicted above ``slow_limit_s`` is refused unless "run anyway" is ticked. A Run happens
-on a worker thread (the bar moves, Stop works) except on Colab, which does not render widget
-updates sent from a background thread (googlecolab/colabtools#3373): there it happens in the
-click's callback on the kernel's thread and Stop is hidden (`background_updates_render`).
-Everything a Run produces lands in widget values, so tests run it with ``background=False``
-and read ``history`` and ``message.value``. Works with ipywidgets 7.7 (Colab's) and 8.x.
+on a worker thread (the bar moves, Stop works) except where widget updates sent from a thread do
+not render (Colab): there it happens on the kernel's thread and Stop is hidden
+(`background_updates_render`). Works with ipywidgets 7.7 (Colab's) and 8.x.
 """
 from __future__ import annotations
 
@@ -387,7 +385,7 @@ class Dashboard:
         self.last_run_s = time.perf_counter() - t0
         self._stage(self.progress.max, tr("done"), "success")
         self.message.value = result_message(
-            configs, rows, self.hw, self.size, notes, problems if force else [],
+            configs, rows, self.hw, notes, problems if force else [],
             self.last_run_s, self.last_plan.seconds if self.last_plan else None)
         return self.measurements[-1] if df is not None else None
 

@@ -181,8 +181,7 @@ def place_point_labels(fig, ax, texts, points=None) -> None:
             text.xyann = (dx, dy)
             text.set_horizontalalignment(ha)
             box = text.get_window_extent(renderer)
-            outside = not (box.x0 >= inside.x0 and box.x1 <= inside.x1 and box.y0 >= inside.y0
-                           and box.y1 <= inside.y1)
+            outside = not (inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1))
             cost = (sum(overlaps(box, other, pad=1) for other in placed)
                     + 3 * sum(overlaps(box, o) for o in obstacles) + 10 * outside)
             if len(anchors):  # nearer another point than its own: it reads as that one's label

@@ -2,10 +2,6 @@
 (docs/method.md#verdict-words), from a `course_utils.experiments.compare` table's ``time_ratio``,
 ``time_ratio_low``/``time_ratio_high``, ``time_verdict`` and ``emulated``; tables without them
 fall back on the interquartile ranges (``step_time_iqr_s``), else "(noise unknown)".
-
-A bar whose ratio is to a drawn reference bar stands at the reference's height × the ratio, its
-whisker at that height × (low, high), so the whisker reaches the reference bar exactly when the
-label says "within noise" (`drawn_heights`, `error_bars`).
 """
 from __future__ import annotations
 
@@ -46,8 +42,7 @@ def _is_true(v) -> bool:
 
 
 def _verdict_from_iqr(t, iqr, t_ref, iqr_ref) -> str | None:
-    """Old tables: disjoint interquartile ranges -> faster/slower, overlapping -> within noise,
-    no spread measured (one timed step gives an IQR of 0) -> None."""
+    """Disjoint interquartile ranges -> faster/slower, overlapping -> within noise, none -> None."""
     vals = np.array([nan(t), nan(iqr), nan(t_ref), nan(iqr_ref)])
     if np.isnan(vals).any() or vals[1] <= 0 or vals[3] <= 0:
         return None
@@ -121,8 +116,7 @@ def drawn_heights(heights, notes, reference_rows) -> np.ndarray:
                 or not np.isfinite(h[i])):
             continue
         base = out[ref] if ref < i else h[ref]
-        ref_note = notes[ref]
-        if np.isfinite(base) and base > 0 and not (ref_note is not None and ref_note.emulated):
+        if np.isfinite(base) and base > 0 and not (notes[ref] is not None and notes[ref].emulated):
             out[i] = base * n.ratio
     return out
 

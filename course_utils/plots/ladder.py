@@ -24,6 +24,7 @@ from ._style import (
     MUTED_COLOR,
     TIME_COLOR,
     bucket_name,
+    column,
     mib,
     nan,
     new_figure,
@@ -42,38 +43,33 @@ from ._timing import (
 _SAVED = BREAKDOWN[3:]  # activations, autocast weight copies, logits
 
 
-def _no_time_bar(ax, xi, t_ms, note: TimeNote) -> bool:
-    """Where a row gets no step-time bar (not timed, or emulated), say why at its slot; return
-    True."""
-    if np.isfinite(t_ms) and not note.emulated:
-        return False
-    ax.annotate(not_drawn() if np.isfinite(t_ms) else tr("not timed"), (xi, 0), xytext=(0, 3),
-                textcoords="offset points", ha="center", va="bottom", fontsize=8,
-                color=MUTED_COLOR)
-    return True
-
-
-def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, refs, fallback_err=None) -> None:
+def _time_bars(ax, x, t_ms, notes: list[TimeNote], colors, refs, fallback_err=None, label=None,
+               headroom: float = 1.3) -> None:
     """Step-time bars (ms) annotated by ``notes``, at `._timing.drawn_heights` (``refs``: per row,
-    the position of the row its ratio is to); ``fallback_err``: error bars where no note has a band."""
+    the position of the row its ratio is to); ``fallback_err``: error bars where no note has a band;
+    ``label(i, note)``: a bar's label (default: the note's text)."""
     t_ms = drawn_heights(t_ms, notes, refs)
     err = error_bars(t_ms, notes)
     if err is None and fallback_err is not None and np.nansum(fallback_err) > 0:
         err = np.nan_to_num(fallback_err)
     for i, (xi, ti, note) in enumerate(zip(x, t_ms, notes)):
-        if _no_time_bar(ax, xi, ti, note):
+        if not np.isfinite(ti) or note.emulated:  # no bar: say why at its slot
+            ax.annotate(not_drawn() if np.isfinite(ti) else tr("not timed"), (xi, 0), xytext=(0, 3),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                        color=MUTED_COLOR)
             continue
         ax.bar(xi, ti, color=colors[i], edgecolor=colors[i], lw=1.2,
                yerr=None if err is None else err[:, i:i + 1], capsize=3,
                error_kw={"ecolor": "black", "elinewidth": 1})
-        if note.text:
+        text = note.text.replace(" (", "\n(") if label is None else label(i, note)
+        if text:
             top = ti + (0 if err is None else err[1, i])
-            ax.annotate(note.text.replace(" (", "\n("), (xi, top), xytext=(0, 3),
+            ax.annotate(text, (xi, top), xytext=(0, 3),
                         textcoords="offset points", ha="center", va="bottom", fontsize=8,
                         color=MUTED_COLOR if note.verdict in ("reference", "not timed") else "black")
     drawn = np.array([np.nan if n.emulated else v for v, n in zip(t_ms, notes)], dtype=float)
     top = np.nanmax(np.append(drawn + (0 if err is None else err[1]), 0))
-    ax.set_ylim(0, top * 1.3 if top > 0 else 1)
+    ax.set_ylim(0, top * headroom if top > 0 else 1)
 
 
 def _caption(fig, labels, t_ms, notes) -> None:
@@ -146,15 +142,10 @@ def _dashboard_references(df) -> list:
     runs = list(df["run"]) if "run" in df.columns else list(range(len(df)))
     pos = {r: i for i, r in enumerate(runs)}
     refs, last_base = [], None
-    base_runs = list(df["baseline_run"]) if "baseline_run" in df.columns else [None] * len(df)
-    for i, (is_base, base_run) in enumerate(zip(df["baseline"], base_runs)):
+    for i, (is_base, base_run) in enumerate(zip(df["baseline"], column(df, "baseline_run", None))):
         if is_base:
             last_base = i
-            refs.append(i)
-        elif base_run is not None and not (isinstance(base_run, float) and np.isnan(base_run)):
-            refs.append(pos.get(base_run))
-        else:
-            refs.append(last_base)
+        refs.append(last_base if is_base or np.isnan(nan(base_run)) else pos.get(base_run))
     return refs
 
 
@@ -222,31 +213,6 @@ def _adoption_label(note: str, vs, estimate: bool) -> str:
     return (text + ("\n" + tr("(estimate)") if estimate else "")).strip()
 
 
-def _adoption_times(ax, story, refs, vs) -> list:
-    """The step-time panel of `adoption_chart`; returns the rows' `TimeNote`s."""
-    x = np.arange(len(story))
-    notes = time_notes(story, refs)
-    t = drawn_heights([nan(v) * 1e3 for v in story["step_time_s"]], notes, refs)
-    err = error_bars(t, notes)
-    for i, (xi, v, note, ref_name) in enumerate(zip(x, t, notes, vs)):
-        if _no_time_bar(ax, xi, v, note):
-            continue
-        e = None if err is None else err[:, i:i + 1]
-        ax.bar(xi, v, color=TIME_COLOR, edgecolor=TIME_COLOR, lw=1.2, yerr=e, capsize=3,
-               error_kw={"ecolor": "black", "elinewidth": 1})
-        label = _adoption_label(note.text, ref_name, False)
-        if label:
-            ax.annotate(label, (xi, v + (0 if e is None else e[1, 0])), xytext=(0, 3),
-                        textcoords="offset points", ha="center", fontsize=8)
-    shown = [np.nan if n.emulated else v + (0 if err is None else err[1, i])
-             for i, (v, n) in enumerate(zip(t, notes))]
-    top = np.nanmax(shown) if np.isfinite(shown).any() else 1.0
-    ax.set_ylim(0, top * 1.35)
-    ax.set_ylabel(tr("step time (ms)"))
-    ax.set_title(tr("step time"), fontsize=10)
-    return notes
-
-
 def _adoption_peaks(ax, story, vs) -> None:
     """The peak-memory panel of `adoption_chart`."""
     color = COLORS["parameters"]
@@ -286,12 +252,16 @@ def adoption_chart(story, title: str = "", size: str | None = None):
             for i, (r, t) in enumerate(zip(refs, story["step_time_s"]))]
     fig = new_figure((12, 4.6))
     axes = fig.subplots(1, 2)
-    notes = _adoption_times(axes[0], story, refs, vs)
+    notes = time_notes(story, refs)
+    t = [nan(v) * 1e3 for v in story["step_time_s"]]
+    _time_bars(axes[0], np.arange(len(story)), t, notes, [TIME_COLOR] * len(story), refs,
+               label=lambda i, note: _adoption_label(note.text, vs[i], False), headroom=1.35)
+    axes[0].set_ylabel(tr("step time (ms)"))
+    axes[0].set_title(tr("step time"), fontsize=10)
     _adoption_peaks(axes[1], story, vs)
     for ax in axes:
         ax.set_xticks(np.arange(len(story)), names, rotation=20, ha="right", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    t = [nan(v) * 1e3 for v in story["step_time_s"]]
     _caption(fig, names, t, notes)
     set_title(fig, title, size)
     return fig

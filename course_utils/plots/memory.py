@@ -80,7 +80,7 @@ def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block",
     table without those columns."""
     if not tables:
         raise ValueError(tr("saved_tensors_chart needs at least one table."))
-    groups, order = {}, []
+    groups = {}  # in order of first appearance
     for bar, df in tables.items():
         missing = {"module", "module_type", "shape", "nbytes"} - set(df.columns)
         if missing:
@@ -88,11 +88,7 @@ def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block",
                                 columns=sorted(missing)))
         for mod, kind, shape, nbytes in zip(df["module"], df["module_type"], df["shape"],
                                             df["nbytes"]):
-            key = mod or tr("({kind} input)", kind=kind)
-            if key not in groups:
-                groups[key] = {"shapes": [], "bytes": {}}
-                order.append(key)
-            g = groups[key]
+            g = groups.setdefault(mod or tr("({kind} input)", kind=kind), {"shapes": [], "bytes": {}})
             if tuple(shape) not in g["shapes"] and len(g["shapes"]) < 3:
                 g["shapes"].append(tuple(shape))
             g["bytes"][bar] = g["bytes"].get(bar, 0) + int(nbytes)
@@ -101,7 +97,7 @@ def saved_tensors_chart(tables: dict, title: str = "saved tensors of one block",
     fig = new_figure((4.5 + 1.6 * len(bars), 4.6))
     ax = fig.subplots()
     bottom = np.zeros(len(bars))
-    for i, key in enumerate(order):
+    for i, key in enumerate(groups):
         vals = np.array([groups[key]["bytes"].get(b, 0) / MiB for b in bars])
         shapes = ", ".join("x".join(map(str, s)) for s in groups[key]["shapes"])
         ax.bar(range(len(bars)), vals, bottom=bottom, width=0.55, color=cmap(i % 20),
