@@ -1,5 +1,5 @@
 """Which fp32 an fp32 matmul is: full fp32 ("ieee"), TF32 on NVIDIA Ampere and newer GPUs, bf16
-through oneDNN on a CPU with bf16 instructions (lesson 01 §6, claim C1's baseline).
+through oneDNN on a CPU with bf16 instructions (lesson 01 §7, claim C1's baseline).
 
 torch 2.9 and later set this per backend (``torch.backends.<backend>.matmul.fp32_precision``),
 torch 2.7-2.8 only through ``torch.set_float32_matmul_precision`` and ``allow_tf32`` (PyTorch docs,

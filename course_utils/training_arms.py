@@ -1,4 +1,4 @@
-"""Does a precision hurt training? Short runs of the course's model, one per *arm* (lesson 01 §7).
+"""Does a precision hurt training? Short runs of the course's model, one per *arm* (lesson 01 §8).
 Every arm runs `course_utils.training.train_step`: "fp16 without a scaler" with
 ``GradScaler(enabled=False)``; a ``loss_factor`` multiplies the loss before ``backward``. A power
 of two moves every gradient by exactly that factor, sliding the histogram toward fp16's underflow:
