@@ -232,8 +232,7 @@ def time_cell(ratio, verdict, low=None, high=None) -> str:
         return tr("emulated")
     cell = (tr("{factor:.2f}x faster", factor=1 / ratio) if verdict == "faster"
             else tr("{ratio:.2f}x slower", ratio=ratio) if verdict == "slower" else tr(verdict))
-    if verdict not in ("faster", "slower", "within noise") or low is None or high is None \
-            or pd.isna(low) or pd.isna(high):
+    if verdict not in ("faster", "slower", "within noise") or pd.isna(low) or pd.isna(high):
         return cell
     lo, hi = printed_band(ratio, low, high) if verdict == "faster" else (low, high)
     return f"{cell} ({band_span(lo, hi)})"
@@ -259,7 +258,7 @@ def summary(df: pd.DataFrame, detail: bool = False) -> pd.DataFrame:
     """A readable view of `compare`'s table (and of the dashboard's history), one row per
     configuration in words (`plain_label`): ``step ms`` (`paired_step_s`), ``time vs first``
     (`time_cell`; per token where the tokens per step differ), measured and estimated peak and
-    saved MiB, as `sig_text`; ``detail=True`` adds the noise band, tokens/s, each row's own
+    saved MiB, as `sig_text`; ``detail=True`` adds tokens/s, each row's own
     median, the ratios to the first row, the saved activations and autocast weight copies."""
     def mib(col):
         return [sig_text(None if v is None or pd.isna(v) else v / MiB) for v in df[col]]

@@ -13,7 +13,7 @@ from ..experiments import summary, time_cell
 from ..hardware import HardwareInfo, recommend_precision
 from ..i18n import label, tr
 from ..memory_model import estimate
-from ..step_timing import TOO_SMALL, TOO_SMALL_WHY
+from ..step_timing import TOO_SMALL, TOO_SMALL_WHY, printed_band
 from ..terms import MiB
 
 __all__ = ("box", "dtype_text", "first_line", "header_html", "history_table", "oom_suggestions",
@@ -98,7 +98,7 @@ def time_words(row: dict) -> str:
     if verdict in ("faster", "slower"):
         cell = time_cell(ratio, verdict)
         if pd.notna(low) and pd.notna(high):  # the band in the words' own direction
-            lo, hi = (1 / high, 1 / low) if verdict == "faster" else (low, high)
+            lo, hi = printed_band(ratio, low, high) if verdict == "faster" else (low, high)
             return tr("step time {ratio} than the baseline's ({timing}, noise band "
                       "{low:.2f}-{high:.2f}x)", ratio=cell, timing=timing, low=lo, high=hi)
         return tr("step time {ratio} than the baseline's ({timing})", ratio=cell,
